@@ -1,0 +1,71 @@
+// Command gpustore is a Prometheus remote-write receiver and TSDB tuned for
+// GPU (DCGM) metrics. One binary runs every role (-target=all) or one role
+// per process.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/gpustore/gpustore/internal/logging"
+	"github.com/gpustore/gpustore/internal/version"
+	"github.com/gpustore/gpustore/pkg/app"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	fs := flag.NewFlagSet("gpustore", flag.ContinueOnError)
+	showVersion := fs.Bool("version", false, "Print the version and exit.")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: gpustore [flags]\n\nA Prometheus remote-write receiver and TSDB for GPU clusters.\nFlags (also settable in the YAML file given by -config.file):\n\n")
+		fs.PrintDefaults()
+	}
+	cfg, _, err := app.Load(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if *showVersion {
+		fmt.Print(version.Print("gpustore"))
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gpustore:", err)
+		return 2
+	}
+	logger, err := logging.New(os.Stderr, cfg.Log.Level, cfg.Log.Format)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gpustore:", err)
+		return 2
+	}
+
+	a, err := app.New(cfg, logger)
+	if err != nil {
+		logger.Error("configure", "err", err)
+		return 1
+	}
+	fs.Visit(func(f *flag.Flag) { a.Flags[f.Name] = f.Value.String() })
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	logger.Info("starting gpustore", "version", version.Version, "target", cfg.Target, "listen", cfg.Server.ListenAddress, "data", cfg.TSDB.Dir)
+	if err := a.Start(ctx); err != nil {
+		logger.Error("start failed", "err", err)
+		_ = a.Stop()
+		return 1
+	}
+	logger.Info("gpustore is ready")
+	if err := a.Wait(ctx); err != nil {
+		logger.Error("shutdown", "err", err)
+		return 1
+	}
+	logger.Info("gpustore stopped cleanly")
+	return 0
+}

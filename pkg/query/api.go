@@ -1,0 +1,299 @@
+// Package query serves Prometheus' HTTP query API (v1) over each tenant's data.
+//
+// The API is Prometheus' own web/api/v1 handler with Prometheus' PromQL
+// engine, so Grafana's Prometheus data source works unchanged: same
+// parameters, JSON envelope and error codes (400 bad parameters, 422
+// execution errors, 503 timeouts and not ready). gpustore adds what that
+// handler cannot know: the tenant of each request (tenancy middleware, read
+// back by TenantQueryable) and /api/v1/metadata from the metadata senders
+// wrote over remote_write (the stock handler asks scrape targets).
+package query
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/grafana/dskit/tenant"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/common/route"
+	"github.com/prometheus/prometheus/config"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/metadata"
+	"github.com/prometheus/prometheus/promql"
+	"github.com/prometheus/prometheus/rules"
+	"github.com/prometheus/prometheus/scrape"
+	"github.com/prometheus/prometheus/tsdb"
+	v1 "github.com/prometheus/prometheus/web/api/v1"
+
+	"github.com/gpustore/gpustore/pkg/tenancy"
+	"github.com/gpustore/gpustore/pkg/tenantdb"
+)
+
+// Config holds the query knobs.
+type Config struct {
+	Timeout        model.Duration `yaml:"timeout"`
+	MaxSamples     int            `yaml:"max_samples"`
+	MaxConcurrency int            `yaml:"max_concurrency"`
+	LookbackDelta  model.Duration `yaml:"lookback_delta"`
+}
+
+// DefaultConfig returns Prometheus' own defaults.
+func DefaultConfig() Config {
+	return Config{Timeout: model.Duration(2 * time.Minute), MaxSamples: 50_000_000, MaxConcurrency: 20, LookbackDelta: model.Duration(5 * time.Minute)}
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if c.Timeout <= 0 || c.MaxSamples <= 0 || c.MaxConcurrency <= 0 || c.LookbackDelta <= 0 {
+		return errors.New("query timeout, max samples, max concurrency and lookback delta must be positive")
+	}
+	return nil
+}
+
+// RulesRetriever gives the API the rule groups and alerts of the request's
+// tenant; the rules role provides it.
+type RulesRetriever func(ctx context.Context) v1.RulesRetriever
+
+// Options wires the API to the rest of the process.
+type Options struct {
+	Config    Config
+	Tenants   tenancy.Config
+	DBs       *tenantdb.Manager
+	Logger    *slog.Logger
+	Registry  *prometheus.Registry
+	Ready     func() error
+	BuildInfo v1.PrometheusVersion
+	// ActiveQueryDir holds the engine's active query log (queries.active).
+	ActiveQueryDir string
+	// Rules, when set, answers /api/v1/rules and /api/v1/alerts.
+	Rules RulesRetriever
+	// Flags is shown by /api/v1/status/flags.
+	Flags map[string]string
+}
+
+// API is the query HTTP API.
+type API struct {
+	opts   Options
+	engine *promql.Engine
+	router *route.Router
+}
+
+// New builds the PromQL engine and Prometheus' API handler.
+func New(opts Options) (*API, error) {
+	if err := opts.Config.Validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(opts.ActiveQueryDir, 0o755); err != nil {
+		return nil, fmt.Errorf("create active query dir: %w", err)
+	}
+	tracker, err := promql.NewActiveQueryTracker(opts.ActiveQueryDir, opts.Config.MaxConcurrency, opts.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("active query tracker: %w", err)
+	}
+	engine := promql.NewEngine(promql.EngineOpts{
+		Logger:             opts.Logger.With("component", "promql"),
+		Reg:                opts.Registry,
+		MaxSamples:         opts.Config.MaxSamples,
+		Timeout:            time.Duration(opts.Config.Timeout),
+		ActiveQueryTracker: tracker,
+		LookbackDelta:      time.Duration(opts.Config.LookbackDelta),
+		// Subqueries without a step use the default rule evaluation interval, as in Prometheus.
+		NoStepSubqueryIntervalFn: func(int64) int64 { return time.Minute.Milliseconds() },
+		EnableAtModifier:         true,
+		EnableNegativeOffset:     true,
+	})
+
+	q := TenantQueryable{DBs: opts.DBs}
+	rr := opts.Rules
+	if rr == nil {
+		rr = func(context.Context) v1.RulesRetriever { return noRules{} }
+	}
+	startTime := time.Now()
+	build := opts.BuildInfo
+	api := v1.NewAPI(
+		engine, q, nil, q,
+		func(context.Context) v1.ScrapePoolsRetriever { return noTargets{} },
+		func(context.Context) v1.TargetRetriever { return noTargets{} },
+		func(context.Context) v1.AlertmanagerRetriever { return noAlertmanagers{} },
+		func() config.Config { return config.DefaultConfig },
+		opts.Flags,
+		v1.GlobalURLOptions{ListenAddress: "", Host: "", Scheme: "http"},
+		func(f http.HandlerFunc) http.HandlerFunc {
+			return func(w http.ResponseWriter, r *http.Request) {
+				if err := opts.Ready(); err != nil {
+					http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+					return
+				}
+				f(w, r)
+			}
+		},
+		adminStats{dbs: opts.DBs, tenant: opts.Tenants.DefaultTenant},
+		opts.DBs.Config().Dir,
+		false, // no admin API: deleting series is not an operation for a shared receiver yet
+		false, 0,
+		opts.Logger.With("component", "api"),
+		func(ctx context.Context) v1.RulesRetriever { return rr(ctx) },
+		0, 0, 0, // remote read: limits unused (gpustore does not serve remote read yet)
+		false,
+		nil,
+		func() (v1.RuntimeInfo, error) {
+			return v1.RuntimeInfo{
+				StartTime: startTime, ServerTime: time.Now(), ReloadConfigSuccess: true,
+				GoroutineCount: runtime.NumGoroutine(), GOMAXPROCS: runtime.GOMAXPROCS(0),
+				GOGC: os.Getenv("GOGC"), GODEBUG: os.Getenv("GODEBUG"),
+			}, nil
+		},
+		&build,
+		nil, nil,
+		opts.Registry, opts.Registry,
+		nil,
+		false, nil, // remote write is served by pkg/ingest, not by this handler
+		false, false, false,
+		time.Duration(opts.Config.LookbackDelta),
+		false, false,
+		nil, nil,
+		v1.OpenAPIOptions{},
+		nil,
+		false,
+		time.Duration(opts.Config.Timeout),
+	)
+	router := route.New()
+	api.Register(router.WithPrefix("/api/v1"))
+	return &API{opts: opts, engine: engine, router: router}, nil
+}
+
+// Engine returns the PromQL engine, shared with rule evaluation.
+func (a *API) Engine() *promql.Engine { return a.engine }
+
+// RegisterRoutes mounts the API under /api/v1/, behind the tenant middleware.
+// The write endpoints registered by pkg/ingest are more specific patterns and
+// take precedence.
+func (a *API) RegisterRoutes(mux *http.ServeMux) {
+	mux.Handle("/api/v1/", a.opts.Tenants.Middleware(a.router))
+	mux.Handle("/api/v1/metadata", a.opts.Tenants.Middleware(http.HandlerFunc(a.metadata)))
+}
+
+// metadata answers /api/v1/metadata like Prometheus: {metric: [{type, help, unit}]}.
+func (a *API) metadata(w http.ResponseWriter, r *http.Request) {
+	limit, err := intParam(r, "limit")
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad_data", err)
+		return
+	}
+	id, err := tenant.TenantID(r.Context())
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad_data", err)
+		return
+	}
+	out := map[string][]metadata.Metadata{}
+	if db := a.opts.DBs.Existing(id); db != nil {
+		metric := r.FormValue("metric")
+		for _, fam := range db.Metadata.Families() {
+			if metric != "" && fam != metric {
+				continue
+			}
+			if limit >= 0 && len(out) >= limit {
+				break
+			}
+			m, _ := db.Metadata.Get(fam)
+			out[fam] = []metadata.Metadata{m}
+		}
+	}
+	writeJSON(w, http.StatusOK, v1.Response{Status: "success", Data: out})
+}
+
+func intParam(r *http.Request, name string) (int, error) {
+	s := r.FormValue(name)
+	if s == "" {
+		return -1, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, fmt.Errorf("%s must be a number", name)
+	}
+	return n, nil
+}
+
+func writeError(w http.ResponseWriter, status int, typ string, err error) {
+	writeJSON(w, status, v1.Response{Status: "error", ErrorType: typ, Error: err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+type noTargets struct{}
+
+func (noTargets) ScrapePools() []string                            { return nil }
+func (noTargets) TargetsActive() map[string][]*scrape.Target       { return map[string][]*scrape.Target{} }
+func (noTargets) TargetsDropped() map[string][]*scrape.Target      { return map[string][]*scrape.Target{} }
+func (noTargets) TargetsDroppedCounts() map[string]int             { return map[string]int{} }
+func (noTargets) ScrapePoolConfig(string) (*config.ScrapeConfig, error) {
+	return nil, errors.New("gpustore does not scrape: it receives remote write")
+}
+
+type noAlertmanagers struct{}
+
+func (noAlertmanagers) Alertmanagers() []*url.URL        { return nil }
+func (noAlertmanagers) DroppedAlertmanagers() []*url.URL { return nil }
+
+type noRules struct{}
+
+func (noRules) RuleGroups() []*rules.Group            { return nil }
+func (noRules) AlertingRules() []*rules.AlertingRule { return nil }
+
+// adminStats answers /api/v1/status/tsdb for the default tenant. The admin
+// endpoints (delete, snapshot) are disabled.
+type adminStats struct {
+	dbs    *tenantdb.Manager
+	tenant string
+}
+
+var errNoAdmin = errors.New("not supported by gpustore")
+
+func (s adminStats) db() (*tenantdb.DB, error) {
+	db := s.dbs.Existing(s.tenant)
+	if db == nil {
+		return nil, tsdb.ErrNotReady
+	}
+	return db, nil
+}
+
+func (adminStats) CleanTombstones() error { return errNoAdmin }
+func (adminStats) Delete(context.Context, int64, int64, ...*labels.Matcher) error {
+	return errNoAdmin
+}
+func (adminStats) Snapshot(string, bool) error { return errNoAdmin }
+func (s adminStats) Stats(statsByLabelName string, limit int) (*tsdb.Stats, error) {
+	db, err := s.db()
+	if err != nil {
+		return nil, err
+	}
+	return db.Head().Stats(statsByLabelName, limit), nil
+}
+func (s adminStats) WALReplayStatus() (tsdb.WALReplayStatus, error) {
+	return tsdb.WALReplayStatus{}, nil
+}
+func (s adminStats) BlockMetas() ([]tsdb.BlockMeta, error) {
+	db, err := s.db()
+	if err != nil {
+		return nil, err
+	}
+	var metas []tsdb.BlockMeta
+	for _, b := range db.Blocks() {
+		metas = append(metas, b.Meta())
+	}
+	return metas, nil
+}

@@ -1,0 +1,240 @@
+// Package tenantdb owns one Prometheus TSDB per tenant under a data directory.
+//
+// Each tenant gets <data-dir>/tenants/<tenant>/ with its own WAL, head and
+// blocks, so a tenant's data can be shipped, compacted, limited and deleted on
+// its own. Databases of tenants found on disk are opened at start-up (their
+// WAL is replayed before the process reports ready); a new tenant's database
+// is opened on its first write.
+package tenantdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/grafana/dskit/tenant"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/tsdb"
+	"github.com/prometheus/prometheus/util/compression"
+)
+
+// Config is the part of gpustore's configuration that shapes each tenant's TSDB.
+type Config struct {
+	// Dir is the data directory; tenants live under Dir/tenants.
+	Dir string `yaml:"dir"`
+	// BlockDuration is the head's block range (2h by default). Tests use minutes.
+	BlockDuration model.Duration `yaml:"block_duration"`
+	// Retention is how long local blocks are kept.
+	Retention model.Duration `yaml:"retention"`
+	// OutOfOrderWindow accepts samples this much older than the newest sample
+	// of their series. 0 rejects every out-of-order sample.
+	OutOfOrderWindow model.Duration `yaml:"out_of_order_window"`
+	// MaxExemplars bounds the in-memory exemplar ring buffer per tenant; 0 disables exemplars.
+	MaxExemplars int64 `yaml:"max_exemplars"`
+	// WALCompression turns snappy compression of WAL records on.
+	WALCompression bool `yaml:"wal_compression"`
+}
+
+// DefaultConfig returns the embedded defaults.
+func DefaultConfig() Config {
+	return Config{
+		Dir:              "./data",
+		BlockDuration:    model.Duration(2 * time.Hour),
+		Retention:        model.Duration(15 * 24 * time.Hour),
+		OutOfOrderWindow: 0,
+		MaxExemplars:     100000,
+		WALCompression:   true,
+	}
+}
+
+// Validate reports configuration errors before anything is opened.
+func (c Config) Validate() error {
+	if c.Dir == "" {
+		return errors.New("tsdb dir must not be empty")
+	}
+	if time.Duration(c.BlockDuration) < time.Minute {
+		return fmt.Errorf("tsdb block duration %s is shorter than one minute", c.BlockDuration)
+	}
+	if c.Retention < c.BlockDuration {
+		return fmt.Errorf("tsdb retention %s is shorter than the block duration %s", c.Retention, c.BlockDuration)
+	}
+	if c.OutOfOrderWindow < 0 {
+		return errors.New("tsdb out-of-order window must not be negative")
+	}
+	return nil
+}
+
+// DB is one tenant's database and the metadata its senders reported.
+type DB struct {
+	*tsdb.DB
+	Tenant   string
+	Metadata *MetadataStore
+}
+
+// Manager opens, hands out and closes the per-tenant databases.
+type Manager struct {
+	cfg    Config
+	logger *slog.Logger
+	reg    prometheus.Registerer
+
+	mtx    sync.RWMutex
+	dbs    map[string]*DB
+	closed bool
+}
+
+// NewManager returns a Manager; call OpenExisting before serving.
+func NewManager(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Manager, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.Dir, "tenants"), 0o755); err != nil {
+		return nil, fmt.Errorf("create data dir: %w", err)
+	}
+	return &Manager{cfg: cfg, logger: logger, reg: reg, dbs: map[string]*DB{}}, nil
+}
+
+// Config returns the configuration the manager opens databases with.
+func (m *Manager) Config() Config { return m.cfg }
+
+// OpenExisting opens (and so replays the WAL of) every tenant found on disk.
+func (m *Manager) OpenExisting(ctx context.Context) error {
+	entries, err := os.ReadDir(filepath.Join(m.cfg.Dir, "tenants"))
+	if err != nil {
+		return fmt.Errorf("list tenants: %w", err)
+	}
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if _, err := m.Get(e.Name()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Get returns the tenant's database, opening it on first use.
+func (m *Manager) Get(tenantID string) (*DB, error) {
+	m.mtx.RLock()
+	db, ok := m.dbs[tenantID]
+	closed := m.closed
+	m.mtx.RUnlock()
+	if ok {
+		return db, nil
+	}
+	if closed {
+		return nil, ErrClosed
+	}
+	if err := tenant.ValidTenantID(tenantID); err != nil {
+		return nil, fmt.Errorf("invalid tenant %q: %w", tenantID, err)
+	}
+
+	m.mtx.Lock()
+	defer m.mtx.Unlock()
+	if m.closed {
+		return nil, ErrClosed
+	}
+	if db, ok := m.dbs[tenantID]; ok {
+		return db, nil
+	}
+	db, err := m.open(tenantID)
+	if err != nil {
+		return nil, err
+	}
+	m.dbs[tenantID] = db
+	return db, nil
+}
+
+// Existing returns the tenant's database if it is open, without opening it:
+// the query path uses it so that reading an unknown tenant creates nothing.
+func (m *Manager) Existing(tenantID string) *DB {
+	m.mtx.RLock()
+	defer m.mtx.RUnlock()
+	return m.dbs[tenantID]
+}
+
+// Tenants lists the open tenants, sorted.
+func (m *Manager) Tenants() []string {
+	m.mtx.RLock()
+	defer m.mtx.RUnlock()
+	out := make([]string, 0, len(m.dbs))
+	for t := range m.dbs {
+		out = append(out, t)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ErrClosed is returned once the manager has been closed.
+var ErrClosed = errors.New("tenant databases are closed")
+
+func (m *Manager) open(tenantID string) (*DB, error) {
+	dir := filepath.Join(m.cfg.Dir, "tenants", tenantID)
+	opts := tsdb.DefaultOptions()
+	blockMs := m.cfg.BlockDuration.Milliseconds()
+	opts.MinBlockDuration = blockMs
+	// Local blocks stay at the head's block size: merging 2h blocks into larger
+	// ones is the compactor's job once they are in the bucket.
+	opts.MaxBlockDuration = blockMs
+	opts.RetentionDuration = m.cfg.Retention.Milliseconds()
+	opts.OutOfOrderTimeWindow = m.cfg.OutOfOrderWindow.Milliseconds()
+	opts.EnableExemplarStorage = m.cfg.MaxExemplars > 0
+	opts.MaxExemplars = m.cfg.MaxExemplars
+	if m.cfg.WALCompression {
+		opts.WALCompression = compression.Snappy
+	}
+	reg := prometheus.WrapRegistererWith(prometheus.Labels{"tenant": tenantID}, m.reg)
+	start := time.Now()
+	tdb, err := tsdb.Open(dir, m.logger.With("tenant", tenantID), reg, opts, nil)
+	if err != nil {
+		return nil, fmt.Errorf("open tsdb of tenant %q: %w", tenantID, err)
+	}
+	md, err := openMetadataStore(filepath.Join(dir, metadataFile))
+	if err != nil {
+		_ = tdb.Close()
+		return nil, fmt.Errorf("open metadata of tenant %q: %w", tenantID, err)
+	}
+	m.logger.Info("opened tenant database", "tenant", tenantID, "dir", dir, "duration", time.Since(start))
+	return &DB{DB: tdb, Tenant: tenantID, Metadata: md}, nil
+}
+
+// FlushMetadata writes every tenant's metadata that changed since the last flush.
+func (m *Manager) FlushMetadata() error {
+	m.mtx.RLock()
+	defer m.mtx.RUnlock()
+	var errs []error
+	for _, db := range m.dbs {
+		if err := db.Metadata.Flush(); err != nil {
+			errs = append(errs, fmt.Errorf("flush metadata of tenant %q: %w", db.Tenant, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Close closes every tenant database; later Get calls fail with ErrClosed.
+func (m *Manager) Close() error {
+	m.mtx.Lock()
+	defer m.mtx.Unlock()
+	m.closed = true
+	var errs []error
+	for t, db := range m.dbs {
+		if err := db.Metadata.Flush(); err != nil {
+			errs = append(errs, fmt.Errorf("flush metadata of tenant %q: %w", t, err))
+		}
+		if err := db.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close tsdb of tenant %q: %w", t, err))
+		}
+	}
+	m.dbs = map[string]*DB{}
+	return errors.Join(errs...)
+}
