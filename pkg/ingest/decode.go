@@ -3,6 +3,7 @@ package ingest
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"math"
 	"unsafe"
 
@@ -65,34 +66,31 @@ type seriesDecoder interface {
 	err() error
 }
 
-const hashSeed2 = 0x9e3779b97f4a7c15
+// hashSeed2 seeds the second hash; the cache lives in memory only, so a
+// per-process seed is fine.
+var hashSeed2 = maphash.MakeSeed()
 
 // labelHasher computes the two independent 64-bit hashes that identify a
-// label set in the series cache. Two hashes make an accidental collision
-// (which would file samples under the wrong series) as unlikely as a 128-bit
-// hash: about 1e-27 for a million series.
-type labelHasher struct{ d1, d2 *xxhash.Digest }
+// label set in the series cache: xxhash and Go's maphash (AES-based) of the
+// label pairs, separated by 0xff (which UTF-8 never contains). Two unrelated
+// hashes make an accidental collision, which would file samples under the
+// wrong series, as unlikely as a 128-bit hash: about 1e-27 for a million
+// series. The pairs are copied into one buffer first so each hash runs once
+// over a few hundred bytes instead of dozens of times over a few.
+type labelHasher struct{ buf []byte }
 
-func newLabelHasher() labelHasher {
-	return labelHasher{d1: xxhash.New(), d2: xxhash.NewWithSeed(hashSeed2)}
+func (h *labelHasher) reset() { h.buf = h.buf[:0] }
+
+func (h *labelHasher) add(name, value []byte) {
+	h.buf = append(h.buf, name...)
+	h.buf = append(h.buf, 0xff)
+	h.buf = append(h.buf, value...)
+	h.buf = append(h.buf, 0xff)
 }
 
-func (h labelHasher) reset() { h.d1.Reset(); h.d2.Reset() }
-
-var sep = []byte{0xff}
-
-func (h labelHasher) add(name, value []byte) {
-	_, _ = h.d1.Write(name)
-	_, _ = h.d1.Write(sep)
-	_, _ = h.d1.Write(value)
-	_, _ = h.d1.Write(sep)
-	_, _ = h.d2.Write(name)
-	_, _ = h.d2.Write(sep)
-	_, _ = h.d2.Write(value)
-	_, _ = h.d2.Write(sep)
+func (h *labelHasher) sums() (uint64, uint64) {
+	return xxhash.Sum64(h.buf), maphash.Bytes(hashSeed2, h.buf)
 }
-
-func (h labelHasher) sums() (uint64, uint64) { return h.d1.Sum64(), h.d2.Sum64() }
 
 // yoloString views b as a string without copying. The result must not outlive
 // the request body.
@@ -113,7 +111,7 @@ type v1Decoder struct {
 	e        error
 }
 
-func newV1Decoder() *v1Decoder { return &v1Decoder{hasher: newLabelHasher()} }
+func newV1Decoder() *v1Decoder { return &v1Decoder{} }
 
 func (d *v1Decoder) reset(body []byte) {
 	d.body = body
@@ -287,7 +285,7 @@ type v2Decoder struct {
 	e       error
 }
 
-func newV2Decoder() *v2Decoder { return &v2Decoder{hasher: newLabelHasher()} }
+func newV2Decoder() *v2Decoder { return &v2Decoder{} }
 
 // reset collects the symbol table first: the spec puts no order on fields, so
 // a series may come before the symbols it refers to.
