@@ -360,4 +360,3 @@ func TestParseContentType(t *testing.T) {
 		}
 	}
 }
-

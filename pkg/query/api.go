@@ -236,10 +236,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 type noTargets struct{}
 
-func (noTargets) ScrapePools() []string                            { return nil }
-func (noTargets) TargetsActive() map[string][]*scrape.Target       { return map[string][]*scrape.Target{} }
-func (noTargets) TargetsDropped() map[string][]*scrape.Target      { return map[string][]*scrape.Target{} }
-func (noTargets) TargetsDroppedCounts() map[string]int             { return map[string]int{} }
+func (noTargets) ScrapePools() []string                       { return nil }
+func (noTargets) TargetsActive() map[string][]*scrape.Target  { return map[string][]*scrape.Target{} }
+func (noTargets) TargetsDropped() map[string][]*scrape.Target { return map[string][]*scrape.Target{} }
+func (noTargets) TargetsDroppedCounts() map[string]int        { return map[string]int{} }
 func (noTargets) ScrapePoolConfig(string) (*config.ScrapeConfig, error) {
 	return nil, errors.New("gpustore does not scrape: it receives remote write")
 }
@@ -251,7 +251,7 @@ func (noAlertmanagers) DroppedAlertmanagers() []*url.URL { return nil }
 
 type noRules struct{}
 
-func (noRules) RuleGroups() []*rules.Group            { return nil }
+func (noRules) RuleGroups() []*rules.Group           { return nil }
 func (noRules) AlertingRules() []*rules.AlertingRule { return nil }
 
 // adminStats answers /api/v1/status/tsdb for the default tenant. The admin
