@@ -212,7 +212,8 @@ func (a *App) Start(ctx context.Context) error {
 		a.Logger.Error("service failed", "err", s.FailureCase())
 	}))
 	a.manager = m
-	if err := m.StartAsync(ctx); err != nil {
+	// Services live until Stop, not until ctx ends: ctx only bounds start-up.
+	if err := m.StartAsync(context.Background()); err != nil {
 		return err
 	}
 	if err := m.AwaitHealthy(ctx); err != nil {

@@ -1,0 +1,139 @@
+// Package e2e runs gpustore against real servers on loopback: a real
+// Prometheus that scrapes GPU metrics and remote-writes them to gpustore.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpustore/gpustore/pkg/app"
+)
+
+// startGpustore runs a gpustore (all roles) on a free loopback port.
+func startGpustore(t *testing.T, mutate func(*app.Config)) (*app.App, string) {
+	t.Helper()
+	cfg := app.DefaultConfig()
+	cfg.Server.ListenAddress = "127.0.0.1:0"
+	cfg.TSDB.Dir = t.TempDir()
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	a, err := app.New(cfg, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := a.Stop(); err != nil {
+			t.Errorf("stop gpustore: %v", err)
+		}
+	})
+	return a, "http://" + a.Server.Addr().String()
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startPrometheus runs the real Prometheus binary with the given config and
+// returns its base URL once it is ready.
+func startPrometheus(t *testing.T, bin, config string, extraArgs ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := freePort(t)
+	args := append([]string{
+		"--config.file=" + cfgPath,
+		"--storage.tsdb.path=" + filepath.Join(dir, "data"),
+		"--web.listen-address=" + addr,
+		"--log.level=warn",
+	}, extraArgs...)
+	cmd := exec.Command(bin, args...)
+	logf, err := os.Create(filepath.Join(dir, "prometheus.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start prometheus: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		_ = logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("prometheus log:\n%s", b)
+		}
+	})
+	url := "http://" + addr
+	waitFor(t, 60*time.Second, "prometheus ready", func() error {
+		resp, err := http.Get(url + "/-/ready")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return nil
+	})
+	return url
+}
+
+// waitFor polls f until it returns nil or the timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
+}
