@@ -1,0 +1,278 @@
+package gpusim
+
+import "fmt"
+
+// MetricType is the Prometheus metric type of a family, as it appears in the
+// text format's "# TYPE" line and in remote-write metadata.
+type MetricType uint8
+
+// Metric types the simulator emits.
+const (
+	Counter MetricType = iota + 1
+	Gauge
+	Histogram
+)
+
+func (t MetricType) String() string {
+	switch t {
+	case Counter:
+		return "counter"
+	case Gauge:
+		return "gauge"
+	case Histogram:
+		return "histogram"
+	}
+	return "unknown"
+}
+
+// Source says which exporter would expose a family in a real cluster.
+type Source uint8
+
+// Sources of the simulated families.
+const (
+	SourceDCGM Source = iota + 1
+	SourceNodeExporter
+	SourceCAdvisor
+	SourceTraining
+	SourceKubeStateMetrics
+	// SourcePrometheus marks series that Prometheus itself makes while
+	// scraping (only `up`); emitted only when the simulator plays the
+	// scraping Prometheus (Config.TargetLabels).
+	SourcePrometheus
+)
+
+func (s Source) String() string {
+	switch s {
+	case SourceDCGM:
+		return "dcgm-exporter"
+	case SourceNodeExporter:
+		return "node-exporter"
+	case SourceCAdvisor:
+		return "cadvisor"
+	case SourceTraining:
+		return "training"
+	case SourceKubeStateMetrics:
+		return "kube-state-metrics"
+	case SourcePrometheus:
+		return "prometheus"
+	}
+	return "unknown"
+}
+
+// MetricDesc describes one metric family.
+type MetricDesc struct {
+	ID     int // position in Catalogue
+	Name   string
+	Type   MetricType
+	Help   string
+	Unit   string // informative only: the text format has no unit, so none is sent
+	Source Source
+	// DCGMDefault marks the 25 fields of dcgm-exporter's etc/default-counters.csv.
+	DCGMDefault bool
+	// Jitter marks continuous gauges whose value two scrapes of the same
+	// target a few hundred ms apart may see slightly differently. Codes,
+	// bitmasks, states, integer readings and counters never get jitter.
+	Jitter bool
+}
+
+// Family IDs, in Catalogue order. The text page lists families in this order.
+const (
+	FamSMClock = iota
+	FamMemClock
+	FamMemoryTemp
+	FamGPUTemp
+	FamPowerUsage
+	FamTotalEnergy
+	FamPCIeReplay
+	FamGPUUtil
+	FamMemCopyUtil
+	FamEncUtil
+	FamDecUtil
+	FamXIDErrors
+	FamFBFree
+	FamFBUsed
+	FamFBReserved
+	FamNVLinkBandwidth
+	FamVGPULicense
+	FamUncorrectableRemappedRows
+	FamCorrectableRemappedRows
+	FamRowRemapFailure
+	FamProfGREngineActive
+	FamProfPipeTensorActive
+	FamProfDRAMActive
+	FamProfPCIeTxBytes
+	FamProfPCIeRxBytes
+	FamECCSBEVolTotal
+	FamECCDBEVolTotal
+	FamRetiredSBE
+	FamRetiredDBE
+	FamNVLinkCRCFlitErrors
+	FamClockThrottleReasons
+	FamFBTotal
+
+	FamNodeCPUSeconds
+	FamNodeMemAvailable
+	FamNodeMemTotal
+	FamNodeFSAvail
+	FamNodeFSSize
+	FamNodeNetRxBytes
+	FamNodeNetTxBytes
+	FamNodeNetRxDrop
+	FamNodeNetTxDrop
+
+	FamContainerCPU
+	FamContainerMemWorkingSet
+	FamContainerOOMEvents
+
+	FamTrainIterTime
+	FamTrainTokensPerSecond
+	FamTrainLoss
+	FamTrainGradNorm
+	FamTrainLearningRate
+	FamTrainMFU
+	FamTrainDataLoadTime
+
+	FamKubeNodeCondition
+	FamKubePodPhase
+	FamKubeJobActive
+
+	FamUp
+
+	numFamilies
+)
+
+// Catalogue is every family the simulator can emit. DCGM help strings are the
+// ones dcgm-exporter prints (its counters CSV); node-exporter, cAdvisor and
+// kube-state-metrics help strings are theirs; training ones follow the
+// prometheus_client example of the source document (§6).
+var Catalogue = []MetricDesc{
+	// dcgm-exporter default counters (etc/default-counters.csv): 25 fields.
+	{ID: FamSMClock, Name: "DCGM_FI_DEV_SM_CLOCK", Type: Gauge, Help: "SM clock frequency (in MHz).", Unit: "MHz", Source: SourceDCGM, DCGMDefault: true},
+	{ID: FamMemClock, Name: "DCGM_FI_DEV_MEM_CLOCK", Type: Gauge, Help: "Memory clock frequency (in MHz).", Unit: "MHz", Source: SourceDCGM, DCGMDefault: true},
+	{ID: FamMemoryTemp, Name: "DCGM_FI_DEV_MEMORY_TEMP", Type: Gauge, Help: "Memory temperature (in C).", Unit: "celsius", Source: SourceDCGM, DCGMDefault: true},
+	{ID: FamGPUTemp, Name: "DCGM_FI_DEV_GPU_TEMP", Type: Gauge, Help: "GPU temperature (in C).", Unit: "celsius", Source: SourceDCGM, DCGMDefault: true},
+	{ID: FamPowerUsage, Name: "DCGM_FI_DEV_POWER_USAGE", Type: Gauge, Help: "Power draw (in W).", Unit: "watts", Source: SourceDCGM, DCGMDefault: true, Jitter: true},
+	{ID: FamTotalEnergy, Name: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", Type: Counter, Help: "Total energy consumption since boot (in mJ).", Unit: "millijoules", Source: SourceDCGM, DCGMDefault: true},
+	{ID: FamPCIeReplay, Name: "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", Type: Counter, Help: "Total number of PCIe retries.", Source: SourceDCGM, DCGMDefault: true},
+	{ID: FamGPUUtil, Name: "DCGM_FI_DEV_GPU_UTIL", Type: Gauge, Help: "GPU utilization (in %).", Unit: "percent", Source: SourceDCGM, DCGMDefault: true},
+	{ID: FamMemCopyUtil, Name: "DCGM_FI_DEV_MEM_COPY_UTIL", Type: Gauge, Help: "Memory utilization (in %).", Unit: "percent", Source: SourceDCGM, DCGMDefault: true},
+	{ID: FamEncUtil, Name: "DCGM_FI_DEV_ENC_UTIL", Type: Gauge, Help: "Encoder utilization (in %).", Unit: "percent", Source: SourceDCGM, DCGMDefault: true},
+	{ID: FamDecUtil, Name: "DCGM_FI_DEV_DEC_UTIL", Type: Gauge, Help: "Decoder utilization (in %).", Unit: "percent", Source: SourceDCGM, DCGMDefault: true},
+	{ID: FamXIDErrors, Name: "DCGM_FI_DEV_XID_ERRORS", Type: Gauge, Help: "Value of the last XID error encountered.", Source: SourceDCGM, DCGMDefault: true},
+	{ID: FamFBFree, Name: "DCGM_FI_DEV_FB_FREE", Type: Gauge, Help: "Framebuffer memory free (in MiB).", Unit: "MiB", Source: SourceDCGM, DCGMDefault: true},
+	{ID: FamFBUsed, Name: "DCGM_FI_DEV_FB_USED", Type: Gauge, Help: "Framebuffer memory used (in MiB).", Unit: "MiB", Source: SourceDCGM, DCGMDefault: true},
+	{ID: FamFBReserved, Name: "DCGM_FI_DEV_FB_RESERVED", Type: Gauge, Help: "Framebuffer memory reserved (in MiB).", Unit: "MiB", Source: SourceDCGM, DCGMDefault: true},
+	// facts.md types NVLINK_BANDWIDTH_TOTAL as a counter (older CSVs); newer
+	// CSVs call it a gauge. We follow the project's checked list.
+	{ID: FamNVLinkBandwidth, Name: "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", Type: Counter, Help: "Total number of NVLink bandwidth counters for all lanes.", Source: SourceDCGM, DCGMDefault: true},
+	{ID: FamVGPULicense, Name: "DCGM_FI_DEV_VGPU_LICENSE_STATUS", Type: Gauge, Help: "vGPU License status", Source: SourceDCGM, DCGMDefault: true},
+	{ID: FamUncorrectableRemappedRows, Name: "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", Type: Counter, Help: "Number of remapped rows for uncorrectable errors", Source: SourceDCGM, DCGMDefault: true},
+	{ID: FamCorrectableRemappedRows, Name: "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", Type: Counter, Help: "Number of remapped rows for correctable errors", Source: SourceDCGM, DCGMDefault: true},
+	{ID: FamRowRemapFailure, Name: "DCGM_FI_DEV_ROW_REMAP_FAILURE", Type: Gauge, Help: "Whether remapping of rows has failed", Source: SourceDCGM, DCGMDefault: true},
+	{ID: FamProfGREngineActive, Name: "DCGM_FI_PROF_GR_ENGINE_ACTIVE", Type: Gauge, Help: "Ratio of time the graphics engine is active.", Unit: "ratio", Source: SourceDCGM, DCGMDefault: true, Jitter: true},
+	{ID: FamProfPipeTensorActive, Name: "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", Type: Gauge, Help: "Ratio of cycles the tensor (HMMA) pipe is active.", Unit: "ratio", Source: SourceDCGM, DCGMDefault: true, Jitter: true},
+	{ID: FamProfDRAMActive, Name: "DCGM_FI_PROF_DRAM_ACTIVE", Type: Gauge, Help: "Ratio of cycles the device memory interface is active sending or receiving data.", Unit: "ratio", Source: SourceDCGM, DCGMDefault: true, Jitter: true},
+	{ID: FamProfPCIeTxBytes, Name: "DCGM_FI_PROF_PCIE_TX_BYTES", Type: Gauge, Help: "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", Unit: "bytes_per_second", Source: SourceDCGM, DCGMDefault: true, Jitter: true},
+	{ID: FamProfPCIeRxBytes, Name: "DCGM_FI_PROF_PCIE_RX_BYTES", Type: Gauge, Help: "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", Unit: "bytes_per_second", Source: SourceDCGM, DCGMDefault: true, Jitter: true},
+
+	// Fields commented out in the default CSV that the source document's
+	// dashboards and rules use; enabled here as in its dcgm-metrics.csv. The
+	// retired-page fields are typed gauge as the document and facts.md ask.
+	{ID: FamECCSBEVolTotal, Name: "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", Type: Counter, Help: "Total number of single-bit volatile ECC errors.", Source: SourceDCGM},
+	{ID: FamECCDBEVolTotal, Name: "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", Type: Counter, Help: "Total number of double-bit volatile ECC errors.", Source: SourceDCGM},
+	{ID: FamRetiredSBE, Name: "DCGM_FI_DEV_RETIRED_SBE", Type: Gauge, Help: "Total number of retired pages due to single-bit errors.", Source: SourceDCGM},
+	{ID: FamRetiredDBE, Name: "DCGM_FI_DEV_RETIRED_DBE", Type: Gauge, Help: "Total number of retired pages due to double-bit errors.", Source: SourceDCGM},
+	{ID: FamNVLinkCRCFlitErrors, Name: "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", Type: Counter, Help: "Total number of NVLink flow-control CRC errors.", Source: SourceDCGM},
+	{ID: FamClockThrottleReasons, Name: "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", Type: Gauge, Help: "Current clock throttle reasons.", Source: SourceDCGM},
+	{ID: FamFBTotal, Name: "DCGM_FI_DEV_FB_TOTAL", Type: Gauge, Help: "Framebuffer memory total (in MiB).", Unit: "MiB", Source: SourceDCGM},
+
+	// node-exporter.
+	{ID: FamNodeCPUSeconds, Name: "node_cpu_seconds_total", Type: Counter, Help: "Seconds the CPUs spent in each mode.", Unit: "seconds", Source: SourceNodeExporter},
+	{ID: FamNodeMemAvailable, Name: "node_memory_MemAvailable_bytes", Type: Gauge, Help: "Memory information field MemAvailable_bytes.", Unit: "bytes", Source: SourceNodeExporter, Jitter: true},
+	{ID: FamNodeMemTotal, Name: "node_memory_MemTotal_bytes", Type: Gauge, Help: "Memory information field MemTotal_bytes.", Unit: "bytes", Source: SourceNodeExporter},
+	{ID: FamNodeFSAvail, Name: "node_filesystem_avail_bytes", Type: Gauge, Help: "Filesystem space available to non-root users in bytes.", Unit: "bytes", Source: SourceNodeExporter},
+	{ID: FamNodeFSSize, Name: "node_filesystem_size_bytes", Type: Gauge, Help: "Filesystem size in bytes.", Unit: "bytes", Source: SourceNodeExporter},
+	{ID: FamNodeNetRxBytes, Name: "node_network_receive_bytes_total", Type: Counter, Help: "Network device statistic receive_bytes.", Unit: "bytes", Source: SourceNodeExporter},
+	{ID: FamNodeNetTxBytes, Name: "node_network_transmit_bytes_total", Type: Counter, Help: "Network device statistic transmit_bytes.", Unit: "bytes", Source: SourceNodeExporter},
+	{ID: FamNodeNetRxDrop, Name: "node_network_receive_drop_total", Type: Counter, Help: "Network device statistic receive_drop.", Source: SourceNodeExporter},
+	{ID: FamNodeNetTxDrop, Name: "node_network_transmit_drop_total", Type: Counter, Help: "Network device statistic transmit_drop.", Source: SourceNodeExporter},
+
+	// cAdvisor (kubelet /metrics/cadvisor).
+	{ID: FamContainerCPU, Name: "container_cpu_usage_seconds_total", Type: Counter, Help: "Cumulative cpu time consumed in seconds.", Unit: "seconds", Source: SourceCAdvisor},
+	{ID: FamContainerMemWorkingSet, Name: "container_memory_working_set_bytes", Type: Gauge, Help: "Current working set in bytes.", Unit: "bytes", Source: SourceCAdvisor, Jitter: true},
+	{ID: FamContainerOOMEvents, Name: "container_oom_events_total", Type: Counter, Help: "Count of out of memory events observed for the container", Source: SourceCAdvisor},
+
+	// Training job metrics (source document §6), one set per rank.
+	{ID: FamTrainIterTime, Name: "training_iteration_time_seconds", Type: Histogram, Help: "Time per training iteration", Unit: "seconds", Source: SourceTraining},
+	{ID: FamTrainTokensPerSecond, Name: "training_tokens_per_second", Type: Gauge, Help: "Tokens processed per GPU per second", Source: SourceTraining},
+	{ID: FamTrainLoss, Name: "training_loss", Type: Gauge, Help: "Current training loss", Source: SourceTraining},
+	{ID: FamTrainGradNorm, Name: "training_gradient_norm", Type: Gauge, Help: "Gradient norm", Source: SourceTraining},
+	{ID: FamTrainLearningRate, Name: "training_learning_rate", Type: Gauge, Help: "Current learning rate", Source: SourceTraining},
+	{ID: FamTrainMFU, Name: "training_mfu_percent", Type: Gauge, Help: "Model FLOPs Utilization", Unit: "percent", Source: SourceTraining},
+	{ID: FamTrainDataLoadTime, Name: "training_data_load_time_seconds", Type: Gauge, Help: "Data loading time per step", Unit: "seconds", Source: SourceTraining},
+
+	// kube-state-metrics (cluster scope).
+	{ID: FamKubeNodeCondition, Name: "kube_node_status_condition", Type: Gauge, Help: "The condition of a cluster node.", Source: SourceKubeStateMetrics},
+	{ID: FamKubePodPhase, Name: "kube_pod_status_phase", Type: Gauge, Help: "The pods current phase.", Source: SourceKubeStateMetrics},
+	{ID: FamKubeJobActive, Name: "kube_job_status_active", Type: Gauge, Help: "The number of actively running pods.", Source: SourceKubeStateMetrics},
+
+	// Made by the scraping Prometheus, never by an exporter.
+	{ID: FamUp, Name: "up", Type: Gauge, Help: "Whether the target could be scraped (1) or not (0).", Source: SourcePrometheus},
+}
+
+// IterationTimeBuckets are the upper bounds of training_iteration_time_seconds,
+// as in the source document's prometheus_client Histogram.
+var IterationTimeBuckets = []float64{0.1, 0.25, 0.5, 1, 2, 5, 10}
+
+// leValues are the `le` label values as prometheus_client prints them (and
+// as Prometheus 3 normalises classic-histogram `le` on ingestion).
+var leValues = []string{"0.1", "0.25", "0.5", "1.0", "2.0", "5.0", "10.0", "+Inf"}
+
+var catalogueByName = func() map[string]*MetricDesc {
+	if len(Catalogue) != numFamilies {
+		panic(fmt.Sprintf("gpusim: catalogue has %d entries, want %d", len(Catalogue), numFamilies))
+	}
+	m := make(map[string]*MetricDesc, len(Catalogue))
+	for i := range Catalogue {
+		if Catalogue[i].ID != i {
+			panic(fmt.Sprintf("gpusim: catalogue entry %s has ID %d at position %d", Catalogue[i].Name, Catalogue[i].ID, i))
+		}
+		m[Catalogue[i].Name] = &Catalogue[i]
+	}
+	return m
+}()
+
+// LookupMetric returns the family of a series name. Histogram series
+// (_bucket, _sum, _count) resolve to their histogram family.
+func LookupMetric(name string) (*MetricDesc, bool) {
+	if d, ok := catalogueByName[name]; ok {
+		return d, true
+	}
+	for _, suf := range []string{"_bucket", "_sum", "_count"} {
+		if len(name) > len(suf) && name[len(name)-len(suf):] == suf {
+			if d, ok := catalogueByName[name[:len(name)-len(suf)]]; ok && d.Type == Histogram {
+				return d, true
+			}
+		}
+	}
+	return nil, false
+}
+
+// DCGMFamilies returns the DCGM families the simulator emits per GPU (the 25
+// defaults plus the extra fields), in catalogue order.
+func DCGMFamilies() []*MetricDesc {
+	var out []*MetricDesc
+	for i := range Catalogue {
+		if Catalogue[i].Source == SourceDCGM {
+			out = append(out, &Catalogue[i])
+		}
+	}
+	return out
+}
+
+// DCGMLabelNames are the labels dcgm-exporter puts on every GPU series;
+// PodLabelNames are added when Kubernetes mapping finds a pod holding the GPU.
+var (
+	DCGMLabelNames = []string{"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"}
+	PodLabelNames  = []string{"pod", "namespace", "container"}
+)

@@ -1,0 +1,1000 @@
+package gpusim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Config describes a simulated cluster. Two Cluster values built from equal
+// Configs produce identical series and values for any instant.
+type Config struct {
+	// Name is the cluster name, sent as the `cluster` external label.
+	Name string
+	// Nodes is the number of GPU nodes (default 128).
+	Nodes int
+	// GPUsPerNode is 1..8 (default 8, an HGX H100 board).
+	GPUsPerNode int
+	// Seed selects the cluster: jobs, GPU identities, weak GPUs, noise.
+	Seed uint64
+	// Epoch anchors counters and job windows (default 2026-01-01T00:00:00Z).
+	// Counters count from the epoch (plus a per-device value "since boot");
+	// before it the cluster's counters stay at those base values except
+	// energy and CPU time, which integrate idle power/time backwards.
+	Epoch time.Time
+	// Faults are injected at FaultOrigin + Fault.At (default FaultOrigin: Epoch).
+	Faults      []Fault
+	FaultOrigin time.Time
+	// TargetLabels adds `job` and `instance` to every series and emits `up`
+	// per target, as the scraping Prometheus would. Use it when the simulator
+	// writes remote-write directly; leave it off for /metrics pages (the real
+	// Prometheus adds them).
+	TargetLabels bool
+	// XidsPerGPUYear is the rate of background Xid events per GPU and year
+	// (default 0.02; negative disables). The Xid gauge keeps its last code
+	// forever, so after months a few percent of GPUs show a stale non-zero
+	// Xid, as real fleets do.
+	XidsPerGPUYear float64
+	// NodeCPUs is how many CPUs node_cpu_seconds_total reports per node
+	// (default 4: a real node has ~200, which would dominate the series count).
+	NodeCPUs int
+}
+
+// DefaultEpoch is Config.Epoch's default.
+var DefaultEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func (cfg *Config) setDefaults() error {
+	if cfg.Name == "" {
+		cfg.Name = "gpu-cluster-prod-01"
+	}
+	if cfg.Nodes == 0 {
+		cfg.Nodes = 128
+	}
+	if cfg.GPUsPerNode == 0 {
+		cfg.GPUsPerNode = 8
+	}
+	if cfg.Epoch.IsZero() {
+		cfg.Epoch = DefaultEpoch
+	}
+	if cfg.FaultOrigin.IsZero() {
+		cfg.FaultOrigin = cfg.Epoch
+	}
+	if cfg.XidsPerGPUYear == 0 {
+		cfg.XidsPerGPUYear = 0.02
+	}
+	if cfg.NodeCPUs == 0 {
+		cfg.NodeCPUs = 4
+	}
+	switch {
+	case cfg.Nodes < 1 || cfg.Nodes > 100000:
+		return fmt.Errorf("nodes %d out of range 1..100000", cfg.Nodes)
+	case cfg.GPUsPerNode < 1 || cfg.GPUsPerNode > len(pciBusIDs):
+		return fmt.Errorf("gpus per node %d out of range 1..%d", cfg.GPUsPerNode, len(pciBusIDs))
+	case cfg.NodeCPUs < 1 || cfg.NodeCPUs > 1024:
+		return fmt.Errorf("node cpus %d out of range 1..1024", cfg.NodeCPUs)
+	}
+	return nil
+}
+
+// Hardware constants of an HGX H100 80GB SXM node.
+const (
+	modelName     = "NVIDIA H100 80GB HBM3"
+	driverVersion = "570.133.20"
+	pMax          = 700.0   // W, TDP
+	fbTotal       = 81559.0 // MiB
+	fbReserved    = 583.0   // MiB
+	memClockMHz   = 2619.0
+	idleSMClock   = 345.0
+	boostSMClock  = 1980.0
+	tauTemp       = 50.0 // s, die temperature time constant
+	overheatTemp  = 92.5
+	throttleCap   = 0.45 * pMax // HW power brake
+	memTotalBytes = 2164663517184.0
+)
+
+var pciBusIDs = [...]string{"00000000:18:00.0", "00000000:2A:00.0", "00000000:3A:00.0", "00000000:5D:00.0", "00000000:9A:00.0", "00000000:AB:00.0", "00000000:BA:00.0", "00000000:DB:00.0"}
+
+// Clock throttle reason bits (NVML nvmlClocksThrottleReason*).
+const (
+	ThrottleGPUIdle       = 0x1
+	ThrottleAppClocks     = 0x2
+	ThrottleSWPowerCap    = 0x4
+	ThrottleHWSlowdown    = 0x8
+	ThrottleSyncBoost     = 0x20
+	ThrottleSWThermal     = 0x40
+	ThrottleHWThermal     = 0x80
+	ThrottleHWPowerBrake  = 0x100
+	throttleFaultReasons  = ThrottleHWSlowdown | ThrottleHWThermal | ThrottleHWPowerBrake
+	swThermalSlowdownTemp = 87
+)
+
+// Cluster is the simulated cluster. It is not safe for concurrent use.
+type Cluster struct {
+	cfg       Config
+	seed      uint64
+	groups    []group
+	nodes     []*node
+	hostIndex map[string]int
+	faults    []activeFault
+	jobs      map[jobKey]*jobInfo
+	stepSeq   int64
+	cset      seriesSet
+	em        emitter
+	last      time.Time
+	stepped   bool
+	bp        []float64 // breakpoint scratch
+	slotBuf   []jobSlot
+}
+
+type gpu struct {
+	idx                           int
+	id                            uint64
+	labels                        []Label // static dcgm-exporter labels
+	pIdle, scale, ambient, kTherm float64
+	e0, nvl0, corrRows0, nvlScale float64
+	sbe, pcie, crc, xid           eventProc
+}
+
+type nodeCum struct {
+	valid                   bool
+	k                       int64 // windows before k are summed
+	busy, inten, multi, nvl float64
+}
+
+type node struct {
+	idx         int
+	hostname    string
+	instDCGM    string
+	instNode    string
+	instKubelet string
+	instTrain   []string // per local rank: the training process' metrics port
+	uptime0     float64  // seconds the node had been up at the epoch
+	gpus        []gpu
+	cum         nodeCum
+	set         seriesSet
+	rootPhase   float64
+	raidBase    float64
+	overlayMnt  string
+	sysPods     [2]string
+	netDrop     [2][2]eventProc // [device][rx, tx]
+	cpuFactor   []float64
+}
+
+// New builds a cluster.
+func New(cfg Config) (*Cluster, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, fmt.Errorf("gpusim config: %w", err)
+	}
+	c := &Cluster{cfg: cfg, seed: mix(cfg.Seed ^ 0x67707573696d), hostIndex: map[string]int{}, jobs: map[jobKey]*jobInfo{}}
+	c.em.target = cfg.TargetLabels
+	c.initGroups()
+	for i := 0; i < cfg.Nodes; i++ {
+		c.nodes = append(c.nodes, c.newNode(i))
+		c.hostIndex[c.nodes[i].hostname] = i
+	}
+	if err := c.resolveFaults(cfg.Faults); err != nil {
+		return nil, fmt.Errorf("gpusim faults: %w", err)
+	}
+	return c, nil
+}
+
+func (c *Cluster) newNode(i int) *node {
+	hn := fmt.Sprintf("gpu-node-%03d", i+1)
+	nh := h3(c.seed, saltNode, uint64(i))
+	r := func(k uint64) float64 { return unit(h2(nh, k)) }
+	n := &node{
+		idx: i, hostname: hn,
+		instDCGM: hn + ":9400", instNode: hn + ":9100", instKubelet: hn + ":10250",
+		uptime0:    (20 + 180*r(1)) * 86400,
+		rootPhase:  r(2),
+		raidBase:   0.7 + 0.15*r(3),
+		overlayMnt: fmt.Sprintf("/run/containerd/io.containerd.runtime.v2.task/k8s.io/%016x/rootfs", h2(nh, 4)),
+		sysPods:    [2]string{"nvidia-dcgm-exporter-" + podSuffix(h2(nh, 5)), "node-exporter-" + podSuffix(h2(nh, 6))},
+	}
+	for g := 0; g < c.cfg.GPUsPerNode; g++ {
+		n.instTrain = append(n.instTrain, fmt.Sprintf("%s:%d", hn, 9090+g))
+	}
+	for cpu := 0; cpu < c.cfg.NodeCPUs; cpu++ {
+		n.cpuFactor = append(n.cpuFactor, 0.8+0.5*unit(h3(nh, 7, uint64(cpu))))
+	}
+	// A few nodes have a flaky RoCE port or a busy management NIC.
+	for d := 0; d < 2; d++ {
+		for dir := 0; dir < 2; dir++ {
+			mean := 0.0
+			if u := unit(h4(nh, 8, uint64(d), uint64(dir))); (d == 1 && u < 0.10) || (d == 0 && u < 0.05) {
+				mean = 3600 * (1 + 5*unit(h4(nh, 9, uint64(d), uint64(dir))))
+			}
+			n.netDrop[d][dir] = newEventProc(h4(nh, 10, uint64(d), uint64(dir)), mean, 40, nil)
+		}
+	}
+	xidMean := 0.0
+	if c.cfg.XidsPerGPUYear > 0 {
+		xidMean = 365 * 86400 / c.cfg.XidsPerGPUYear
+	}
+	for g := 0; g < c.cfg.GPUsPerNode; g++ {
+		id := h3(c.seed, saltGPU, uint64(i*8+g))
+		gr := func(k uint64) float64 { return unit(h2(id, k)) }
+		u := h2(id, 100)
+		uuid := fmt.Sprintf("GPU-%08x-%04x-%04x-%04x-%012x", uint32(u), uint16(u>>32), uint16(u>>48), uint16(id), h2(id, 101)&0xffffffffffff)
+		gp := gpu{
+			idx: g, id: id,
+			labels: []Label{
+				{"gpu", itoa(g)}, {"UUID", uuid}, {"pci_bus_id", pciBusIDs[g]}, {"device", "nvidia" + itoa(g)},
+				{"modelName", modelName}, {"Hostname", hn}, {"DCGM_FI_DRIVER_VERSION", driverVersion},
+			},
+			pIdle:    62 + 16*gr(1),
+			scale:    0.96 + 0.08*gr(2),
+			ambient:  24 + 5*gr(3) + 0.6*float64(g%4), // GPUs further down the airflow run warmer
+			kTherm:   0.056 + 0.01*gr(4),
+			nvlScale: 0.97 + 0.06*gr(5),
+		}
+		gp.e0 = n.uptime0 * (250 + 150*gr(6)) * 1000
+		gp.nvl0 = n.uptime0 * 2e4 * gr(7)
+		if gr(8) < 0.05 {
+			gp.corrRows0 = float64(1 + h2(id, 9)%3)
+		}
+		// Weak GPUs: a few percent show correctable ECC errors, PCIe replays or
+		// NVLink CRC errors now and then; most never do.
+		sbeMean, pcieMean, crcMean := 0.0, 0.0, 0.0
+		if gr(10) < 0.03 {
+			sbeMean = 3 * 3600
+		}
+		if gr(11) < 0.08 {
+			pcieMean = 8 * 3600
+		}
+		if gr(12) < 0.05 {
+			crcMean = 4 * 3600
+		}
+		gp.sbe = newEventProc(h2(id, 13), sbeMean, 4, nil)
+		gp.pcie = newEventProc(h2(id, 14), pcieMean, 3, nil)
+		gp.crc = newEventProc(h2(id, 15), crcMean, 30, nil)
+		gp.xid = newEventProc(h2(id, 16), xidMean, 1, backgroundXids)
+		n.gpus = append(n.gpus, gp)
+	}
+	return n
+}
+
+// Name returns the cluster name.
+func (c *Cluster) Name() string { return c.cfg.Name }
+
+// Config returns the effective configuration (defaults applied).
+func (c *Cluster) Config() Config { return c.cfg }
+
+// Hostnames returns the node hostnames in index order.
+func (c *Cluster) Hostnames() []string {
+	out := make([]string, len(c.nodes))
+	for i, n := range c.nodes {
+		out[i] = n.hostname
+	}
+	return out
+}
+
+// NodeIndex resolves a hostname or index string.
+func (c *Cluster) NodeIndex(s string) (int, bool) { return c.nodeIndex(s) }
+
+// NodeDown reports whether node i is down (node_down fault) at t.
+func (c *Cluster) NodeDown(i int, t time.Time) bool { return c.nodeDownAt(i, c.secs(t)) }
+
+func (c *Cluster) secs(t time.Time) float64 { return t.Sub(c.cfg.Epoch).Seconds() }
+
+// ErrUnknownNode is returned for a node that does not exist.
+var ErrUnknownNode = errors.New("unknown node")
+
+// Step computes the state of every node and the cluster scope at t. Calling
+// it again with the same t is free.
+func (c *Cluster) Step(t time.Time) {
+	if c.stepped && t.Equal(c.last) {
+		return
+	}
+	c.stepSeq++
+	s, tms := c.secs(t), t.UnixMilli()
+	for _, n := range c.nodes {
+		c.stepNode(n, s, tms)
+	}
+	c.stepClusterScope(s)
+	c.pruneJobs()
+	c.last, c.stepped = t, true
+}
+
+// StepNode computes one node's state at t (for per-node pages). The next
+// Step recomputes everything.
+func (c *Cluster) StepNode(i int, t time.Time) error {
+	if i < 0 || i >= len(c.nodes) {
+		return fmt.Errorf("step node %d: %w", i, ErrUnknownNode)
+	}
+	c.stepSeq++
+	c.stepNode(c.nodes[i], c.secs(t), t.UnixMilli())
+	c.pruneJobs()
+	c.stepped = false
+	return nil
+}
+
+// StepClusterScope computes the cluster-scope series (kube-state-metrics, up) at t.
+func (c *Cluster) StepClusterScope(t time.Time) {
+	c.stepSeq++
+	c.stepClusterScope(c.secs(t))
+	c.stepped = false
+}
+
+// SeriesCount returns the number of series of the last step.
+func (c *Cluster) SeriesCount() int {
+	n := c.cset.count()
+	for _, nd := range c.nodes {
+		n += nd.set.count()
+	}
+	return n
+}
+
+// AppendSamples steps to t and appends one sample per active series, as
+// replica r would scrape them: timestamps are t+r.Offset, continuous gauges
+// get r's jitter, everything else is identical across replicas.
+func (c *Cluster) AppendSamples(buf []Series, t time.Time, r Replica) []Series {
+	c.Step(t)
+	ts := t.Add(r.Offset).UnixMilli()
+	seed := h2(strHash(r.Name), uint64(t.UnixMilli()))
+	for _, n := range c.nodes {
+		buf = appendSet(buf, &n.set, ts, r.Jitter, seed)
+	}
+	return appendSet(buf, &c.cset, ts, r.Jitter, seed)
+}
+
+// AppendNodeSamples appends the samples of node i from its last step.
+func (c *Cluster) AppendNodeSamples(buf []Series, i int, t time.Time, r Replica) []Series {
+	return appendSet(buf, &c.nodes[i].set, t.Add(r.Offset).UnixMilli(), r.Jitter, h2(strHash(r.Name), uint64(t.UnixMilli())))
+}
+
+func appendSet(buf []Series, set *seriesSet, ts int64, jitter float64, seed uint64) []Series {
+	for f := range set.fams {
+		fs := &set.fams[f]
+		d := &Catalogue[f]
+		jit := jitter > 0 && d.Jitter
+		for i := range fs.vals {
+			v := fs.vals[i]
+			if jit {
+				v *= 1 + jitter*sym(h2(seed, fs.slots[i].id))
+			}
+			buf = append(buf, Series{Labels: fs.slots[i].labels, Desc: d, T: ts, V: v})
+		}
+	}
+	return buf
+}
+
+// ---- node model ----
+
+// Phases of a GPU within the training step cycle.
+type phase uint8
+
+const (
+	phIdle phase = iota
+	phCompute
+	phComm
+	phCheckpoint
+	phStall
+)
+
+// nodeStep is what every GPU of a node shares at one instant.
+type nodeStep struct {
+	job      *jobInfo
+	local    int // node's index within the job
+	phase    phase
+	stalled  bool
+	nanLoss  bool
+	count    float64
+	sum      float64
+	cycles   float64
+	stepIdx  int
+	busy     float64
+	inten    float64
+	multi    float64
+	nvl      float64
+	sinceJob float64
+}
+
+func (c *Cluster) stepNode(n *node, s float64, tms int64) {
+	down := c.nodeDownAt(n.idx, s)
+	var st nodeStep
+	gi := n.idx / groupSize
+	j := c.slotOf(n.idx, c.groups[gi].window(s))
+	key := uint64(1)
+	if down {
+		key = 2
+	} else if j.running(s) {
+		st.job = c.jobInfo(&j)
+		st.local = n.idx - j.firstNode
+		key = h2(j.id, 3)
+	}
+	e := &c.em
+	e.begin(&n.set, key)
+	if !down {
+		st.busy, st.inten, st.multi, st.nvl = c.nodeCumAt(n, s)
+		if st.job != nil {
+			c.jobProgress(&st, s)
+		}
+		c.emitNode(e, n, &st, s, tms)
+	}
+	e.end()
+}
+
+// jobProgress places the node's job in its step cycle at s.
+func (c *Cluster) jobProgress(st *nodeStep, s float64) {
+	ji := st.job
+	st.sinceJob = s - ji.start
+	st.stalled = c.jobStalledAt(&ji.jobSlot, s)
+	st.nanLoss = c.jobFaultActive(FaultNaNLoss, &ji.jobSlot, s)
+	eff := st.sinceJob - c.stalledTime(&ji.jobSlot, ji.start, s)
+	st.count, st.sum, st.cycles, st.stepIdx = ji.iterations(eff)
+	if st.stalled {
+		st.phase = phStall
+		return
+	}
+	off := eff - st.cycles*ji.cycle - ji.prefix[st.stepIdx] // time into the current step
+	d := ji.dur[st.stepIdx]
+	switch {
+	case st.stepIdx == cycleLen-1 && off >= ji.stepT:
+		st.phase = phCheckpoint
+	case off < ji.computeFrac*math.Min(d, ji.stepT):
+		st.phase = phCompute
+	default:
+		st.phase = phComm
+	}
+}
+
+// nodeCumAt returns the node's busy seconds, intensity-weighted busy seconds,
+// multi-node busy seconds and NVLink bytes since the epoch, summing whole
+// windows once (cached) and the current window's part on each call.
+func (c *Cluster) nodeCumAt(n *node, s float64) (busy, inten, multi, nvl float64) {
+	if s <= 0 {
+		return
+	}
+	g := &c.groups[n.idx/groupSize]
+	ks := g.window(s)
+	cc := &n.cum
+	if !cc.valid || cc.k > ks {
+		*cc = nodeCum{valid: true, k: g.window(0)}
+	}
+	for cc.k < ks {
+		j := c.slotOf(n.idx, cc.k)
+		cc.busy, cc.inten, cc.multi, cc.nvl = addBusy(&j, math.Inf(1), cc.busy, cc.inten, cc.multi, cc.nvl)
+		cc.k++
+	}
+	j := c.slotOf(n.idx, ks)
+	return addBusy(&j, s, cc.busy, cc.inten, cc.multi, cc.nvl)
+}
+
+func addBusy(j *jobSlot, upto, busy, inten, multi, nvl float64) (float64, float64, float64, float64) {
+	if j.idle {
+		return busy, inten, multi, nvl
+	}
+	lo, hi := math.Max(j.start, 0), math.Min(j.end, upto)
+	if d := hi - lo; d > 0 {
+		busy += d
+		inten += j.intensity * d
+		if j.size > 1 {
+			multi += d
+		}
+		nvl += j.nvlRate * d
+	}
+	return busy, inten, multi, nvl
+}
+
+func (g *gpu) busyMean(j *jobSlot) float64 { return g.pIdle + j.intensity*g.scale*(pMax-g.pIdle) }
+func (g *gpu) stallPower() float64         { return g.pIdle + 115 }
+
+// meanPower returns the GPU's step-cycle-averaged power at x with faults
+// (act) and without (base).
+func (c *Cluster) meanPower(n *node, gi int, x float64) (act, base float64) {
+	gp := &n.gpus[gi]
+	j := c.slotOf(n.idx, c.groups[n.idx/groupSize].window(x))
+	base = gp.pIdle
+	act = base
+	if j.running(x) {
+		base = gp.busyMean(&j)
+		act = base
+		if c.jobStalledAt(&j, x) {
+			act = gp.stallPower()
+		}
+	}
+	if c.gpuFaultActive(FaultThrottle, n.idx, gi, x) {
+		act = math.Min(act, throttleCap)
+	}
+	return act, base
+}
+
+func (c *Cluster) powerFault(f *activeFault, node, gi int) bool {
+	switch f.kind {
+	case FaultThrottle:
+		return f.hitsGPU(node, gi)
+	case FaultTrainingStall, FaultNodeDown:
+		return f.node/groupSize == node/groupSize
+	}
+	return false
+}
+
+func (c *Cluster) tempTarget(n *node, gi int, x float64) float64 {
+	if c.gpuFaultActive(FaultOverheat, n.idx, gi, x) {
+		return overheatTemp
+	}
+	act, _ := c.meanPower(n, gi, x)
+	gp := &n.gpus[gi]
+	return gp.ambient + gp.kTherm*act
+}
+
+// gpuTemp runs a first-order lag (time constant tauTemp) over the
+// piecewise-constant temperature target of the last 12 time constants: the
+// target changes only at job and fault boundaries, so the filter has a
+// closed form per segment, and history older than e^-12 does not matter.
+func (c *Cluster) gpuTemp(n *node, gi int, s float64) float64 {
+	a := s - 12*tauTemp
+	bp := c.bp[:0]
+	g := &c.groups[n.idx/groupSize]
+	for k := g.window(a); k <= g.window(s); k++ {
+		j := c.slotOf(n.idx, k)
+		if !j.idle {
+			bp = appendIn(bp, j.start, a, s)
+			bp = appendIn(bp, j.end, a, s)
+		}
+	}
+	for i := range c.faults {
+		f := &c.faults[i]
+		if c.powerFault(f, n.idx, gi) || (f.kind == FaultOverheat && f.hitsGPU(n.idx, gi)) {
+			bp = appendIn(bp, f.start, a, s)
+			bp = appendIn(bp, f.end, a, s)
+		}
+	}
+	bp = append(bp, s)
+	sortFloats(bp)
+	c.bp = bp
+	temp := c.tempTarget(n, gi, a)
+	prev := a
+	for _, b := range bp {
+		if b <= prev {
+			continue
+		}
+		x := c.tempTarget(n, gi, (prev+b)/2)
+		temp = x + (temp-x)*math.Exp(-(b-prev)/tauTemp)
+		prev = b
+	}
+	return temp
+}
+
+// energyCorr integrates (actual - base) power over the fault intervals that
+// change this GPU's power, up to s: the closed-form energy covers the
+// fault-free model, this term the faults.
+func (c *Cluster) energyCorr(n *node, gi int, s float64) float64 {
+	bp := c.bp[:0]
+	g := &c.groups[n.idx/groupSize]
+	for i := range c.faults {
+		f := &c.faults[i]
+		if !c.powerFault(f, n.idx, gi) {
+			continue
+		}
+		lo, hi := math.Max(f.start, 0), math.Min(f.end, s)
+		if hi <= lo {
+			continue
+		}
+		bp = append(bp, lo, hi)
+		for k := g.window(lo); k <= g.window(hi); k++ {
+			j := c.slotOf(n.idx, k)
+			if !j.idle {
+				bp = appendIn(bp, j.start, lo, hi)
+				bp = appendIn(bp, j.end, lo, hi)
+			}
+		}
+	}
+	if len(bp) == 0 {
+		return 0
+	}
+	sortFloats(bp)
+	c.bp = bp
+	total := 0.0
+	for i := 1; i < len(bp); i++ {
+		if bp[i] <= bp[i-1] {
+			continue
+		}
+		act, base := c.meanPower(n, gi, (bp[i-1]+bp[i])/2)
+		total += (act - base) * (bp[i] - bp[i-1])
+	}
+	return total
+}
+
+func appendIn(bp []float64, x, a, b float64) []float64 {
+	if x > a && x < b {
+		return append(bp, x)
+	}
+	return bp
+}
+
+func sortFloats(v []float64) { // insertion sort: a handful of elements
+	for i := 1; i < len(v); i++ {
+		for k := i; k > 0 && v[k] < v[k-1]; k-- {
+			v[k], v[k-1] = v[k-1], v[k]
+		}
+	}
+}
+
+var cpuModes = [...]struct {
+	name string
+	a, b float64 // share of wall time when idle; change of share when a job runs
+}{
+	{"idle", 0.962, -0.60}, {"iowait", 0.004, 0.03}, {"irq", 0.001, 0.01}, {"nice", 0.0005, 0},
+	{"softirq", 0.0025, 0.03}, {"steal", 0, 0}, {"system", 0.01, 0.09}, {"user", 0.02, 0.44},
+}
+
+var netDevices = [...]string{"eth0", "ens9f0np0"} // management NIC, RoCE NIC
+
+func (c *Cluster) emitNode(e *emitter, n *node, st *nodeStep, s float64, tms int64) {
+	for gi := range n.gpus {
+		c.emitGPU(e, n, gi, st, s, tms)
+	}
+
+	// node-exporter. Exporters other than dcgm-exporter name no node in
+	// their labels; like kube-prometheus' relabelling (node from the pod's
+	// __meta_kubernetes_pod_node_name) we add `node`, which also keeps the
+	// whole-cluster page free of duplicate series.
+	e.base = append(e.base[:0], Label{"node", n.hostname})
+	e.setTarget("node-exporter", n.instNode)
+	up := s + n.uptime0
+	for cpu := 0; cpu < c.cfg.NodeCPUs; cpu++ {
+		f := n.cpuFactor[cpu]
+		for _, m := range cpuModes {
+			e.add(FamNodeCPUSeconds, round2(m.a*up+m.b*f*st.busy), Label{"cpu", itoa(cpu)}, Label{"mode", m.name})
+		}
+	}
+	nz := func(i uint64) float64 { return sym(h4(c.seed, saltNoise, uint64(n.idx)<<8|0xff, uint64(tms)*64+i)) }
+	hostUsed := 38.0 * (1 << 30)
+	if st.job != nil {
+		hostUsed += st.job.hostMem * memTotalBytes * (1 - math.Exp(-st.sinceJob/120))
+	}
+	e.add(FamNodeMemAvailable, blocks(memTotalBytes-hostUsed+(1<<28)*nz(1)))
+	e.add(FamNodeMemTotal, memTotalBytes)
+	rootSize := 1.88e12
+	rootAvail := rootSize * (0.65 - 0.2*frac(up/(14*86400)+n.rootPhase)) // logs grow, rotated fortnightly
+	raidSize := 30.7e12
+	raidAvail := raidSize * n.raidBase
+	if st.job != nil {
+		raidAvail -= raidSize * 0.3 * math.Min(1, st.sinceJob/(st.job.end-st.job.start)) // checkpoints pile up
+	}
+	runSize := 0.1 * memTotalBytes
+	fs := [...]struct {
+		dev, typ, mnt string
+		size, avail   float64
+	}{
+		{"/dev/nvme0n1p2", "ext4", "/", rootSize, rootAvail},
+		{"/dev/md0", "ext4", "/raid", raidSize, raidAvail},
+		{"tmpfs", "tmpfs", "/run", runSize, runSize - 27*(1<<20)},
+		{"overlay", "overlay", n.overlayMnt, rootSize, rootAvail},
+	}
+	for _, f := range fs {
+		l := [...]Label{{"device", f.dev}, {"fstype", f.typ}, {"mountpoint", f.mnt}}
+		e.add(FamNodeFSAvail, blocks(f.avail), l[:]...)
+		e.add(FamNodeFSSize, blocks(f.size), l[:]...)
+	}
+	// eth0 streams the dataset; the RoCE NIC carries inter-node collectives.
+	rx := [2]float64{2e6*up + 1.8e8*st.busy, 1e4*up + 1.2e10*st.multi}
+	tx := [2]float64{8e5*up + 2.5e7*st.busy, 1e4*up + 1.18e10*st.multi}
+	for d, dev := range netDevices {
+		l := Label{"device", dev}
+		rxd, _ := n.netDrop[d][0].at(s)
+		txd, _ := n.netDrop[d][1].at(s)
+		e.add(FamNodeNetRxBytes, math.Floor(rx[d]), l)
+		e.add(FamNodeNetTxBytes, math.Floor(tx[d]), l)
+		e.add(FamNodeNetRxDrop, rxd, l)
+		e.add(FamNodeNetTxDrop, txd, l)
+	}
+
+	// cAdvisor
+	e.setTarget("kubelet", n.instKubelet)
+	sys := [...]struct {
+		ns, pod, ctr, img string
+		cores, mem        float64
+	}{
+		{"gpu-operator", n.sysPods[0], "nvidia-dcgm-exporter", "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04", 0.08, 380 << 20},
+		{"monitoring", n.sysPods[1], "node-exporter", "quay.io/prometheus/node-exporter:v1.8.2", 0.015, 28 << 20},
+	}
+	for i, p := range sys {
+		l := [...]Label{{"container", p.ctr}, {"image", p.img}, {"namespace", p.ns}, {"pod", p.pod}}
+		e.add(FamContainerCPU, round2(p.cores*up), l[:]...)
+		e.add(FamContainerMemWorkingSet, blocks(p.mem*(1+0.05*nz(uint64(10+i)))), l[:]...)
+		e.add(FamContainerOOMEvents, 0, l[:]...)
+	}
+	if st.job != nil {
+		ji := st.job
+		l := [...]Label{{"container", "pytorch"}, {"image", "nvcr.io/nvidia/pytorch:24.12-py3"}, {"namespace", "training"}, {"pod", ji.pods[st.local]}}
+		e.add(FamContainerCPU, round2(ji.cpuCores*st.sinceJob), l[:]...)
+		e.add(FamContainerMemWorkingSet, blocks(ji.hostMem*memTotalBytes*(1-math.Exp(-st.sinceJob/120))*(1+0.01*nz(20))), l[:]...)
+		e.add(FamContainerOOMEvents, 0, l[:]...)
+		c.emitTraining(e, n, st)
+	}
+}
+
+// emitTraining emits the §6 training metrics of the node's ranks.
+func (c *Cluster) emitTraining(e *emitter, n *node, st *nodeStep) {
+	ji := st.job
+	m := &models[ji.model]
+	e.base = e.base[:0]
+	steps := ji.stepOff + st.count
+	// The last completed step sets the gauges; they freeze while stalled
+	// because no step completes (the Python process blocks in a collective).
+	lastIdx := (st.stepIdx + cycleLen - 1) % cycleLen
+	lastDur := ji.dur[lastIdx]
+	stepNoise := func(k uint64) float64 { return sym(h4(ji.id, saltStep, uint64(steps), k)) }
+	loss := m.lossF + (m.loss0-m.lossF)*math.Pow(1+steps/300, -0.5)
+	loss *= 1 + 0.015*stepNoise(1)
+	gnorm := (0.18 + 1.6*math.Pow(1+steps/500, -0.5)) * (1 + 0.08*stepNoise(2))
+	if unit(h4(ji.id, saltStep, uint64(steps), 3)) < 0.01 {
+		gnorm *= 3 // loss spike
+	}
+	warm := math.Min(1, (steps+1)/1000)
+	lr := m.peakLR * warm * (0.1 + 0.9*0.5*(1+math.Cos(math.Pi*math.Min(1, steps/ji.planned))))
+	tps := m.tokensPerGPUStep / lastDur
+	load := lastDur * (0.03 + 0.02*unit(h4(ji.id, saltStep, uint64(steps), 4)))
+	if unit(h4(ji.id, saltStep, uint64(steps), 5)) < 0.02 {
+		load *= 8 // a slow shard from the object store
+	}
+	if st.count == 0 {
+		tps, load = 0, 0
+	}
+	for g := 0; g < c.cfg.GPUsPerNode; g++ {
+		rank := st.local*c.cfg.GPUsPerNode + g
+		if e.build {
+			e.base = append(e.base[:0], Label{"job_name", ji.name}, Label{"namespace", "training"}, Label{"rank", ji.rankStrs[rank]}, Label{"Hostname", n.hostname})
+		}
+		e.setTarget("training", n.instTrain[g])
+		rn := func(k uint64) float64 { return sym(h4(ji.id, saltRank, uint64(rank), uint64(steps)*8+k)) }
+		for b := range leValues {
+			e.addNamed(FamTrainIterTime, "training_iteration_time_seconds_bucket", st.cycles*float64(ji.le[cycleLen][b])+float64(ji.le[st.stepIdx][b]), Label{"le", leValues[b]})
+		}
+		e.addNamed(FamTrainIterTime, "training_iteration_time_seconds_sum", st.sum*(1+0.002*float64(rank%8)/8))
+		e.addNamed(FamTrainIterTime, "training_iteration_time_seconds_count", st.count)
+		rtps := tps * (1 + 0.004*rn(1))
+		e.add(FamTrainTokensPerSecond, rtps)
+		l, gn := loss*(1+0.01*rn(2)), gnorm
+		if st.nanLoss {
+			l, gn = math.NaN(), math.NaN()
+		}
+		e.add(FamTrainLoss, l)
+		e.add(FamTrainGradNorm, gn)
+		e.add(FamTrainLearningRate, lr)
+		e.add(FamTrainMFU, rtps*6*m.params/peakFLOPS*100)
+		e.add(FamTrainDataLoadTime, load*(1+0.05*rn(3)))
+	}
+}
+
+func (c *Cluster) emitGPU(e *emitter, n *node, gi int, st *nodeStep, s float64, tms int64) {
+	gp := &n.gpus[gi]
+	if e.build {
+		e.base = append(e.base[:0], gp.labels...)
+		if st.job != nil {
+			e.base = append(e.base, Label{"pod", st.job.pods[st.local]}, Label{"namespace", "training"}, Label{"container", "pytorch"})
+		}
+	}
+	e.setTarget("dcgm-exporter", n.instDCGM)
+	nz := func(i uint64) float64 { return sym(h4(c.seed, saltNoise, gp.id, uint64(tms)*64+i)) }
+	u := func(i uint64) float64 { return unit(h4(c.seed, saltNoise, gp.id, uint64(tms)*64+i)) }
+
+	var util, memCopy, gr, tensor, dram, pcieTx, pcieRx, power, sm float64
+	reasons := 0
+	ph := st.phase
+	if st.job == nil {
+		ph = phIdle
+	}
+	switch ph {
+	case phIdle:
+		power = gp.pIdle * (1 + 0.02*nz(1))
+		sm = idleSMClock
+		pcieTx, pcieRx = 1e4+4e4*u(2), 1e4+6e4*u(3)
+		reasons = ThrottleGPUIdle
+	case phCompute, phComm:
+		j := st.job
+		mean := gp.busyMean(&j.jobSlot)
+		const commRatio = 0.55
+		pc := mean / (j.computeFrac + commRatio*(1-j.computeFrac))
+		pa := commRatio * pc
+		if pc > pMax {
+			pc = pMax
+			pa = (mean - j.computeFrac*pMax) / (1 - j.computeFrac)
+		}
+		sm = boostSMClock - 15*math.Floor(4*u(4))
+		if ph == phCompute {
+			util = 96 + math.Floor(5*u(5))
+			memCopy = 32 + 12*u(6)
+			gr = 0.93 + 0.06*u(7)
+			tensor = j.tensor * (1 + 0.04*nz(8))
+			dram = 0.32 + 0.18*u(9)
+			power = pc * (1 + 0.015*nz(10))
+			pcieRx, pcieTx = 2e8+4e8*u(11), 3e7+5e7*u(12)
+			if pc >= 0.97*pMax {
+				reasons |= ThrottleSWPowerCap
+				sm -= 120 + 60*u(13)
+			}
+		} else {
+			util = 55 + math.Floor(21*u(5))
+			memCopy = 15 + 10*u(6)
+			gr = 0.6 + 0.15*u(7)
+			tensor = 0.01 + 0.03*u(8)
+			dram = 0.18 + 0.12*u(9)
+			power = pa * (1 + 0.02*nz(10))
+			pcieRx, pcieTx = 5e6+2e7*u(11), 5e6+2e7*u(12)
+		}
+	case phCheckpoint:
+		util = 8 + math.Floor(12*u(5))
+		memCopy = 4 + 6*u(6)
+		gr = 0.08 + 0.1*u(7)
+		dram = 0.05 + 0.05*u(9)
+		power = (gp.pIdle + 60) * (1 + 0.03*nz(10))
+		sm = boostSMClock
+		pcieTx, pcieRx = 1.5e9+1.5e9*u(12), 1e6+4e6*u(11) // weights and optimiser state to host
+	case phStall:
+		// A hung collective spins a kernel: 100% "utilisation", nothing done.
+		util = 100
+		gr = 0.99 + 0.01*u(7)
+		dram = 0.01 * u(9)
+		power = gp.stallPower() * (1 + 0.02*nz(10))
+		sm = boostSMClock
+		pcieTx, pcieRx = 1e4+1e4*u(12), 1e4+1e4*u(11)
+	}
+	if c.gpuFaultActive(FaultThrottle, n.idx, gi, s) {
+		reasons |= throttleFaultReasons
+		reasons &^= ThrottleSWPowerCap
+		sm = 1005 + 15*math.Floor(12*u(14))
+		power = math.Min(power, throttleCap*(1+0.02*nz(15)))
+	}
+	temp := math.Round(c.gpuTemp(n, gi, s) + 0.4*nz(16))
+	if temp >= swThermalSlowdownTemp {
+		reasons |= ThrottleSWThermal
+		sm = math.Min(sm, 1590+15*math.Floor(8*u(17)))
+	}
+	memTemp := math.Round(0.88*temp + 9 + 0.5*nz(18))
+
+	fbUsed := 0.0
+	if st.job != nil {
+		fbUsed = math.Round(st.job.fbFrac * (fbTotal - fbReserved) * (1 - math.Exp(-st.sinceJob/40)) * (1 + 0.002*nz(19)))
+		fbUsed = math.Min(fbUsed, fbTotal-fbReserved)
+	}
+
+	// Counters.
+	energy := gp.e0 + 1000*(gp.pIdle*s+gp.scale*(pMax-gp.pIdle)*st.inten+c.energyCorr(n, gi, s))
+	if s < 0 {
+		energy = gp.e0 + 1000*gp.pIdle*s
+	}
+	pcieReplay, _ := gp.pcie.at(s)
+	sbe, _ := gp.sbe.at(s)
+	dbe := c.dbeFaultEvents(n.idx, gi, s)
+	crc, _ := gp.crc.at(s)
+	crc += c.crcFaultErrors(n.idx, gi, s)
+	_, bgCode := gp.xid.at(s)
+	xid := float64(bgCode)
+	bgAt, bgOK := gp.xid.lastTime()
+	if code, at, ok := c.xidFaultAt(n.idx, gi, s); ok && (!bgOK || at >= bgAt) {
+		xid = float64(code)
+	}
+	remapFail := 0.0
+	if c.gpuFaultActive(FaultRowRemapFailure, n.idx, gi, s) {
+		remapFail = 1
+	}
+
+	e.add(FamSMClock, sm)
+	e.add(FamMemClock, memClockMHz)
+	e.add(FamMemoryTemp, memTemp)
+	e.add(FamGPUTemp, temp)
+	e.add(FamPowerUsage, math.Round(power*1000)/1000)
+	e.add(FamTotalEnergy, math.Floor(energy))
+	e.add(FamPCIeReplay, pcieReplay)
+	e.add(FamGPUUtil, util)
+	e.add(FamMemCopyUtil, math.Round(memCopy))
+	e.add(FamEncUtil, 0)
+	e.add(FamDecUtil, 0)
+	e.add(FamXIDErrors, xid)
+	e.add(FamFBFree, fbTotal-fbUsed-fbReserved)
+	e.add(FamFBUsed, fbUsed)
+	e.add(FamFBReserved, fbReserved)
+	e.add(FamNVLinkBandwidth, math.Floor(gp.nvl0+gp.nvlScale*st.nvl/(1<<20)))
+	e.add(FamVGPULicense, 0)
+	e.add(FamUncorrectableRemappedRows, dbe)
+	e.add(FamCorrectableRemappedRows, gp.corrRows0+math.Floor(sbe/100))
+	e.add(FamRowRemapFailure, remapFail)
+	e.add(FamProfGREngineActive, round6(gr))
+	e.add(FamProfPipeTensorActive, round6(tensor))
+	e.add(FamProfDRAMActive, round6(dram))
+	e.add(FamProfPCIeTxBytes, math.Round(pcieTx))
+	e.add(FamProfPCIeRxBytes, math.Round(pcieRx))
+	e.add(FamECCSBEVolTotal, sbe)
+	e.add(FamECCDBEVolTotal, dbe)
+	e.add(FamRetiredSBE, math.Min(64, math.Floor(sbe/25)))
+	e.add(FamRetiredDBE, dbe)
+	e.add(FamNVLinkCRCFlitErrors, crc)
+	e.add(FamClockThrottleReasons, float64(reasons))
+	e.add(FamFBTotal, fbTotal)
+}
+
+// stepClusterScope emits kube-state-metrics and, with TargetLabels, `up`.
+func (c *Cluster) stepClusterScope(s float64) {
+	// The key covers every pod and job that exists at s: phases change
+	// values, not label sets.
+	key := uint64(7)
+	slots := c.slotBuf[:0]
+	for gi := range c.groups {
+		k := c.groups[gi].window(s)
+		slots = c.appendSlots(c.appendSlots(slots, gi, k-1), gi, k)
+	}
+	c.slotBuf = slots
+	for i := range slots {
+		if slots[i].exists(s) {
+			key = h2(key, slots[i].id)
+		}
+	}
+	e := &c.em
+	e.begin(&c.cset, key)
+	e.base = e.base[:0]
+	e.setTarget("kube-state-metrics", "kube-state-metrics:8080")
+	statuses := [...]string{"true", "false", "unknown"}
+	for _, n := range c.nodes {
+		vals := [3]float64{1, 0, 0}
+		if c.nodeDownAt(n.idx, s) {
+			vals = [3]float64{0, 0, 1} // kubelet stopped posting status
+		}
+		for i, st := range statuses {
+			e.add(FamKubeNodeCondition, vals[i], Label{"condition", "Ready"}, Label{"node", n.hostname}, Label{"status", st})
+		}
+	}
+	phases := [...]string{"Pending", "Running", "Succeeded", "Failed", "Unknown"}
+	for i := range slots {
+		j := &slots[i]
+		if !j.exists(s) {
+			continue
+		}
+		ji := c.jobInfo(j)
+		for p := 0; p < j.size; p++ {
+			ph := 0
+			switch {
+			case s < j.start:
+				ph = 0
+			case s < j.end:
+				ph = 1
+				if c.nodeDownAt(j.firstNode+p, s) {
+					ph = 4
+				}
+			case j.failed:
+				ph = 3
+			default:
+				ph = 2
+			}
+			for pi, name := range phases {
+				v := 0.0
+				if pi == ph {
+					v = 1
+				}
+				e.add(FamKubePodPhase, v, Label{"namespace", "training"}, Label{"phase", name}, Label{"pod", ji.pods[p]})
+			}
+		}
+		active := 0.0
+		if s < j.end {
+			active = float64(j.size)
+		}
+		e.add(FamKubeJobActive, active, Label{"job_name", ji.name}, Label{"namespace", "training"})
+	}
+	if c.cfg.TargetLabels {
+		for _, n := range c.nodes {
+			v := 1.0
+			if c.nodeDownAt(n.idx, s) {
+				v = 0
+			}
+			for _, t := range [...][2]string{{"dcgm-exporter", n.instDCGM}, {"node-exporter", n.instNode}, {"kubelet", n.instKubelet}} {
+				e.setTarget(t[0], t[1])
+				e.add(FamUp, v)
+			}
+		}
+		e.setTarget("kube-state-metrics", "kube-state-metrics:8080")
+		e.add(FamUp, 1)
+	}
+	e.end()
+}
+
+func frac(x float64) float64 { return x - math.Floor(x) }
+
+// blocks rounds a byte count down to whole 4 KiB pages, as the kernel reports.
+func blocks(b float64) float64 { return math.Floor(b/4096) * 4096 }
+
+func round2(x float64) float64 { return math.Round(x*100) / 100 }
+func round6(x float64) float64 { return math.Round(x*1e6) / 1e6 }

@@ -1,0 +1,378 @@
+package gpusim
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/common/model"
+	"gopkg.in/yaml.v3"
+)
+
+// FaultKind names an injected failure.
+type FaultKind string
+
+// Fault kinds. Their effects are described in README.md.
+const (
+	// FaultOverheat drives the GPU temperature towards ~92 °C (cooling
+	// failure); the SW thermal slowdown bit is set above 87 °C.
+	FaultOverheat FaultKind = "overheat"
+	// FaultXid records an Xid event: DCGM_FI_DEV_XID_ERRORS takes the code
+	// and keeps it after the fault, as the real gauge does.
+	FaultXid FaultKind = "xid"
+	// FaultECCDBE raises the DBE volatile counter (once at the start, then once
+	// a minute while it lasts), with retired DBE pages and uncorrectable
+	// remapped rows following.
+	FaultECCDBE FaultKind = "ecc_dbe"
+	// FaultRowRemapFailure sets DCGM_FI_DEV_ROW_REMAP_FAILURE to 1.
+	FaultRowRemapFailure FaultKind = "row_remap_failure"
+	// FaultNVLinkCRCBurst makes the NVLink CRC flit error counter jump.
+	FaultNVLinkCRCBurst FaultKind = "nvlink_crc_burst"
+	// FaultThrottle sets HW slowdown, HW thermal and HW power-brake throttle
+	// bits; SM clocks and power drop.
+	FaultThrottle FaultKind = "throttle"
+	// FaultTrainingStall hangs the job using the node (as a stuck NCCL
+	// collective does): its iteration histogram stops counting, GPUs spin at
+	// 100% utilisation with low power.
+	FaultTrainingStall FaultKind = "training_stall"
+	// FaultNaNLoss makes training_loss (and training_gradient_norm) NaN for the
+	// job using the node.
+	FaultNaNLoss FaultKind = "nan_loss"
+	// FaultNodeDown removes all the node's series (its exporters are
+	// unreachable), marks it not Ready (status="unknown") in
+	// kube-state-metrics and stalls the job it was part of.
+	FaultNodeDown FaultKind = "node_down"
+)
+
+// FaultKinds lists every kind, for flag help and validation.
+var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultTrainingStall, FaultNaNLoss, FaultNodeDown}
+
+// DefaultFaultDuration applies when a fault gives none.
+const DefaultFaultDuration = 5 * time.Minute
+
+// Fault is one scheduled failure. At is an offset from Config.FaultOrigin.
+type Fault struct {
+	Kind     FaultKind
+	At       time.Duration
+	Duration time.Duration
+	// Node is a hostname ("gpu-node-003") or a node index ("3").
+	Node string
+	// GPU is the GPU index; -1 means every GPU of the node. Ignored by the
+	// node- and job-level kinds.
+	GPU int
+	// Code is the Xid code of an xid fault (79, 48, 94, ...).
+	Code int
+}
+
+// faultFile is the YAML schema: a top-level `faults:` list.
+type faultFile struct {
+	Faults []faultYAML `yaml:"faults"`
+}
+
+type faultYAML struct {
+	At       string    `yaml:"at"`
+	Duration string    `yaml:"duration"`
+	Kind     FaultKind `yaml:"kind"`
+	Node     string    `yaml:"node"`
+	GPU      *int      `yaml:"gpu"`
+	Code     int       `yaml:"code"`
+}
+
+// ParseFaultsYAML reads a fault schedule:
+//
+//	faults:
+//	  - {at: 10m, duration: 5m, kind: overheat, node: gpu-node-003, gpu: 2}
+//	  - {at: 30m, kind: xid, code: 79, node: 5, gpu: 0}
+func ParseFaultsYAML(data []byte) ([]Fault, error) {
+	var f faultFile
+	if err := yaml.Unmarshal(data, &f); err != nil {
+		return nil, fmt.Errorf("parse fault file: %w", err)
+	}
+	out := make([]Fault, 0, len(f.Faults))
+	for i, y := range f.Faults {
+		gpu := -1
+		if y.GPU != nil {
+			gpu = *y.GPU
+		}
+		ft, err := newFault(y.Kind, y.At, y.Duration, y.Node, gpu, y.Code)
+		if err != nil {
+			return nil, fmt.Errorf("fault %d: %w", i, err)
+		}
+		out = append(out, ft)
+	}
+	return out, nil
+}
+
+// ParseFaultSpec reads the flag form of one fault:
+// "kind=xid,at=10m,duration=1m,node=gpu-node-003,gpu=2,code=79".
+func ParseFaultSpec(spec string) (Fault, error) {
+	var kind, at, dur, node string
+	gpu, code := -1, 0
+	for _, kv := range strings.Split(spec, ",") {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return Fault{}, fmt.Errorf("fault %q: %q is not key=value", spec, kv)
+		}
+		var err error
+		switch k {
+		case "kind":
+			kind = v
+		case "at":
+			at = v
+		case "duration":
+			dur = v
+		case "node":
+			node = v
+		case "gpu":
+			gpu, err = strconv.Atoi(v)
+		case "code":
+			code, err = strconv.Atoi(v)
+		default:
+			return Fault{}, fmt.Errorf("fault %q: unknown key %q", spec, k)
+		}
+		if err != nil {
+			return Fault{}, fmt.Errorf("fault %q: %s: %w", spec, k, err)
+		}
+	}
+	f, err := newFault(FaultKind(kind), at, dur, node, gpu, code)
+	if err != nil {
+		return Fault{}, fmt.Errorf("fault %q: %w", spec, err)
+	}
+	return f, nil
+}
+
+func parseDur(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := model.ParseDuration(s)
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(d), nil
+}
+
+func newFault(kind FaultKind, at, dur, node string, gpu, code int) (Fault, error) {
+	f := Fault{Kind: kind, Node: node, GPU: gpu, Code: code}
+	if !validKind(kind) {
+		return f, fmt.Errorf("unknown kind %q (want one of %v)", kind, FaultKinds)
+	}
+	var err error
+	if f.At, err = parseDur(at); err != nil {
+		return f, fmt.Errorf("at: %w", err)
+	}
+	if f.Duration, err = parseDur(dur); err != nil {
+		return f, fmt.Errorf("duration: %w", err)
+	}
+	if f.Duration == 0 {
+		f.Duration = DefaultFaultDuration
+	}
+	if node == "" {
+		return f, fmt.Errorf("node is required")
+	}
+	if kind == FaultXid && code <= 0 {
+		return f, fmt.Errorf("xid fault needs a positive code")
+	}
+	return f, nil
+}
+
+func validKind(k FaultKind) bool {
+	for _, x := range FaultKinds {
+		if x == k {
+			return true
+		}
+	}
+	return false
+}
+
+// activeFault is a Fault resolved against a cluster: absolute times in
+// seconds since Config.Epoch and a node index.
+type activeFault struct {
+	kind       FaultKind
+	start, end float64
+	node       int
+	gpu        int // -1: all GPUs
+	code       int
+}
+
+func (f *activeFault) activeAt(s float64) bool { return s >= f.start && s < f.end }
+
+func (f *activeFault) hitsGPU(node, gpu int) bool {
+	return f.node == node && (f.gpu < 0 || f.gpu == gpu)
+}
+
+// overlap returns the length of [f.start, f.end) ∩ [a, b).
+func overlap(fa, fb, a, b float64) float64 {
+	lo, hi := max(fa, a), min(fb, b)
+	if hi > lo {
+		return hi - lo
+	}
+	return 0
+}
+
+func (c *Cluster) resolveFaults(faults []Fault) error {
+	origin := c.secs(c.cfg.FaultOrigin)
+	for i, f := range faults {
+		if !validKind(f.Kind) {
+			return fmt.Errorf("fault %d: unknown kind %q", i, f.Kind)
+		}
+		n, ok := c.nodeIndex(f.Node)
+		if !ok {
+			return fmt.Errorf("fault %d (%s): unknown node %q (hostname like %q or index 0..%d)", i, f.Kind, f.Node, c.nodes[0].hostname, len(c.nodes)-1)
+		}
+		if f.GPU >= c.cfg.GPUsPerNode {
+			return fmt.Errorf("fault %d (%s): gpu %d out of range 0..%d", i, f.Kind, f.GPU, c.cfg.GPUsPerNode-1)
+		}
+		d := f.Duration
+		if d <= 0 {
+			d = DefaultFaultDuration
+		}
+		gpu := f.GPU
+		if gpu < 0 {
+			gpu = -1
+		}
+		start := origin + f.At.Seconds()
+		c.faults = append(c.faults, activeFault{kind: f.Kind, start: start, end: start + d.Seconds(), node: n, gpu: gpu, code: f.Code})
+	}
+	sort.SliceStable(c.faults, func(i, j int) bool { return c.faults[i].start < c.faults[j].start })
+	return nil
+}
+
+func (c *Cluster) nodeIndex(s string) (int, bool) {
+	if i, ok := c.hostIndex[s]; ok {
+		return i, true
+	}
+	if i, err := strconv.Atoi(s); err == nil && i >= 0 && i < len(c.nodes) {
+		return i, true
+	}
+	return 0, false
+}
+
+// gpuFaultActive reports whether a fault of kind hits (node, gpu) at s.
+func (c *Cluster) gpuFaultActive(kind FaultKind, node, gpu int, s float64) bool {
+	for i := range c.faults {
+		f := &c.faults[i]
+		if f.kind == kind && f.hitsGPU(node, gpu) && f.activeAt(s) {
+			return true
+		}
+	}
+	return false
+}
+
+// nodeDownAt reports whether node is down at s.
+func (c *Cluster) nodeDownAt(node int, s float64) bool {
+	for i := range c.faults {
+		f := &c.faults[i]
+		if f.kind == FaultNodeDown && f.node == node && f.activeAt(s) {
+			return true
+		}
+	}
+	return false
+}
+
+// jobFaultActive reports whether a job-level fault of kind is active at s on
+// any node of the job.
+func (c *Cluster) jobFaultActive(kind FaultKind, j *jobSlot, s float64) bool {
+	for i := range c.faults {
+		f := &c.faults[i]
+		if f.kind == kind && f.node >= j.firstNode && f.node < j.firstNode+j.size && f.activeAt(s) {
+			return true
+		}
+	}
+	return false
+}
+
+// jobStalledAt: a job stops iterating while any of its nodes has a
+// training_stall fault or is down (the collective waits for the lost rank).
+func (c *Cluster) jobStalledAt(j *jobSlot, s float64) bool {
+	return c.jobFaultActive(FaultTrainingStall, j, s) || c.jobFaultActive(FaultNodeDown, j, s)
+}
+
+// stalledTime returns how long job j was stalled within [a, b).
+func (c *Cluster) stalledTime(j *jobSlot, a, b float64) float64 {
+	if b <= a || len(c.faults) == 0 {
+		return 0
+	}
+	var buf [16][2]float64
+	iv := buf[:0]
+	for i := range c.faults {
+		f := &c.faults[i]
+		if (f.kind != FaultTrainingStall && f.kind != FaultNodeDown) || f.node < j.firstNode || f.node >= j.firstNode+j.size {
+			continue
+		}
+		lo, hi := max(f.start, a), min(f.end, b)
+		if hi > lo {
+			iv = append(iv, [2]float64{lo, hi})
+		}
+	}
+	return unionLength(iv)
+}
+
+// unionLength sums the length of the union of intervals (sorted in place).
+func unionLength(iv [][2]float64) float64 {
+	if len(iv) == 0 {
+		return 0
+	}
+	sort.Slice(iv, func(i, k int) bool { return iv[i][0] < iv[k][0] })
+	total := 0.0
+	cs, ce := iv[0][0], iv[0][1]
+	for _, x := range iv[1:] {
+		if x[0] > ce {
+			total += ce - cs
+			cs, ce = x[0], x[1]
+		} else if x[1] > ce {
+			ce = x[1]
+		}
+	}
+	return total + ce - cs
+}
+
+// xidFaultAt returns the code and time of the latest xid fault on (node, gpu)
+// that started at or before s.
+func (c *Cluster) xidFaultAt(node, gpu int, s float64) (code int, at float64, ok bool) {
+	for i := range c.faults {
+		f := &c.faults[i]
+		if f.kind == FaultXid && f.hitsGPU(node, gpu) && f.start <= s && (!ok || f.start >= at) {
+			code, at, ok = f.code, f.start, true
+		}
+	}
+	return
+}
+
+// dbeFaultEvents counts DBE events injected on (node, gpu) up to s: one at a
+// fault's start and one per further minute while it lasts.
+func (c *Cluster) dbeFaultEvents(node, gpu int, s float64) float64 {
+	n := 0.0
+	for i := range c.faults {
+		f := &c.faults[i]
+		if f.kind != FaultECCDBE || !f.hitsGPU(node, gpu) || s < f.start {
+			continue
+		}
+		if s < f.end {
+			n += math.Floor((s-f.start)/60) + 1
+		} else {
+			n += math.Ceil((f.end - f.start) / 60)
+		}
+	}
+	return n
+}
+
+// crcFaultErrors counts CRC flit errors injected on (node, gpu) up to s.
+func (c *Cluster) crcFaultErrors(node, gpu int, s float64) float64 {
+	const burstRate = 40 // errors/s during a burst: a marginal link retraining
+	n := 0.0
+	for i := range c.faults {
+		f := &c.faults[i]
+		if f.kind == FaultNVLinkCRCBurst && f.hitsGPU(node, gpu) && s >= f.start {
+			n += 1 + float64(int64(burstRate*(min(s, f.end)-f.start)))
+		}
+	}
+	return n
+}

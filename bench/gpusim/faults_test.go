@@ -1,0 +1,268 @@
+package gpusim
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+// Faults start at t0+10m and last 5 minutes on a node that runs one job from
+// t0 to past t0+30m; each test compares with the same cluster without the
+// fault, before, during and after it.
+const (
+	faultAt  = 10 * time.Minute
+	faultDur = 5 * time.Minute
+)
+
+type faultCase struct {
+	clean, faulty *Cluster
+	node          int
+	host          string
+	job           jobSlot
+	start, end    time.Time
+}
+
+func newFaultCase(t *testing.T, f Fault) *faultCase {
+	t.Helper()
+	base := Config{Nodes: 16, Seed: 13, FaultOrigin: t0}
+	clean := newTestCluster(t, base)
+	node, job := busyNode(t, clean, t0, t0.Add(40*time.Minute))
+	f.At, f.Duration, f.Node = faultAt, faultDur, clean.nodes[node].hostname
+	base.Faults = []Fault{f}
+	return &faultCase{
+		clean: clean, faulty: newTestCluster(t, base), node: node, host: clean.nodes[node].hostname, job: job,
+		start: t0.Add(faultAt), end: t0.Add(faultAt + faultDur),
+	}
+}
+
+func (fc *faultCase) both(t *testing.T, at time.Time, name string, kv ...string) (clean, faulty float64) {
+	t.Helper()
+	kv = append([]string{"Hostname", fc.host}, kv...)
+	return value(t, fc.clean, at, name, kv...), value(t, fc.faulty, at, name, kv...)
+}
+
+func TestFaultOverheat(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultOverheat, GPU: 2})
+	c, f := fc.both(t, fc.start.Add(-time.Second), "DCGM_FI_DEV_GPU_TEMP", "gpu", "2")
+	if c != f {
+		t.Errorf("before: temp %v vs clean %v", f, c)
+	}
+	_, f = fc.both(t, fc.end.Add(-time.Second), "DCGM_FI_DEV_GPU_TEMP", "gpu", "2")
+	if f < 90 || f > 94 {
+		t.Errorf("end of overheat: %v °C, want ~92", f)
+	}
+	if _, r := fc.both(t, fc.end.Add(-time.Second), "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gpu", "2"); int(r)&ThrottleSWThermal == 0 {
+		t.Errorf("hot GPU throttle reasons %#x lack SW thermal slowdown", int(r))
+	}
+	if c, f := fc.both(t, fc.end.Add(-time.Second), "DCGM_FI_DEV_GPU_TEMP", "gpu", "3"); c != f {
+		t.Errorf("overheat leaked to GPU 3: %v vs %v", f, c)
+	}
+	// It cools with the same lag after the fault ends.
+	c, f = fc.both(t, fc.end.Add(15*tauTemp*time.Second), "DCGM_FI_DEV_GPU_TEMP", "gpu", "2")
+	if math.Abs(c-f) > 1 {
+		t.Errorf("after cooling: %v °C vs clean %v", f, c)
+	}
+	if _, r := fc.both(t, fc.end.Add(15*tauTemp*time.Second), "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gpu", "2"); int(r)&ThrottleSWThermal != 0 {
+		t.Errorf("SW thermal slowdown still set after cooling: %#x", int(r))
+	}
+}
+
+func TestFaultXid(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultXid, GPU: 0, Code: 79})
+	if _, f := fc.both(t, fc.start.Add(-time.Second), "DCGM_FI_DEV_XID_ERRORS", "gpu", "0"); f != 0 {
+		t.Errorf("before: Xid %v, want 0", f)
+	}
+	for _, at := range []time.Time{fc.start, fc.end.Add(time.Second), fc.end.Add(6 * time.Hour)} {
+		if _, f := fc.both(t, at, "DCGM_FI_DEV_XID_ERRORS", "gpu", "0"); f != 79 {
+			t.Errorf("at %s: Xid %v, want 79 (the gauge keeps the last code)", at.Sub(t0), f)
+		}
+	}
+	if _, f := fc.both(t, fc.end, "DCGM_FI_DEV_XID_ERRORS", "gpu", "1"); f != 0 {
+		t.Errorf("Xid leaked to GPU 1: %v", f)
+	}
+}
+
+func TestFaultECCDBE(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultECCDBE, GPU: 4})
+	names := []string{"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"}
+	for _, n := range names {
+		if _, f := fc.both(t, fc.start.Add(-time.Second), n, "gpu", "4"); f != 0 {
+			t.Errorf("%s before: %v", n, f)
+		}
+		if _, f := fc.both(t, fc.start, n, "gpu", "4"); f != 1 {
+			t.Errorf("%s at start: %v, want 1", n, f)
+		}
+		_, atEnd := fc.both(t, fc.end.Add(-time.Second), n, "gpu", "4")
+		_, after := fc.both(t, fc.end.Add(time.Hour), n, "gpu", "4")
+		if atEnd != 5 || after != atEnd {
+			t.Errorf("%s: %v at the end, %v an hour later; want 5 and no further change", n, atEnd, after)
+		}
+	}
+}
+
+func TestFaultRowRemapFailure(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultRowRemapFailure, GPU: 6})
+	for _, tc := range []struct {
+		at   time.Time
+		want float64
+	}{{fc.start.Add(-time.Second), 0}, {fc.start, 1}, {fc.end.Add(-time.Second), 1}, {fc.end, 0}} {
+		if _, f := fc.both(t, tc.at, "DCGM_FI_DEV_ROW_REMAP_FAILURE", "gpu", "6"); f != tc.want {
+			t.Errorf("at %s: row remap failure %v, want %v", tc.at.Sub(t0), f, tc.want)
+		}
+	}
+}
+
+func TestFaultNVLinkCRCBurst(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultNVLinkCRCBurst, GPU: 1})
+	n := "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"
+	c0, f0 := fc.both(t, fc.start.Add(-time.Second), n, "gpu", "1")
+	c1, f1 := fc.both(t, fc.end, n, "gpu", "1")
+	c2, f2 := fc.both(t, fc.end.Add(30*time.Minute), n, "gpu", "1")
+	if f0 != c0 {
+		t.Errorf("before: %v vs clean %v", f0, c0)
+	}
+	if (f1-c1)-(f0-c0) < 1000 {
+		t.Errorf("burst added only %v CRC errors", (f1-c1)-(f0-c0))
+	}
+	if f2-c2 != f1-c1 {
+		t.Errorf("burst kept adding after its end: excess %v then %v", f1-c1, f2-c2)
+	}
+}
+
+func TestFaultThrottle(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultThrottle, GPU: -1})
+	for g := 0; g < 8; g++ {
+		gs := itoa(g)
+		_, r := fc.both(t, fc.start.Add(time.Minute), "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gpu", gs)
+		if int(r)&(ThrottleHWSlowdown|ThrottleHWThermal|ThrottleHWPowerBrake) != ThrottleHWSlowdown|ThrottleHWThermal|ThrottleHWPowerBrake {
+			t.Errorf("gpu %d: reasons %#x lack HW slowdown/thermal/power brake", g, int(r))
+		}
+		c, f := fc.both(t, fc.start.Add(time.Minute), "DCGM_FI_DEV_SM_CLOCK", "gpu", gs)
+		if f > 1200 || f >= c {
+			t.Errorf("gpu %d: throttled SM clock %v (clean %v)", g, f, c)
+		}
+		if _, p := fc.both(t, fc.start.Add(time.Minute), "DCGM_FI_DEV_POWER_USAGE", "gpu", gs); p > throttleCap*1.03 {
+			t.Errorf("gpu %d: power %v W under power brake", g, p)
+		}
+		c, f = fc.both(t, fc.end.Add(time.Second), "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gpu", gs)
+		if c != f {
+			t.Errorf("gpu %d: reasons %#x after the fault, clean %#x", g, int(f), int(c))
+		}
+	}
+}
+
+func TestFaultTrainingStall(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultTrainingStall})
+	cnt := "training_iteration_time_seconds_count"
+	_, before := fc.both(t, fc.start.Add(-time.Minute), cnt, "rank", itoa((fc.node-fc.job.firstNode)*8))
+	_, early := fc.both(t, fc.start.Add(time.Second), cnt, "rank", itoa((fc.node-fc.job.firstNode)*8))
+	_, late := fc.both(t, fc.end.Add(-time.Second), cnt, "rank", itoa((fc.node-fc.job.firstNode)*8))
+	_, after := fc.both(t, fc.end.Add(2*time.Minute), cnt, "rank", itoa((fc.node-fc.job.firstNode)*8))
+	if !(before < early || before == early) || early != late || after <= late {
+		t.Errorf("iteration count %v (before) %v (start) %v (end) %v (after): want flat only during the stall", before, early, late, after)
+	}
+	// Every node of the job stalls: the collective waits for all ranks.
+	for n := fc.job.firstNode; n < fc.job.firstNode+fc.job.size; n++ {
+		h := fc.clean.nodes[n].hostname
+		a := value(t, fc.faulty, fc.start.Add(time.Second), cnt, "Hostname", h, "rank", itoa((n-fc.job.firstNode)*8))
+		b := value(t, fc.faulty, fc.end.Add(-time.Second), cnt, "Hostname", h, "rank", itoa((n-fc.job.firstNode)*8))
+		if a != b {
+			t.Errorf("node %s of the job kept iterating: %v -> %v", h, a, b)
+		}
+	}
+	if _, u := fc.both(t, fc.start.Add(time.Minute), "DCGM_FI_DEV_GPU_UTIL", "gpu", "0"); u != 100 {
+		t.Errorf("stalled GPU util %v, want 100 (spinning collective)", u)
+	}
+	if _, tp := fc.both(t, fc.start.Add(time.Minute), "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gpu", "0"); tp != 0 {
+		t.Errorf("stalled GPU tensor activity %v, want 0", tp)
+	}
+}
+
+func TestFaultNaNLoss(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultNaNLoss})
+	loss := func(at time.Time) []Series {
+		return find(fc.faulty.AppendSamples(nil, at, Replica{}), "training_loss", "job_name", fc.faulty.jobInfo(&fc.job).name)
+	}
+	for _, tc := range []struct {
+		at  time.Time
+		nan bool
+	}{{fc.start.Add(-time.Second), false}, {fc.start, true}, {fc.end.Add(-time.Second), true}, {fc.end, false}} {
+		ls := loss(tc.at)
+		if len(ls) != fc.job.size*8 {
+			t.Fatalf("%d loss series, want one per rank (%d)", len(ls), fc.job.size*8)
+		}
+		for _, s := range ls {
+			if math.IsNaN(s.V) != tc.nan {
+				t.Errorf("at %s rank %s: loss %v, want NaN=%v", tc.at.Sub(t0), s.Get("rank"), s.V, tc.nan)
+			}
+		}
+	}
+}
+
+func TestFaultNodeDown(t *testing.T) {
+	base := Config{Nodes: 16, Seed: 13, FaultOrigin: t0, TargetLabels: true}
+	clean := newTestCluster(t, base)
+	node, _ := busyNode(t, clean, t0, t0.Add(40*time.Minute))
+	host := clean.nodes[node].hostname
+	base.Faults = []Fault{{Kind: FaultNodeDown, At: faultAt, Duration: faultDur, Node: host}}
+	c := newTestCluster(t, base)
+	start, end := t0.Add(faultAt), t0.Add(faultAt+faultDur)
+	count := func(at time.Time) int {
+		n := 0
+		for _, s := range c.AppendSamples(nil, at, Replica{}) {
+			if s.Get("Hostname") == host || (s.Get("node") == host && s.Desc.Source != SourceKubeStateMetrics) {
+				n++
+			}
+		}
+		return n
+	}
+	if n := count(start.Add(-time.Second)); n < 8*32 {
+		t.Fatalf("node has %d series before the fault", n)
+	}
+	if n := count(start); n != 0 {
+		t.Errorf("node down but %d of its series are emitted", n)
+	}
+	ready := func(at time.Time, status string) float64 {
+		return value(t, c, at, "kube_node_status_condition", "node", host, "condition", "Ready", "status", status)
+	}
+	if ready(start.Add(time.Minute), "true") != 0 || ready(start.Add(time.Minute), "unknown") != 1 {
+		t.Errorf("down node still Ready")
+	}
+	if v := value(t, c, start.Add(time.Minute), "up", "instance", host+":9100"); v != 0 {
+		t.Errorf("up of the down node's node-exporter = %v", v)
+	}
+	if n := count(end); n < 8*32 {
+		t.Errorf("node back but only %d series", n)
+	}
+	if ready(end, "true") != 1 {
+		t.Errorf("node not Ready after the fault")
+	}
+}
+
+func TestParseFaults(t *testing.T) {
+	yml := []byte(`faults:
+  - {at: 10m, duration: 5m, kind: overheat, node: gpu-node-003, gpu: 2}
+  - {at: 1h, kind: xid, code: 79, node: 5, gpu: 0}
+  - {at: 2d, duration: 90s, kind: node_down, node: gpu-node-001}
+`)
+	fs, err := ParseFaultsYAML(yml)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fs) != 3 || fs[0].Kind != FaultOverheat || fs[0].GPU != 2 || fs[1].Code != 79 || fs[1].Duration != DefaultFaultDuration ||
+		fs[2].At != 48*time.Hour || fs[2].GPU != -1 || fs[2].Duration != 90*time.Second {
+		t.Errorf("parsed %+v", fs)
+	}
+	f, err := ParseFaultSpec("kind=throttle,at=10m,duration=1m,node=gpu-node-003,gpu=2")
+	if err != nil || f.Kind != FaultThrottle || f.At != 10*time.Minute || f.GPU != 2 || f.Node != "gpu-node-003" {
+		t.Errorf("spec parsed %+v, %v", f, err)
+	}
+	for _, bad := range []string{"kind=melt,node=1", "kind=xid,node=1", "kind=overheat", "kind=overheat,node=1,at=soon"} {
+		if _, err := ParseFaultSpec(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	if _, err := New(Config{Nodes: 2, Faults: []Fault{{Kind: FaultOverheat, Node: "gpu-node-009", GPU: -1}}}); err == nil {
+		t.Error("fault on a missing node accepted")
+	}
+}
