@@ -1,0 +1,286 @@
+// Package limits holds the per-tenant limits of ingestion, with defaults
+// from the configuration and per-tenant overrides from a runtime file that
+// is reloaded without a restart (dskit runtimeconfig).
+//
+// The overrides file:
+//
+//	overrides:
+//	  gpu-prod:
+//	    ingestion_rate: 2000000
+//	    max_active_series: 5000000
+//	  lab:
+//	    max_active_series: 20000
+//
+// Fields a tenant does not set keep the defaults.
+package limits
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/grafana/dskit/flagext"
+	"github.com/grafana/dskit/runtimeconfig"
+	"github.com/grafana/dskit/services"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/model"
+	"gopkg.in/yaml.v3"
+
+	"github.com/gpustore/gpustore/internal/logging"
+)
+
+// Limits are one tenant's limits. Zero means unlimited where noted.
+type Limits struct {
+	// IngestionRate is the sustained samples/s (samples + histograms) a
+	// tenant may write; 0 = unlimited. IngestionBurstSize is the bucket size.
+	IngestionRate      float64 `yaml:"ingestion_rate"`
+	IngestionBurstSize int     `yaml:"ingestion_burst_size"`
+	// RateLimitStatusCode answers writes over the rate: 503 (default; every
+	// Prometheus retries it, so a burst is delayed, not lost) or 429 (for
+	// senders with retry_on_http_429: true).
+	RateLimitStatusCode int `yaml:"rate_limit_status_code"`
+	// MaxActiveSeries bounds the series in the tenant's head; 0 = unlimited.
+	MaxActiveSeries int `yaml:"max_active_series"`
+	// Label limits, checked when a series is first seen.
+	MaxLabelNamesPerSeries int `yaml:"max_label_names_per_series"`
+	MaxLabelNameLength     int `yaml:"max_label_name_length"`
+	MaxLabelValueLength    int `yaml:"max_label_value_length"`
+	// MaxSeriesPerRequest rejects larger requests whole; 0 = unlimited.
+	MaxSeriesPerRequest int `yaml:"max_series_per_request"`
+	// OutOfOrderWindow accepts samples this much older than their series'
+	// newest sample.
+	OutOfOrderWindow model.Duration `yaml:"out_of_order_window"`
+	// HA pair labels: the cluster label is kept, the replica label is
+	// removed before storage.
+	HAClusterLabel string `yaml:"ha_cluster_label"`
+	HAReplicaLabel string `yaml:"ha_replica_label"`
+}
+
+// Defaults fit dcgm-exporter with Kubernetes pod labels (about 15 labels
+// plus target and external labels) with room to spare.
+func Defaults() Limits {
+	return Limits{
+		IngestionRate:          0,
+		IngestionBurstSize:     2_000_000,
+		RateLimitStatusCode:    http.StatusServiceUnavailable,
+		MaxActiveSeries:        0,
+		MaxLabelNamesPerSeries: 40,
+		MaxLabelNameLength:     1024,
+		MaxLabelValueLength:    2048,
+		MaxSeriesPerRequest:    100_000,
+		HAClusterLabel:         "cluster",
+		HAReplicaLabel:         "__replica__",
+	}
+}
+
+// RegisterFlags adds flags for the default limits.
+func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
+	fs.Float64Var(&l.IngestionRate, "limits.ingestion-rate", l.IngestionRate, "Default per-tenant ingestion rate in samples/s (0: unlimited).")
+	fs.IntVar(&l.IngestionBurstSize, "limits.ingestion-burst-size", l.IngestionBurstSize, "Default per-tenant ingestion burst in samples.")
+	fs.IntVar(&l.RateLimitStatusCode, "limits.rate-limit-status-code", l.RateLimitStatusCode, "Answer to writes over the ingestion rate: 503 (retried by every Prometheus) or 429 (retried only with retry_on_http_429).")
+	fs.IntVar(&l.MaxActiveSeries, "limits.max-active-series", l.MaxActiveSeries, "Default per-tenant limit of series in the head (0: unlimited).")
+	fs.IntVar(&l.MaxLabelNamesPerSeries, "limits.max-label-names-per-series", l.MaxLabelNamesPerSeries, "Maximum labels of a series.")
+	fs.IntVar(&l.MaxLabelNameLength, "limits.max-label-name-length", l.MaxLabelNameLength, "Maximum length of a label name.")
+	fs.IntVar(&l.MaxLabelValueLength, "limits.max-label-value-length", l.MaxLabelValueLength, "Maximum length of a label value.")
+	fs.IntVar(&l.MaxSeriesPerRequest, "limits.max-series-per-request", l.MaxSeriesPerRequest, "Maximum series in one remote write request (0: unlimited).")
+	fs.Var(&l.OutOfOrderWindow, "limits.out-of-order-window", "Default out-of-order window per tenant (0: reject out-of-order samples).")
+	fs.StringVar(&l.HAClusterLabel, "limits.ha-cluster-label", l.HAClusterLabel, "Label naming a Prometheus HA pair's cluster.")
+	fs.StringVar(&l.HAReplicaLabel, "limits.ha-replica-label", l.HAReplicaLabel, "Label naming the replica of an HA pair; removed before storage.")
+}
+
+// Validate checks one set of limits.
+func (l Limits) Validate() error {
+	var errs []error
+	if l.IngestionRate < 0 || l.IngestionBurstSize < 0 || l.MaxActiveSeries < 0 || l.MaxSeriesPerRequest < 0 {
+		errs = append(errs, errors.New("limits must not be negative"))
+	}
+	if l.IngestionRate > 0 && l.IngestionBurstSize <= 0 {
+		errs = append(errs, errors.New("ingestion_burst_size must be positive when ingestion_rate is set"))
+	}
+	if l.RateLimitStatusCode != http.StatusTooManyRequests && l.RateLimitStatusCode != http.StatusServiceUnavailable {
+		errs = append(errs, fmt.Errorf("rate_limit_status_code %d: want 429 or 503", l.RateLimitStatusCode))
+	}
+	if l.MaxLabelNamesPerSeries <= 0 || l.MaxLabelNameLength <= 0 || l.MaxLabelValueLength <= 0 {
+		errs = append(errs, errors.New("label limits must be positive"))
+	}
+	if l.OutOfOrderWindow < 0 {
+		errs = append(errs, errors.New("out_of_order_window must not be negative"))
+	}
+	if l.HAClusterLabel == "" || l.HAReplicaLabel == "" || l.HAClusterLabel == l.HAReplicaLabel {
+		errs = append(errs, errors.New("ha cluster and replica labels must be set and differ"))
+	}
+	return errors.Join(errs...)
+}
+
+// Config is the limits section of the configuration.
+type Config struct {
+	Defaults Limits `yaml:"defaults"`
+	// OverridesFile is the per-tenant overrides file, reloaded every ReloadPeriod.
+	OverridesFile string         `yaml:"overrides_file"`
+	ReloadPeriod  model.Duration `yaml:"reload_period"`
+}
+
+// DefaultConfig returns the defaults with no overrides file.
+func DefaultConfig() Config {
+	return Config{Defaults: Defaults(), ReloadPeriod: model.Duration(10 * time.Second)}
+}
+
+// RegisterFlags adds the limits flags.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	c.Defaults.RegisterFlags(fs)
+	fs.StringVar(&c.OverridesFile, "limits.overrides-file", c.OverridesFile, "YAML file of per-tenant limit overrides, reloaded at run time.")
+	fs.Var(&c.ReloadPeriod, "limits.overrides-reload-period", "How often the overrides file is re-read.")
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if err := c.Defaults.Validate(); err != nil {
+		return fmt.Errorf("default limits: %w", err)
+	}
+	return nil
+}
+
+// overridesFile is the file's shape.
+type overridesFile struct {
+	Overrides map[string]Limits
+}
+
+// Overrides answers the limits of a tenant.
+type Overrides struct {
+	services.Service
+	defaults Limits
+	manager  *runtimeconfig.Manager // nil without an overrides file
+}
+
+// New returns the overrides; with an overrides file it is a service that
+// reloads the file (a bad file is reported and the previous one kept).
+func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Overrides, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	o := &Overrides{defaults: cfg.Defaults}
+	if cfg.OverridesFile == "" {
+		o.Service = services.NewIdleService(nil, nil)
+		return o, nil
+	}
+	defaults := cfg.Defaults
+	rcfg := runtimeconfig.Config{
+		ReloadPeriod: time.Duration(cfg.ReloadPeriod),
+		LoadPath:     flagext.StringSliceCSV{cfg.OverridesFile},
+		Loader:       func(r io.Reader) (any, error) { return Load(r, defaults) },
+	}
+	m, err := runtimeconfig.New(rcfg, "limits-overrides", reg, logging.GoKit(logger))
+	if err != nil {
+		return nil, fmt.Errorf("limits overrides: %w", err)
+	}
+	o.manager = m
+	o.Service = m
+	return o, nil
+}
+
+// Load parses an overrides file; fields a tenant leaves out keep defaults.
+func Load(r io.Reader, defaults Limits) (*overridesFile, error) {
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
+	var raw struct {
+		Overrides map[string]yaml.Node `yaml:"overrides"`
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&raw); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("parse overrides: %w", err)
+	}
+	out := &overridesFile{Overrides: map[string]Limits{}}
+	for tenant, node := range raw.Overrides {
+		l := defaults
+		// Node.Decode is not strict; re-decode the tenant's section with a
+		// decoder that rejects unknown fields, so a typo is an error.
+		raw, err := yaml.Marshal(&node)
+		if err != nil {
+			return nil, fmt.Errorf("overrides of tenant %q: %w", tenant, err)
+		}
+		tdec := yaml.NewDecoder(bytes.NewReader(raw))
+		tdec.KnownFields(true)
+		if err := tdec.Decode(&l); err != nil {
+			return nil, fmt.Errorf("overrides of tenant %q: %w", tenant, err)
+		}
+		if err := l.Validate(); err != nil {
+			return nil, fmt.Errorf("overrides of tenant %q: %w", tenant, err)
+		}
+		out.Overrides[tenant] = l
+	}
+	return out, nil
+}
+
+// For returns the tenant's limits.
+func (o *Overrides) For(tenant string) Limits {
+	if o.manager != nil {
+		if f, ok := o.manager.GetConfig().(*overridesFile); ok && f != nil {
+			if l, ok := f.Overrides[tenant]; ok {
+				return l
+			}
+		}
+	}
+	return o.defaults
+}
+
+// Listen returns a channel that receives a value each time the overrides
+// are reloaded (never, without an overrides file).
+func (o *Overrides) Listen(ctx context.Context) <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	if o.manager == nil {
+		return ch
+	}
+	src := o.manager.CreateListenerChannel(1)
+	go func() {
+		defer o.manager.CloseListenerChannel(src)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-src:
+				select {
+				case ch <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	return ch
+}
+
+// RateStrategy adapts the overrides to dskit's rate limiter.
+type RateStrategy struct{ O *Overrides }
+
+// Limit implements limiter.RateLimiterStrategy (0 = unlimited → +Inf).
+func (s RateStrategy) Limit(tenant string) float64 {
+	if r := s.O.For(tenant).IngestionRate; r > 0 {
+		return r
+	}
+	return float64(1 << 62)
+}
+
+// Burst implements limiter.RateLimiterStrategy.
+func (s RateStrategy) Burst(tenant string) int {
+	l := s.O.For(tenant)
+	if l.IngestionRate <= 0 {
+		return 1 << 62
+	}
+	return l.IngestionBurstSize
+}
+
+// MaxActiveSeries implements tenantdb.TenantLimits.
+func (o *Overrides) MaxActiveSeries(tenant string) int { return o.For(tenant).MaxActiveSeries }
+
+// OutOfOrderWindow implements tenantdb.TenantLimits.
+func (o *Overrides) OutOfOrderWindow(tenant string) time.Duration {
+	return time.Duration(o.For(tenant).OutOfOrderWindow)
+}
