@@ -2,10 +2,12 @@ package ingest
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -19,6 +21,10 @@ import (
 	writev2 "github.com/prometheus/prometheus/prompb/io/prometheus/write/v2"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
+
+	"github.com/gpustore/gpustore/pkg/hatracker"
+	"github.com/gpustore/gpustore/pkg/limits"
+	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
 // Reasons a sample is rejected; they name the label of
@@ -31,9 +37,20 @@ const (
 	reasonTooFarFuture  = "too_far_in_future"
 	reasonInvalidHist   = "invalid_histogram"
 	reasonNoSamples     = "no_samples"
+
+	reasonTooManyLabels     = "too_many_labels"
+	reasonLabelNameTooLong  = "label_name_too_long"
+	reasonLabelValueTooLong = "label_value_too_long"
+	reasonMaxSeries         = "max_active_series"
+	// Whole-request rejections.
+	reasonTooManySeries = "too_many_series_in_request"
+	reasonRateLimited   = "rate_limited"
 )
 
-var rejectReasons = []string{reasonInvalidLabels, reasonOutOfOrder, reasonDuplicate, reasonTooOld, reasonTooFarFuture, reasonInvalidHist, reasonNoSamples}
+var rejectReasons = []string{
+	reasonInvalidLabels, reasonOutOfOrder, reasonDuplicate, reasonTooOld, reasonTooFarFuture, reasonInvalidHist, reasonNoSamples,
+	reasonTooManyLabels, reasonLabelNameTooLong, reasonLabelValueTooLong, reasonMaxSeries, reasonTooManySeries, reasonRateLimited,
+}
 
 // maxAheadTime is how far in the future a sample may be; Prometheus' own
 // receiver uses the same bound.
@@ -45,6 +62,9 @@ type writeStats struct {
 	rejected                       map[string]int
 	firstRejection                 string
 	newSeries                      int
+	// deduplicated counts samples dropped because the other replica of their
+	// HA pair is elected (or already covered their time): acknowledged, not stored.
+	deduplicated int
 }
 
 func (s *writeStats) reject(reason string, n int, format string, args ...any) {
@@ -86,6 +106,7 @@ func (s *writeStats) errorSummary() string {
 // appendCtx carries the per-request state of the append loop; it is pooled
 // with the decoders so the steady state allocates nothing.
 type appendCtx struct {
+	key       seriesKey
 	builder   labels.ScratchBuilder
 	exemplars []exemplar.Exemplar
 	v1hist    prompb.Histogram
@@ -94,118 +115,324 @@ type appendCtx struct {
 	v2ex      writev2.Exemplar
 }
 
-// appendSeries writes every series the decoder yields into app. It returns an
-// error only for faults that must fail the whole request (a malformed body,
-// or a storage fault); rejected data is counted in stats.
-func appendSeries(app storage.AppenderV2, dec seriesDecoder, v2 *v2Decoder, cache *seriesCache, md *metadataSink, ac *appendCtx, now time.Time, stats *writeStats) error {
-	exApp, _ := app.(storage.ExemplarAppenderV2)
-	maxT := timestamp.FromTime(now.Add(maxAheadTime))
+// writeRequest is the append loop of one request.
+type writeRequest struct {
+	ctx    context.Context
+	tenant *tenantState
+	app    storage.AppenderV2
+	exApp  storage.ExemplarAppenderV2
+	v2     *v2Decoder // nil for 1.0
+	ac     *appendCtx
+	lim    *limits.Limits
+	ha     *hatracker.Tracker // nil: HA pairs are not deduplicated
+	gap    int64              // the tracker's gap-fill delay in ms (0: off)
+	maxT   int64
+	stats  *writeStats
+	series int
+	// decisions memoises the tracker's answer per HA pair for this request:
+	// a request comes from one Prometheus, so it is nearly always one pair.
+	decisions []haDecision
+}
+
+// haDecision is the tracker's answer for one (cluster, replica) of a request.
+type haDecision struct {
+	pair    uint32 // index in the tenant's haTable
+	elected bool
+	// fill: the elected replica has been silent for the gap-fill delay, so
+	// this replica's samples may fill the gap until the failover.
+	fill    bool
+	dropped int // samples dropped as duplicates
+}
+
+// errTooManySeries fails a request with more series than the tenant allows.
+var errTooManySeries = errors.New("too many series in one request")
+
+// run writes every series the decoder yields. It returns an error only for
+// faults that must fail the whole request (a malformed body, a storage or KV
+// fault, too many series); rejected data is counted in stats.
+func (w *writeRequest) run(dec seriesDecoder) error {
+	if w.ha != nil {
+		w.gap = w.ha.GapFillAfter().Milliseconds()
+	}
 	for dec.next() {
-		s := dec.series()
-		n := len(s.samples) + len(s.histograms)
-		if n == 0 {
-			if len(s.exemplars) == 0 {
-				stats.reject(reasonNoSamples, 0, "series %s has no samples", describe(s.labels))
-			}
-			continue
+		w.series++
+		if limit := w.lim.MaxSeriesPerRequest; limit > 0 && w.series > limit {
+			return fmt.Errorf("%w: more than %d (limit max_series_per_request)", errTooManySeries, limit)
 		}
-		ref, known := cache.get(s.h1, s.h2)
-		var ls labels.Labels // built only for a series the cache does not know
-		if !known {
-			var err error
-			ls, err = buildLabels(&ac.builder, s.labels)
-			if err != nil {
-				stats.reject(reasonInvalidLabels, n, "%v", err)
-				continue
-			}
-		}
-		if s.meta.set && md != nil {
-			md.setFromSeries(s)
-		}
-
-		for i := range s.samples {
-			smp := &s.samples[i]
-			if smp.t > maxT {
-				stats.reject(reasonTooFarFuture, 1, "sample at %s is more than %s in the future for series %s", timestamp.Time(smp.t).UTC().Format(time.RFC3339), maxAheadTime, describe(s.labels))
-				continue
-			}
-			newRef, err := app.Append(ref, ls, smp.st, smp.t, smp.v, nil, nil, storage.AOptions{})
-			if err != nil && known && errors.Is(err, tsdb.ErrInvalidSample) {
-				// The cached reference is gone from the head (series garbage
-				// collected): resolve the series again from its labels.
-				cache.drop(s.h1)
-				known, ref = false, 0
-				if ls, err = buildLabels(&ac.builder, s.labels); err != nil {
-					stats.reject(reasonInvalidLabels, n, "%v", err)
-					break
-				}
-				newRef, err = app.Append(0, ls, smp.st, smp.t, smp.v, nil, nil, storage.AOptions{})
-			}
-			if err != nil {
-				if reason, ok := sampleRejection(err); ok {
-					stats.reject(reason, 1, "%v for series %s at %s", err, describe(s.labels), timestamp.Time(smp.t).UTC().Format(time.RFC3339Nano))
-					continue
-				}
-				return fmt.Errorf("append sample: %w", err)
-			}
-			stats.samples++
-			if !known {
-				ref, known = newRef, true
-				cache.put(s.h1, s.h2, ref)
-				stats.newSeries++
-			}
-		}
-
-		for _, raw := range s.histograms {
-			h, fh, t, st, err := decodeHistogram(ac, raw, v2 != nil)
-			if err != nil {
-				return err
-			}
-			if t > maxT {
-				stats.reject(reasonTooFarFuture, 1, "histogram at %s is more than %s in the future for series %s", timestamp.Time(t).UTC().Format(time.RFC3339), maxAheadTime, describe(s.labels))
-				continue
-			}
-			if ls.IsEmpty() {
-				// Histograms are rare: resolve labels rather than trust a
-				// possibly stale reference with empty labels.
-				if ls, err = buildLabels(&ac.builder, s.labels); err != nil {
-					stats.reject(reasonInvalidLabels, 1, "%v", err)
-					break
-				}
-			}
-			newRef, err := app.Append(ref, ls, st, t, 0, h, fh, storage.AOptions{})
-			if err != nil {
-				if reason, ok := sampleRejection(err); ok {
-					stats.reject(reason, 1, "%v for series %s at %s", err, describe(s.labels), timestamp.Time(t).UTC().Format(time.RFC3339Nano))
-					continue
-				}
-				if isHistogramValidationError(err) {
-					stats.reject(reasonInvalidHist, 1, "%v for series %s", err, describe(s.labels))
-					continue
-				}
-				return fmt.Errorf("append histogram: %w", err)
-			}
-			stats.histograms++
-			if !known {
-				ref, known = newRef, true
-				cache.put(s.h1, s.h2, ref)
-				stats.newSeries++
-			}
-		}
-
-		if len(s.exemplars) > 0 && exApp != nil && known {
-			if ls.IsEmpty() {
-				var err error
-				if ls, err = buildLabels(&ac.builder, s.labels); err != nil {
-					continue
-				}
-			}
-			if err := appendExemplars(exApp, ac, ref, ls, s.exemplars, v2, stats); err != nil {
-				return err
-			}
+		if err := w.appendOne(dec.series()); err != nil {
+			return err
 		}
 	}
 	return dec.err()
+}
+
+func (w *writeRequest) appendOne(s *decodedSeries) error {
+	stats, cache := w.stats, w.tenant.cache
+	n := len(s.samples) + len(s.histograms)
+	if n == 0 {
+		if len(s.exemplars) == 0 {
+			stats.reject(reasonNoSamples, 0, "series %s has no samples", describe(s.labels))
+		}
+		return nil
+	}
+	key := &w.ac.key
+	if w.ha != nil {
+		key.compute(s.labels, w.lim.HAClusterLabel, w.lim.HAReplicaLabel)
+	} else {
+		key.compute(s.labels, "", "")
+	}
+	e := cache.get(key.h1, key.h2)
+
+	// A series of an HA pair: ask the tracker (once per request and pair).
+	var d *haDecision
+	if key.replica != nil {
+		var err error
+		if d, err = w.decide(key.cluster, key.replica); err != nil {
+			return err
+		}
+		if !d.elected && !d.fill {
+			d.dropped += n
+			stats.deduplicated += n
+			if e == nil {
+				cache.put(key.h1, key.h2, 0) // known, labels not needed yet
+			}
+			return nil
+		}
+	}
+	if s.meta.set {
+		w.tenant.md.setFromSeries(s)
+	}
+
+	var ref storage.SeriesRef
+	if e != nil {
+		ref = e.ref
+	}
+	// ls is built only when the cache has no reference for the series.
+	var ls labels.Labels
+	resolve := func() bool {
+		var reason string
+		var err error
+		drop := ""
+		if key.replica != nil {
+			drop = w.lim.HAReplicaLabel
+		}
+		ls, reason, err = buildLabels(&w.ac.builder, s.labels, w.lim, drop)
+		if err != nil {
+			stats.reject(reason, n, "%v", err)
+			return false
+		}
+		return true
+	}
+	if ref == 0 && !resolve() {
+		return nil
+	}
+	// appended records a successful append and caches a new reference.
+	appended := func(newRef storage.SeriesRef) {
+		if ref == 0 {
+			ref = newRef
+			e = cache.put(key.h1, key.h2, ref)
+			stats.newSeries++
+		}
+	}
+	// rejected classifies an append error; false means a storage fault.
+	rejected := func(err error, t int64) bool {
+		reason, ok := sampleRejection(err)
+		if !ok {
+			return false
+		}
+		if d != nil && (reason == reasonOutOfOrder || reason == reasonDuplicate) {
+			// The other replica of the pair already covered this time:
+			// a duplicate, not an error the sender should see.
+			d.dropped++
+			stats.deduplicated++
+			return true
+		}
+		stats.reject(reason, 1, "%v for series %s at %s", err, describe(s.labels), timestamp.Time(t).UTC().Format(time.RFC3339Nano))
+		return true
+	}
+	// duplicate applies the HA rule to one sample and, if it is to be
+	// stored, records it as the series' newest.
+	duplicate := func(t int64) bool {
+		if d == nil || e == nil {
+			return false
+		}
+		if w.claim(e, d, t) {
+			return false
+		}
+		d.dropped++
+		stats.deduplicated++
+		return true
+	}
+
+	for i := range s.samples {
+		smp := &s.samples[i]
+		if smp.t > w.maxT {
+			stats.reject(reasonTooFarFuture, 1, "sample at %s is more than %s in the future for series %s", timestamp.Time(smp.t).UTC().Format(time.RFC3339), maxAheadTime, describe(s.labels))
+			continue
+		}
+		if duplicate(smp.t) {
+			continue
+		}
+		newRef, err := w.app.Append(ref, ls, smp.st, smp.t, smp.v, nil, nil, storage.AOptions{})
+		if err != nil && ref != 0 && ls.IsEmpty() && errors.Is(err, tsdb.ErrInvalidSample) {
+			// The cached reference is gone from the head (series garbage
+			// collected): resolve the series again from its labels.
+			ref = 0
+			if !resolve() {
+				return nil
+			}
+			newRef, err = w.app.Append(0, ls, smp.st, smp.t, smp.v, nil, nil, storage.AOptions{})
+		}
+		if err != nil {
+			if rejected(err, smp.t) {
+				continue
+			}
+			return fmt.Errorf("append sample: %w", err)
+		}
+		stats.samples++
+		appended(newRef)
+		if d != nil && i == 0 && e != nil && e.lastPair.Load() == 0 {
+			w.claim(e, d, smp.t) // first sample of a new series
+		}
+	}
+
+	for _, raw := range s.histograms {
+		h, fh, t, st, err := decodeHistogram(w.ac, raw, w.v2 != nil)
+		if err != nil {
+			return err
+		}
+		if t > w.maxT {
+			stats.reject(reasonTooFarFuture, 1, "histogram at %s is more than %s in the future for series %s", timestamp.Time(t).UTC().Format(time.RFC3339), maxAheadTime, describe(s.labels))
+			continue
+		}
+		if duplicate(t) {
+			continue
+		}
+		// Histograms are rare: resolve labels rather than trust a possibly
+		// stale reference with empty labels.
+		if ls.IsEmpty() && !resolve() {
+			return nil
+		}
+		newRef, err := w.app.Append(ref, ls, st, t, 0, h, fh, storage.AOptions{})
+		if err != nil {
+			if rejected(err, t) {
+				continue
+			}
+			if isHistogramValidationError(err) {
+				stats.reject(reasonInvalidHist, 1, "%v for series %s", err, describe(s.labels))
+				continue
+			}
+			return fmt.Errorf("append histogram: %w", err)
+		}
+		stats.histograms++
+		appended(newRef)
+	}
+
+	if len(s.exemplars) > 0 && w.exApp != nil && ref != 0 {
+		if ls.IsEmpty() && !resolve() {
+			return nil
+		}
+		return appendExemplars(w.exApp, w.ac, ref, ls, s.exemplars, w.v2, stats)
+	}
+	return nil
+}
+
+// claim decides whether a sample at t of an HA series is stored, and if so
+// records it as the series' newest. The rule keeps one replica's samples
+// per series and never stores two samples of different replicas closer than
+// the gap-fill delay:
+//   - the elected replica's sample is stored unless the newest stored one
+//     came from the other replica less than the delay before (a gap it filled);
+//   - the other replica's sample, while the elected one is silent (fill), is
+//     stored if it continues its own fill or is at least the delay newer than
+//     the newest stored sample.
+//
+// The compare-and-swap makes the check and the update one step, so two
+// requests racing on one series cannot both pass.
+func (w *writeRequest) claim(e *cacheEntry, d *haDecision, t int64) bool {
+	for {
+		last, lastPair := e.lastT.Load(), e.lastPair.Load()
+		ok := false
+		switch {
+		case lastPair == 0:
+			ok = true
+		case d.elected:
+			ok = lastPair == d.pair || t >= last+w.gap
+		default: // filling
+			ok = (lastPair == d.pair && t >= last) || t >= last+w.gap
+		}
+		if !ok {
+			return false
+		}
+		if t <= last && lastPair != 0 {
+			return true // older than the newest: the TSDB decides (out of order)
+		}
+		if e.lastT.CompareAndSwap(last, t) {
+			e.lastPair.Store(d.pair)
+			return true
+		}
+	}
+}
+
+// decide asks the tracker, once per request and HA pair, whether the pair's
+// replica is the elected one.
+func (w *writeRequest) decide(cluster, replica []byte) (*haDecision, error) {
+	idx := w.tenant.ha.index(cluster, replica)
+	for i := range w.decisions {
+		if w.decisions[i].pair == idx {
+			return &w.decisions[i], nil
+		}
+	}
+	p := w.tenant.ha.pair(idx)
+	elected, err := w.ha.Accept(w.ctx, w.tenant.id, p.cluster, p.replica)
+	if err != nil {
+		return nil, err
+	}
+	d := haDecision{pair: idx, elected: elected}
+	if !elected && w.gap > 0 && w.ha.Silence(w.tenant.id, p.cluster).Milliseconds() >= w.gap {
+		d.fill = true
+	}
+	w.decisions = append(w.decisions, d)
+	return &w.decisions[len(w.decisions)-1], nil
+}
+
+// haTable interns the (cluster, replica) pairs of a tenant's series as small
+// indexes, so the dedup state per series is two atomics.
+type haTable struct {
+	mtx   sync.RWMutex
+	idx   map[haPair]uint32
+	pairs []haPair // pairs[0] is "no pair"
+}
+
+type haPair struct{ cluster, replica string }
+
+func newHATable() *haTable {
+	return &haTable{idx: map[haPair]uint32{}, pairs: []haPair{{}}}
+}
+
+func (t *haTable) index(cluster, replica []byte) uint32 {
+	t.mtx.RLock()
+	i, ok := t.idx[haPair{yoloString(cluster), yoloString(replica)}]
+	t.mtx.RUnlock()
+	if ok {
+		return i
+	}
+	p := haPair{string(cluster), string(replica)}
+	t.mtx.Lock()
+	defer t.mtx.Unlock()
+	if i, ok := t.idx[p]; ok {
+		return i
+	}
+	i = uint32(len(t.pairs))
+	t.pairs = append(t.pairs, p)
+	t.idx[p] = i
+	return i
+}
+
+func (t *haTable) pair(i uint32) haPair {
+	t.mtx.RLock()
+	defer t.mtx.RUnlock()
+	return t.pairs[i]
 }
 
 func appendExemplars(app storage.ExemplarAppenderV2, ac *appendCtx, ref storage.SeriesRef, ls labels.Labels, raws [][]byte, v2 *v2Decoder, stats *writeStats) error {
@@ -289,6 +516,8 @@ func sampleRejection(err error) (string, bool) {
 		return reasonDuplicate, true
 	case errors.Is(err, storage.ErrOutOfBounds), errors.Is(err, storage.ErrTooOldSample):
 		return reasonTooOld, true
+	case errors.Is(err, tenantdb.ErrMaxActiveSeries):
+		return reasonMaxSeries, true
 	case errors.Is(err, tsdb.ErrInvalidSample):
 		return reasonInvalidLabels, true
 	}
@@ -300,39 +529,52 @@ func isHistogramValidationError(err error) bool {
 	return errors.As(err, &e)
 }
 
-// buildLabels validates a series' label pairs and returns them as sorted
-// labels. It runs only for series the cache does not know.
-func buildLabels(b *labels.ScratchBuilder, pairs []labelPair) (labels.Labels, error) {
+// buildLabels validates a series' label pairs against the tenant's limits
+// and returns them as sorted labels, without the label named drop (the HA
+// replica label). It runs only for series the cache does not know; on error
+// it also returns the rejection reason.
+func buildLabels(b *labels.ScratchBuilder, pairs []labelPair, lim *limits.Limits, drop string) (labels.Labels, string, error) {
 	b.Reset()
 	hasName := false
+	n := 0
 	for _, p := range pairs {
 		if len(p.name) == 0 {
-			return labels.EmptyLabels(), fmt.Errorf("empty label name in series %s", describe(pairs))
+			return labels.EmptyLabels(), reasonInvalidLabels, fmt.Errorf("empty label name in series %s", describe(pairs))
 		}
-		if len(p.value) == 0 {
+		if len(p.value) == 0 || (drop != "" && yoloString(p.name) == drop) {
 			// An empty value means the label is absent, as everywhere in Prometheus.
 			continue
 		}
 		if !utf8.Valid(p.name) || !model.UTF8Validation.IsValidLabelName(yoloString(p.name)) {
-			return labels.EmptyLabels(), fmt.Errorf("invalid label name %q in series %s", p.name, describe(pairs))
+			return labels.EmptyLabels(), reasonInvalidLabels, fmt.Errorf("invalid label name %q in series %s", p.name, describe(pairs))
 		}
 		if !utf8.Valid(p.value) {
-			return labels.EmptyLabels(), fmt.Errorf("label %q has a value that is not valid UTF-8 in series %s", p.name, describe(pairs))
+			return labels.EmptyLabels(), reasonInvalidLabels, fmt.Errorf("label %q has a value that is not valid UTF-8 in series %s", p.name, describe(pairs))
+		}
+		if len(p.name) > lim.MaxLabelNameLength {
+			return labels.EmptyLabels(), reasonLabelNameTooLong, fmt.Errorf("label name %q is longer than %d (limit max_label_name_length) in series %s", p.name, lim.MaxLabelNameLength, describe(pairs))
+		}
+		if len(p.value) > lim.MaxLabelValueLength {
+			return labels.EmptyLabels(), reasonLabelValueTooLong, fmt.Errorf("value of label %q is longer than %d (limit max_label_value_length) in series %s", p.name, lim.MaxLabelValueLength, describe(pairs))
 		}
 		if bytes.Equal(p.name, nameLabel) {
 			hasName = true
 		}
+		n++
 		b.Add(yoloString(p.name), yoloString(p.value))
 	}
 	if !hasName {
-		return labels.EmptyLabels(), fmt.Errorf("series %s has no metric name (__name__)", describe(pairs))
+		return labels.EmptyLabels(), reasonInvalidLabels, fmt.Errorf("series %s has no metric name (__name__)", describe(pairs))
+	}
+	if n > lim.MaxLabelNamesPerSeries {
+		return labels.EmptyLabels(), reasonTooManyLabels, fmt.Errorf("series %s has %d labels, more than %d (limit max_label_names_per_series)", describe(pairs), n, lim.MaxLabelNamesPerSeries)
 	}
 	b.Sort()
 	ls := b.Labels() // copies: the result no longer points into the request body
 	if dup, ok := ls.HasDuplicateLabelNames(); ok {
-		return labels.EmptyLabels(), fmt.Errorf("duplicate label name %q in series %s", dup, describe(pairs))
+		return labels.EmptyLabels(), reasonInvalidLabels, fmt.Errorf("duplicate label name %q in series %s", dup, describe(pairs))
 	}
-	return ls, nil
+	return ls, "", nil
 }
 
 var nameLabel = []byte(labels.MetricName)

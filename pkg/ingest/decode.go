@@ -44,7 +44,6 @@ type seriesMeta struct {
 // the decoder moves on.
 type decodedSeries struct {
 	labels     []labelPair
-	h1, h2     uint64 // identity of the label set as sent (two seeds: see seriesKey)
 	samples    []sample
 	histograms [][]byte // raw Histogram messages; rare, decoded with the generated code
 	exemplars  [][]byte // raw Exemplar messages
@@ -70,26 +69,51 @@ type seriesDecoder interface {
 // per-process seed is fine.
 var hashSeed2 = maphash.MakeSeed()
 
-// labelHasher computes the two independent 64-bit hashes that identify a
-// label set in the series cache: xxhash and Go's maphash (AES-based) of the
-// label pairs, separated by 0xff (which UTF-8 never contains). Two unrelated
-// hashes make an accidental collision, which would file samples under the
-// wrong series, as unlikely as a 128-bit hash: about 1e-27 for a million
-// series. The pairs are copied into one buffer first so each hash runs once
-// over a few hundred bytes instead of dozens of times over a few.
-type labelHasher struct{ buf []byte }
-
-func (h *labelHasher) reset() { h.buf = h.buf[:0] }
-
-func (h *labelHasher) add(name, value []byte) {
-	h.buf = append(h.buf, name...)
-	h.buf = append(h.buf, 0xff)
-	h.buf = append(h.buf, value...)
-	h.buf = append(h.buf, 0xff)
+// seriesKey identifies a series in the series cache by two independent
+// 64-bit hashes, xxhash and Go's maphash (AES-based), of its label pairs
+// separated by 0xff (which UTF-8 never contains). Two unrelated hashes make
+// an accidental collision, which would file samples under the wrong series,
+// as unlikely as a 128-bit hash: about 1e-27 for a million series. The pairs
+// are copied into one buffer first so each hash runs once over a few hundred
+// bytes instead of dozens of times over a few.
+//
+// When clusterLabel is set and the series carries both it and replicaLabel
+// (a series of a Prometheus HA pair), the replica label is left out of the
+// key: both replicas' copies of a series are one TSDB series and share one
+// cache entry, where the dedup keeps its per-series state. cluster and
+// replica are then returned (views into the body).
+type seriesKey struct {
+	buf              []byte
+	h1, h2           uint64
+	cluster, replica []byte
 }
 
-func (h *labelHasher) sums() (uint64, uint64) {
-	return xxhash.Sum64(h.buf), maphash.Bytes(hashSeed2, h.buf)
+func (k *seriesKey) compute(pairs []labelPair, clusterLabel, replicaLabel string) {
+	k.cluster, k.replica = nil, nil
+	if clusterLabel != "" {
+		for _, p := range pairs {
+			switch {
+			case len(p.name) == len(clusterLabel) && yoloString(p.name) == clusterLabel:
+				k.cluster = p.value
+			case len(p.name) == len(replicaLabel) && yoloString(p.name) == replicaLabel:
+				k.replica = p.value
+			}
+		}
+		if len(k.cluster) == 0 || len(k.replica) == 0 {
+			k.cluster, k.replica = nil, nil
+		}
+	}
+	k.buf = k.buf[:0]
+	for _, p := range pairs {
+		if k.replica != nil && len(p.name) == len(replicaLabel) && yoloString(p.name) == replicaLabel {
+			continue
+		}
+		k.buf = append(k.buf, p.name...)
+		k.buf = append(k.buf, 0xff)
+		k.buf = append(k.buf, p.value...)
+		k.buf = append(k.buf, 0xff)
+	}
+	k.h1, k.h2 = xxhash.Sum64(k.buf), maphash.Bytes(hashSeed2, k.buf)
 }
 
 // yoloString views b as a string without copying. The result must not outlive
@@ -106,7 +130,6 @@ func yoloString(b []byte) string {
 type v1Decoder struct {
 	body     []byte
 	cur      decodedSeries
-	hasher   labelHasher
 	metadata [][]byte // raw MetricMetadata messages, seen so far
 	e        error
 }
@@ -161,7 +184,6 @@ func (d *v1Decoder) next() bool {
 func (d *v1Decoder) parseSeries(b []byte) error {
 	s := &d.cur
 	s.reset()
-	d.hasher.reset()
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -187,7 +209,6 @@ func (d *v1Decoder) parseSeries(b []byte) error {
 			if err != nil {
 				return err
 			}
-			d.hasher.add(name, value)
 			s.labels = append(s.labels, labelPair{name, value})
 		case 2:
 			smp, err := parseSample(msg)
@@ -201,7 +222,6 @@ func (d *v1Decoder) parseSeries(b []byte) error {
 			s.histograms = append(s.histograms, msg)
 		}
 	}
-	s.h1, s.h2 = d.hasher.sums()
 	return nil
 }
 
@@ -280,7 +300,6 @@ type v2Decoder struct {
 	body    []byte // what remains to be walked for timeseries
 	symbols [][]byte
 	cur     decodedSeries
-	hasher  labelHasher
 	refs    []uint32
 	e       error
 }
@@ -427,7 +446,6 @@ func (d *v2Decoder) parseSeries(b []byte) error {
 	if len(d.refs)%2 != 0 {
 		return malformed("TimeSeries: odd number of labels_refs (%d)", len(d.refs))
 	}
-	d.hasher.reset()
 	for i := 0; i < len(d.refs); i += 2 {
 		name, err := d.symbol(d.refs[i])
 		if err != nil {
@@ -437,10 +455,8 @@ func (d *v2Decoder) parseSeries(b []byte) error {
 		if err != nil {
 			return err
 		}
-		d.hasher.add(name, value)
 		s.labels = append(s.labels, labelPair{name, value})
 	}
-	s.h1, s.h2 = d.hasher.sums()
 	return nil
 }
 

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/golang/snappy"
+	"github.com/grafana/dskit/kv"
+	"github.com/grafana/dskit/services"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
@@ -20,6 +22,8 @@ import (
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
 
+	"github.com/gpustore/gpustore/pkg/hatracker"
+	"github.com/gpustore/gpustore/pkg/limits"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
@@ -28,28 +32,58 @@ import (
 type testIngester struct {
 	*Ingester
 	dbs *tenantdb.Manager
+	reg *prometheus.Registry
+	ha  *hatracker.Tracker
 }
 
-func newTestIngester(t testing.TB, mutate ...func(*tenantdb.Config, *Config, *tenancy.Config)) *testIngester {
+// testSetup is what a test may change before the ingester is built.
+type testSetup struct {
+	tsdb    tenantdb.Config
+	ingest  Config
+	tenants tenancy.Config
+	limits  limits.Config
+	ha      *hatracker.Config // nil: no HA dedup
+	clock   func() time.Time  // the HA tracker's clock; nil: wall clock
+}
+
+func newTestIngester(t testing.TB, mutate ...func(*testSetup)) *testIngester {
 	t.Helper()
-	dcfg := tenantdb.DefaultConfig()
-	dcfg.Dir = t.TempDir()
-	icfg := DefaultConfig()
-	tcfg := tenancy.DefaultConfig()
+	setup := testSetup{tsdb: tenantdb.DefaultConfig(), ingest: DefaultConfig(), tenants: tenancy.DefaultConfig(), limits: limits.DefaultConfig()}
+	setup.tsdb.Dir = t.TempDir()
 	for _, m := range mutate {
-		m(&dcfg, &icfg, &tcfg)
+		m(&setup)
 	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	dbs, err := tenantdb.NewManager(dcfg, logger, prometheus.NewRegistry())
+	reg := prometheus.NewRegistry()
+	lim, err := limits.New(setup.limits, logger, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	dbs, err := tenantdb.NewManager(setup.tsdb, logger, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dbs.SetLimits(lim)
 	t.Cleanup(func() { _ = dbs.Close() })
-	ing, err := New(icfg, tcfg, dbs, logger, prometheus.NewRegistry(), func() error { return nil })
+	var ha *hatracker.Tracker
+	if setup.ha != nil {
+		var opts []hatracker.Option
+		if setup.clock != nil {
+			opts = append(opts, hatracker.WithClock(setup.clock))
+		}
+		if ha, err = hatracker.New(*setup.ha, kv.StoreConfig{}, logger, reg, opts...); err != nil {
+			t.Fatal(err)
+		}
+		if err := services.StartAndAwaitRunning(context.Background(), ha); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), ha) })
+	}
+	ing, err := New(setup.ingest, Deps{Tenants: setup.tenants, DBs: dbs, Limits: lim, HA: ha, Logger: logger, Registry: reg, Ready: func() error { return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &testIngester{Ingester: ing, dbs: dbs}
+	return &testIngester{Ingester: ing, dbs: dbs, reg: reg, ha: ha}
 }
 
 type response struct {

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"mime"
 	"net/http"
 	"strconv"
@@ -24,11 +25,16 @@ import (
 	"time"
 
 	"github.com/golang/snappy"
+	"github.com/grafana/dskit/limiter"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/prometheus/model/metadata"
+	"github.com/prometheus/prometheus/model/timestamp"
 	"github.com/prometheus/prometheus/prompb"
+	"github.com/prometheus/prometheus/storage"
 
+	"github.com/gpustore/gpustore/pkg/hatracker"
+	"github.com/gpustore/gpustore/pkg/limits"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
@@ -65,11 +71,28 @@ const (
 	headerExemplarsWritten  = "X-Prometheus-Remote-Write-Exemplars-Written"
 )
 
+// Deps are what the ingester works with.
+type Deps struct {
+	Tenants tenancy.Config
+	DBs     *tenantdb.Manager
+	// Limits are the per-tenant limits; nil means the defaults.
+	Limits *limits.Overrides
+	// HA deduplicates Prometheus HA pairs; nil turns dedup off.
+	HA       *hatracker.Tracker
+	Logger   *slog.Logger
+	Registry prometheus.Registerer
+	// Ready reports whether the process can take writes; until then 503.
+	Ready func() error
+}
+
 // Ingester is the remote-write HTTP handler.
 type Ingester struct {
 	cfg     Config
 	tenants tenancy.Config
 	dbs     *tenantdb.Manager
+	limits  *limits.Overrides
+	ha      *hatracker.Tracker
+	rate    *limiter.RateLimiter
 	logger  *slog.Logger
 	metrics *metrics
 	ready   func() error
@@ -83,8 +106,10 @@ type Ingester struct {
 
 // tenantState is what the ingester keeps per tenant next to its database.
 type tenantState struct {
+	id    string
 	db    *tenantdb.DB
 	cache *seriesCache
+	ha    *haTable
 	md    *metadataSink
 	m     *tenantMetrics
 }
@@ -96,17 +121,24 @@ type requestState struct {
 	v2                  *v2Decoder
 	ac                  appendCtx
 	v1meta              prompb.MetricMetadata
+	decisions           []haDecision
 }
 
-// New returns an Ingester. ready reports whether the process can take writes
-// (nil error); until then requests get 503.
-func New(cfg Config, tenants tenancy.Config, dbs *tenantdb.Manager, logger *slog.Logger, reg prometheus.Registerer, ready func() error) (*Ingester, error) {
+// New returns an Ingester.
+func New(cfg Config, d Deps) (*Ingester, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if d.Limits == nil {
+		var err error
+		if d.Limits, err = limits.New(limits.DefaultConfig(), d.Logger, d.Registry); err != nil {
+			return nil, err
+		}
+	}
 	i := &Ingester{
-		cfg: cfg, tenants: tenants, dbs: dbs, logger: logger,
-		metrics: newMetrics(reg), ready: ready, now: time.Now,
+		cfg: cfg, tenants: d.Tenants, dbs: d.DBs, limits: d.Limits, ha: d.HA, logger: d.Logger,
+		rate:    limiter.NewRateLimiter(limits.RateStrategy{O: d.Limits}, 10*time.Second),
+		metrics: newMetrics(d.Registry), ready: d.Ready, now: time.Now,
 		caches: map[string]*tenantState{},
 	}
 	i.pool.New = func() any { return &requestState{v1: newV1Decoder(), v2: newV2Decoder()} }
@@ -137,9 +169,19 @@ func (i *Ingester) tenant(id string) (*tenantState, error) {
 	if st, ok := i.caches[id]; ok {
 		return st, nil
 	}
-	st = &tenantState{db: db, cache: newSeriesCache(), md: &metadataSink{set: db.Metadata.Set}, m: i.metrics.forTenant(id)}
+	st = &tenantState{id: id, db: db, cache: newSeriesCache(), ha: newHATable(), md: &metadataSink{set: db.Metadata.Set}, m: i.metrics.forTenant(id)}
 	i.caches[id] = st
 	return st, nil
+}
+
+// ResetCaches forgets every cached series; called when the limits were
+// reloaded, since a tenant's HA label names may have changed.
+func (i *Ingester) ResetCaches() {
+	i.mtx.RLock()
+	defer i.mtx.RUnlock()
+	for _, st := range i.caches {
+		st.cache.reset()
+	}
 }
 
 // SweepCaches drops series-cache entries unused since the previous sweep.
@@ -224,30 +266,56 @@ func (i *Ingester) serve(w http.ResponseWriter, r *http.Request, proto *string) 
 	}
 
 	var stats writeStats
+	lim := i.limits.For(tenantID)
+	now := i.now()
 	app := st.db.AppenderV2(r.Context())
+	wr := &writeRequest{
+		ctx: r.Context(), tenant: st, app: app, ac: &rs.ac, lim: &lim, ha: i.ha,
+		maxT: timestamp.FromTime(now.Add(maxAheadTime)), stats: &stats, decisions: rs.decisions[:0],
+	}
+	wr.exApp, _ = app.(storage.ExemplarAppenderV2)
 	var dec seriesDecoder
-	var v2 *v2Decoder
 	if isV2 {
 		rs.v2.reset(body)
-		dec, v2 = rs.v2, rs.v2
+		dec, wr.v2 = rs.v2, rs.v2
 	} else {
 		rs.v1.reset(body)
 		dec = rs.v1
 	}
-	err = appendSeries(app, dec, v2, st.cache, st.md, &rs.ac, i.now(), &stats)
+	err = wr.run(dec)
+	rs.decisions = wr.decisions
 	if err == nil && !isV2 {
 		err = i.storeV1Metadata(rs, st)
 	}
 	if err != nil {
 		_ = app.Rollback()
-		if errors.Is(err, errMalformed) {
+		switch {
+		case errors.Is(err, errMalformed):
 			return fail(http.StatusBadRequest, "decode remote write %s request: %v", *proto, err)
+		case errors.Is(err, errTooManySeries):
+			st.m.rejected(reasonTooManySeries).Add(float64(wr.series))
+			return fail(http.StatusBadRequest, "%v", err)
 		}
 		return fail(http.StatusInternalServerError, "write to tenant %q: %v", tenantID, err)
+	}
+	// The rate limit is checked once the request's sample count is known;
+	// over it, nothing is stored and the sender is told to retry later.
+	if n := stats.samples + stats.histograms; lim.IngestionRate > 0 && n > 0 && !i.rate.AllowN(now, tenantID, n) {
+		_ = app.Rollback()
+		st.m.rejected(reasonRateLimited).Add(float64(n))
+		retry := max(1, int(math.Ceil(float64(n)/lim.IngestionRate)))
+		w.Header().Set("Retry-After", strconv.Itoa(retry))
+		return fail(lim.RateLimitStatusCode, "ingestion rate limit of %g samples/s (burst %d) for tenant %q exceeded by a request of %d samples; retry later",
+			lim.IngestionRate, lim.IngestionBurstSize, tenantID, n)
 	}
 	// Commit writes the WAL: only after it returns may the request be acknowledged.
 	if err := app.Commit(); err != nil {
 		return fail(http.StatusInternalServerError, "commit to tenant %q: %v", tenantID, err)
+	}
+	for _, d := range wr.decisions {
+		if d.dropped > 0 {
+			st.m.deduplicated(st.ha.pair(d.pair).cluster).Add(float64(d.dropped))
+		}
 	}
 
 	st.m.samples.Add(float64(stats.samples))
@@ -259,8 +327,11 @@ func (i *Ingester) serve(w http.ResponseWriter, r *http.Request, proto *string) 
 	}
 
 	if isV2 {
+		// Samples dropped as duplicates of the elected replica count as
+		// written: the data is stored (from the other replica), and a lower
+		// count would make Prometheus report a failed partial write.
 		h := w.Header()
-		h.Set(headerSamplesWritten, strconv.Itoa(stats.samples))
+		h.Set(headerSamplesWritten, strconv.Itoa(stats.samples+stats.deduplicated))
 		h.Set(headerHistogramsWritten, strconv.Itoa(stats.histograms))
 		h.Set(headerExemplarsWritten, strconv.Itoa(stats.exemplars))
 	}
@@ -361,11 +432,18 @@ type metrics struct {
 	samples   *prometheus.CounterVec
 	rejectedV *prometheus.CounterVec
 	series    *prometheus.CounterVec
+	dedup     *prometheus.CounterVec
 }
 
 type tenantMetrics struct {
 	samples, histograms, exemplars, newSeries prometheus.Counter
 	byReason                                  map[string]prometheus.Counter
+	dedup                                     *prometheus.CounterVec
+	tenant                                    string
+}
+
+func (m *tenantMetrics) deduplicated(cluster string) prometheus.Counter {
+	return m.dedup.WithLabelValues(m.tenant, cluster)
 }
 
 func (m *tenantMetrics) rejected(reason string) prometheus.Counter { return m.byReason[reason] }
@@ -389,6 +467,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		series: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpustore_ingest_series_created_total", Help: "Series first seen by the ingest series cache (new series or re-resolved after head GC).",
 		}, []string{"tenant"}),
+		dedup: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_ingest_ha_deduplicated_samples_total", Help: "Samples acknowledged and dropped because the other replica of their Prometheus HA pair is elected.",
+		}, []string{"tenant", "cluster"}),
 	}
 }
 
@@ -399,6 +480,8 @@ func (m *metrics) forTenant(id string) *tenantMetrics {
 		exemplars:  m.samples.WithLabelValues(id, "exemplar"),
 		newSeries:  m.series.WithLabelValues(id),
 		byReason:   map[string]prometheus.Counter{},
+		dedup:      m.dedup,
+		tenant:     id,
 	}
 	for _, r := range rejectReasons {
 		tm.byReason[r] = m.rejectedV.WithLabelValues(id, r)

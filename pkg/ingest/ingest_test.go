@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/prometheus/tsdb/tsdbutil"
 
 	"github.com/gpustore/gpustore/pkg/tenancy"
-	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
 func TestV1RoundTrip(t *testing.T) {
@@ -143,7 +142,7 @@ func TestTenantRouting(t *testing.T) {
 	}
 
 	// With a closed tenant list, others are refused and nothing is created.
-	closed := newTestIngester(t, func(_ *tenantdb.Config, _ *Config, tc *tenancy.Config) { tc.Allowed = []string{"gpu-prod"} })
+	closed := newTestIngester(t, func(s *testSetup) { s.tenants.Allowed = []string{"gpu-prod"} })
 	if resp := closed.post(t, ctV1, body, tenancy.OrgIDHeader, "stranger"); resp.code != http.StatusUnauthorized || !strings.Contains(resp.body, "unknown tenant") {
 		t.Fatalf("unknown tenant: status %d %q", resp.code, resp.body)
 	}
@@ -256,7 +255,7 @@ func TestBadInput(t *testing.T) {
 	})
 
 	t.Run("body too large", func(t *testing.T) {
-		ti := newTestIngester(t, func(_ *tenantdb.Config, c *Config, _ *tenancy.Config) { c.MaxRequestBytes = 64 })
+		ti := newTestIngester(t, func(s *testSetup) { s.ingest.MaxRequestBytes = 64 })
 		big := make([]prompb.TimeSeries, 50)
 		for i := range big {
 			big[i] = good
@@ -267,7 +266,7 @@ func TestBadInput(t *testing.T) {
 	})
 
 	t.Run("decoded body too large", func(t *testing.T) {
-		ti := newTestIngester(t, func(_ *tenantdb.Config, c *Config, _ *tenancy.Config) { c.MaxDecodedBytes = 100 })
+		ti := newTestIngester(t, func(s *testSetup) { s.ingest.MaxDecodedBytes = 100 })
 		big := make([]prompb.TimeSeries, 50)
 		for i := range big {
 			big[i] = good
@@ -313,9 +312,8 @@ func TestStaleCachedReference(t *testing.T) {
 		t.Fatalf("cache has %d entries", st.cache.len())
 	}
 	for i := range st.cache.shards {
-		for k, e := range st.cache.shards[i].m {
+		for _, e := range st.cache.shards[i].m {
 			e.ref = 1 << 40 // a reference the head never handed out
-			st.cache.shards[i].m[k] = e
 		}
 	}
 	s.Samples = []prompb.Sample{{Timestamp: now + 1000, Value: 2}}
@@ -332,17 +330,17 @@ func TestSeriesCacheSweep(t *testing.T) {
 	c.put(1, 10, 100)
 	c.put(2, 20, 200)
 	c.sweep()
-	if _, ok := c.get(1, 10); !ok {
+	if c.get(1, 10) == nil {
 		t.Fatal("entry used in the previous epoch was dropped")
 	}
 	c.sweep()
-	if _, ok := c.get(2, 20); ok {
+	if c.get(2, 20) != nil {
 		t.Fatal("entry unused for two sweeps survived")
 	}
-	if _, ok := c.get(1, 10); !ok {
+	if e := c.get(1, 10); e == nil || e.ref != 100 {
 		t.Fatal("entry in use was dropped")
 	}
-	if _, ok := c.get(1, 11); ok {
+	if c.get(1, 11) != nil {
 		t.Fatal("second hash not checked")
 	}
 }

@@ -8,12 +8,16 @@ import (
 )
 
 // seriesCache maps the identity of a label set as it arrives on the wire
-// (two independent hashes of its label pairs) to the TSDB series reference it
-// was stored under. A hit lets the write path append a sample without
-// building, sorting or validating a labels.Labels: that is what makes known
-// series cheap. Entries are tiny (no labels are kept); a reference the head
-// has since garbage-collected is detected by the appender (it reports an
-// invalid sample for an unknown reference and empty labels) and re-resolved.
+// (two independent hashes of its label pairs, see seriesKey) to the TSDB
+// series reference it was stored under. A hit lets the write path append a
+// sample without building, sorting or validating a labels.Labels: that is
+// what makes known series cheap. Entries are small (no labels are kept); a
+// reference the head has since garbage-collected is detected by the
+// appender (it reports an invalid sample for an unknown reference and empty
+// labels) and re-resolved.
+//
+// For series of a Prometheus HA pair the entry also holds the dedup state:
+// the newest stored sample's timestamp and which replica sent it.
 type seriesCache struct {
 	shards [cacheShards]cacheShard
 	// epoch advances on every sweep; entries not touched for two epochs go.
@@ -24,48 +28,57 @@ const cacheShards = 64
 
 type cacheShard struct {
 	mtx sync.RWMutex
-	m   map[uint64]cacheEntry
+	m   map[uint64]*cacheEntry
 }
 
 type cacheEntry struct {
-	h2    uint64
-	ref   storage.SeriesRef
-	epoch uint32
+	h2  uint64
+	ref storage.SeriesRef // 0: labels not resolved yet (a deduplicated replica's series)
+
+	epoch atomic.Uint32
+	// HA dedup state: newest sample stored and the HA pair (haTable index)
+	// of the replica that sent it; 0 when no sample was stored yet.
+	lastT    atomic.Int64
+	lastPair atomic.Uint32
 }
 
 func newSeriesCache() *seriesCache {
 	c := &seriesCache{}
 	for i := range c.shards {
-		c.shards[i].m = map[uint64]cacheEntry{}
+		c.shards[i].m = map[uint64]*cacheEntry{}
 	}
 	return c
 }
 
-func (c *seriesCache) get(h1, h2 uint64) (storage.SeriesRef, bool) {
+// get returns the entry of a label set, or nil.
+func (c *seriesCache) get(h1, h2 uint64) *cacheEntry {
 	sh := &c.shards[h1%cacheShards]
 	sh.mtx.RLock()
-	e, ok := sh.m[h1]
+	e := sh.m[h1]
 	sh.mtx.RUnlock()
-	if !ok || e.h2 != h2 {
-		return 0, false
+	if e == nil || e.h2 != h2 {
+		return nil
 	}
-	if ep := c.epoch.Load(); e.epoch != ep {
-		// Refresh the entry's epoch at most once per sweep period.
-		sh.mtx.Lock()
-		if cur, ok := sh.m[h1]; ok && cur.h2 == h2 {
-			cur.epoch = ep
-			sh.m[h1] = cur
-		}
-		sh.mtx.Unlock()
+	if ep := c.epoch.Load(); e.epoch.Load() != ep {
+		e.epoch.Store(ep)
 	}
-	return e.ref, true
+	return e
 }
 
-func (c *seriesCache) put(h1, h2 uint64, ref storage.SeriesRef) {
+// put records ref for the label set, keeping the dedup state of a previous
+// entry of the same series, and returns the entry now in the cache.
+func (c *seriesCache) put(h1, h2 uint64, ref storage.SeriesRef) *cacheEntry {
 	sh := &c.shards[h1%cacheShards]
+	e := &cacheEntry{h2: h2, ref: ref}
+	e.epoch.Store(c.epoch.Load())
 	sh.mtx.Lock()
-	sh.m[h1] = cacheEntry{h2: h2, ref: ref, epoch: c.epoch.Load()}
+	if old := sh.m[h1]; old != nil && old.h2 == h2 {
+		e.lastT.Store(old.lastT.Load())
+		e.lastPair.Store(old.lastPair.Load())
+	}
+	sh.m[h1] = e
 	sh.mtx.Unlock()
+	return e
 }
 
 func (c *seriesCache) drop(h1 uint64) {
@@ -84,7 +97,7 @@ func (c *seriesCache) sweep() (removed int) {
 		sh := &c.shards[i]
 		sh.mtx.Lock()
 		for k, e := range sh.m {
-			if e.epoch != old && e.epoch != old+1 {
+			if ep := e.epoch.Load(); ep != old && ep != old+1 {
 				delete(sh.m, k)
 				removed++
 			}
@@ -92,6 +105,16 @@ func (c *seriesCache) sweep() (removed int) {
 		sh.mtx.Unlock()
 	}
 	return removed
+}
+
+// reset empties the cache (after the HA label names of the tenant changed).
+func (c *seriesCache) reset() {
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mtx.Lock()
+		sh.m = map[uint64]*cacheEntry{}
+		sh.mtx.Unlock()
+	}
 }
 
 func (c *seriesCache) len() int {

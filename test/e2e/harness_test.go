@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -71,7 +72,15 @@ func freePort(t *testing.T) string {
 // returns its base URL once it is ready.
 func startPrometheus(t *testing.T, bin, config string, extraArgs ...string) string {
 	t.Helper()
-	dir := t.TempDir()
+	url, _ := startPrometheusProc(t, bin, t.TempDir(), config, extraArgs...)
+	return url
+}
+
+// startPrometheusProc is startPrometheus with a data dir of the caller's
+// choosing (so a restart keeps it) and a stop function (idempotent; also
+// run at cleanup) that shuts Prometheus down gracefully.
+func startPrometheusProc(t *testing.T, bin, dir, config string, extraArgs ...string) (string, func()) {
+	t.Helper()
 	cfgPath := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
@@ -84,7 +93,7 @@ func startPrometheus(t *testing.T, bin, config string, extraArgs ...string) stri
 		"--log.level=warn",
 	}, extraArgs...)
 	cmd := exec.Command(bin, args...)
-	logf, err := os.Create(filepath.Join(dir, "prometheus.log"))
+	logf, err := os.OpenFile(filepath.Join(dir, "prometheus.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,22 +101,26 @@ func startPrometheus(t *testing.T, bin, config string, extraArgs ...string) stri
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start prometheus: %v", err)
 	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		_ = logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("prometheus log:\n%s", b)
-		}
-	})
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+			}
+			_ = logf.Close()
+			if t.Failed() {
+				b, _ := os.ReadFile(logf.Name())
+				t.Logf("prometheus log:\n%s", b)
+			}
+		})
+	}
+	t.Cleanup(stop)
 	url := "http://" + addr
 	waitFor(t, 60*time.Second, "prometheus ready", func() error {
 		resp, err := http.Get(url + "/-/ready")
@@ -121,7 +134,7 @@ func startPrometheus(t *testing.T, bin, config string, extraArgs ...string) stri
 		}
 		return nil
 	})
-	return url
+	return url, stop
 }
 
 // waitFor polls f until it returns nil or the timeout passes.

@@ -1,0 +1,197 @@
+package ingest
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/grafana/dskit/services"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/prompb"
+
+	"github.com/gpustore/gpustore/pkg/limits"
+)
+
+func rejectedCount(ti *testIngester, reason string) float64 {
+	return testutil.ToFloat64(ti.metrics.rejectedV.WithLabelValues("default", reason))
+}
+
+func nSeries(n int, ts int64, extra ...string) []prompb.TimeSeries {
+	out := make([]prompb.TimeSeries, n)
+	for i := range out {
+		kv := append([]string{"__name__", "DCGM_FI_DEV_GPU_UTIL", "gpu", fmt.Sprint(i)}, extra...)
+		out[i] = v1Series([]prompb.Sample{{Timestamp: ts, Value: float64(i)}}, kv...)
+	}
+	return out
+}
+
+// Each limit answers with the code its table in the README promises and
+// counts the rejection by tenant and reason.
+func TestLimits(t *testing.T) {
+	now := nowMs()
+	withLimits := func(f func(*limits.Limits)) func(*testSetup) {
+		return func(s *testSetup) { f(&s.limits.Defaults) }
+	}
+
+	t.Run("ingestion rate: 503 with Retry-After, nothing stored", func(t *testing.T) {
+		ti := newTestIngester(t, withLimits(func(l *limits.Limits) { l.IngestionRate, l.IngestionBurstSize = 10, 10 }))
+		resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: nSeries(15, now)}))
+		if resp.code != http.StatusServiceUnavailable || resp.header.Get("Retry-After") == "" || !strings.Contains(resp.body, "rate limit") {
+			t.Fatalf("status %d retry-after %q body %q", resp.code, resp.header.Get("Retry-After"), resp.body)
+		}
+		if got := ti.stored(t, "default"); len(got) != 0 {
+			t.Fatalf("stored %d series of a rate-limited request", len(got))
+		}
+		if v := rejectedCount(ti, reasonRateLimited); v != 15 {
+			t.Fatalf("rate_limited %v", v)
+		}
+		// Within the burst, accepted.
+		if resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: nSeries(5, now)})); resp.code != http.StatusNoContent {
+			t.Fatalf("within burst: %d %s", resp.code, resp.body)
+		}
+	})
+
+	t.Run("ingestion rate: 429 when configured", func(t *testing.T) {
+		ti := newTestIngester(t, withLimits(func(l *limits.Limits) {
+			l.IngestionRate, l.IngestionBurstSize, l.RateLimitStatusCode = 10, 10, http.StatusTooManyRequests
+		}))
+		if resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: nSeries(15, now)})); resp.code != http.StatusTooManyRequests || resp.header.Get("Retry-After") != "2" {
+			t.Fatalf("status %d retry-after %q", resp.code, resp.header.Get("Retry-After"))
+		}
+	})
+
+	t.Run("max active series: 400, series below the limit stored", func(t *testing.T) {
+		ti := newTestIngester(t, withLimits(func(l *limits.Limits) { l.MaxActiveSeries = 3 }))
+		resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: nSeries(5, now)}))
+		if resp.code != http.StatusBadRequest || !strings.Contains(resp.body, "max_active_series: 2") {
+			t.Fatalf("status %d body %q", resp.code, resp.body)
+		}
+		if got := ti.stored(t, "default"); len(got) != 3 {
+			t.Fatalf("stored %d series, want 3", len(got))
+		}
+		if v := rejectedCount(ti, reasonMaxSeries); v != 2 {
+			t.Fatalf("max_active_series %v", v)
+		}
+		// Existing series keep being written.
+		if resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: nSeries(3, now+1000)})); resp.code != http.StatusNoContent {
+			t.Fatalf("existing series: %d %s", resp.code, resp.body)
+		}
+	})
+
+	t.Run("label limits: 400 naming the series", func(t *testing.T) {
+		ti := newTestIngester(t, withLimits(func(l *limits.Limits) {
+			l.MaxLabelNamesPerSeries, l.MaxLabelNameLength, l.MaxLabelValueLength = 4, 10, 12
+		}))
+		req := &prompb.WriteRequest{Timeseries: []prompb.TimeSeries{
+			v1Series([]prompb.Sample{{Timestamp: now, Value: 1}}, "__name__", "a", "b", "1", "c", "2", "d", "3", "e", "4"),
+			v1Series([]prompb.Sample{{Timestamp: now, Value: 1}}, "__name__", "a", "a_very_long_name", "1"),
+			v1Series([]prompb.Sample{{Timestamp: now, Value: 1}}, "__name__", "a", "pod", "llama-70b-worker-17"),
+			v1Series([]prompb.Sample{{Timestamp: now, Value: 1}}, "__name__", "ok"),
+		}}
+		resp := ti.post(t, ctV1, encodeV1(t, req))
+		for _, want := range []string{"too_many_labels: 1", "label_name_too_long: 1", "label_value_too_long: 1", "limit max_label_names_per_series"} {
+			if !strings.Contains(resp.body, want) {
+				t.Errorf("body %q lacks %q", resp.body, want)
+			}
+		}
+		if resp.code != http.StatusBadRequest || len(ti.stored(t, "default")) != 1 {
+			t.Fatalf("status %d, stored %v", resp.code, ti.stored(t, "default"))
+		}
+		for _, r := range []string{reasonTooManyLabels, reasonLabelNameTooLong, reasonLabelValueTooLong} {
+			if v := rejectedCount(ti, r); v != 1 {
+				t.Errorf("%s = %v", r, v)
+			}
+		}
+	})
+
+	t.Run("default label limit fits dcgm-exporter with pod labels", func(t *testing.T) {
+		ti := newTestIngester(t)
+		kv := dcgmLabels("DCGM_FI_DEV_GPU_TEMP", 1, 2)
+		kv = append(kv, "GPU_I_PROFILE", "1g.10gb", "GPU_I_ID", "3", "err_code", "0", "err_msg", "", "hostname", "node-1")
+		req := &prompb.WriteRequest{Timeseries: []prompb.TimeSeries{v1Series([]prompb.Sample{{Timestamp: now, Value: 1}}, kv...)}}
+		if resp := ti.post(t, ctV1, encodeV1(t, req)); resp.code != http.StatusNoContent {
+			t.Fatalf("%d labels: %d %s", len(kv)/2, resp.code, resp.body)
+		}
+	})
+
+	t.Run("max series per request: 400, nothing stored", func(t *testing.T) {
+		ti := newTestIngester(t, withLimits(func(l *limits.Limits) { l.MaxSeriesPerRequest = 3 }))
+		resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: nSeries(4, now)}))
+		if resp.code != http.StatusBadRequest || !strings.Contains(resp.body, "max_series_per_request") {
+			t.Fatalf("status %d body %q", resp.code, resp.body)
+		}
+		if got := ti.stored(t, "default"); len(got) != 0 {
+			t.Fatalf("stored %v", got)
+		}
+		if v := rejectedCount(ti, reasonTooManySeries); v != 4 {
+			t.Fatalf("too_many_series_in_request %v", v)
+		}
+	})
+}
+
+// The overrides file is reloaded without a restart: a tenant's limit and its
+// out-of-order window change while gpustore runs.
+func TestOverridesReload(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "overrides.yaml")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(file+".tmp", []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(file+".tmp", file); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("overrides:\n  default:\n    max_series_per_request: 2\n")
+	ti := newTestIngester(t, func(s *testSetup) {
+		s.limits.OverridesFile = file
+		s.limits.ReloadPeriod = model.Duration(50 * time.Millisecond)
+	})
+	if err := services.StartAndAwaitRunning(t.Context(), ti.limits); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(t.Context(), ti.limits) })
+	now := nowMs()
+	if resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: nSeries(3, now)})); resp.code != http.StatusBadRequest {
+		t.Fatalf("override not applied: %d", resp.code)
+	}
+	// Raise the limit and open a 1 h out-of-order window for this tenant only.
+	write("overrides:\n  default:\n    max_series_per_request: 10\n    out_of_order_window: 1h\n")
+	waitUntil(t, func() bool { return ti.limits.For("default").MaxSeriesPerRequest == 10 })
+	if resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: nSeries(3, now)})); resp.code != http.StatusNoContent {
+		t.Fatalf("after reload: %d %s", resp.code, resp.body)
+	}
+	if err := ti.dbs.ApplyLimits(); err != nil { // what the storage role does on reload
+		t.Fatal(err)
+	}
+	old := &prompb.WriteRequest{Timeseries: nSeries(3, now-10*60*1000)}
+	if resp := ti.post(t, ctV1, encodeV1(t, old)); resp.code != http.StatusNoContent {
+		t.Fatalf("10-minute-old samples inside the new window: %d %s", resp.code, resp.body)
+	}
+	// A broken file keeps the previous overrides.
+	write("overrides: [this is not a map\n")
+	time.Sleep(200 * time.Millisecond)
+	if ti.limits.For("default").MaxSeriesPerRequest != 10 {
+		t.Fatal("a broken overrides file replaced the previous one")
+	}
+	if ti.limits.For("other").MaxSeriesPerRequest != limits.Defaults().MaxSeriesPerRequest {
+		t.Fatal("another tenant got the override")
+	}
+}
+
+func waitUntil(t *testing.T, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached in 5s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
