@@ -101,10 +101,10 @@ const (
 	ThrottleAppClocks     = 0x2
 	ThrottleSWPowerCap    = 0x4
 	ThrottleHWSlowdown    = 0x8
-	ThrottleSyncBoost     = 0x20
-	ThrottleSWThermal     = 0x40
-	ThrottleHWThermal     = 0x80
-	ThrottleHWPowerBrake  = 0x100
+	ThrottleSyncBoost     = 0x10
+	ThrottleSWThermal     = 0x20
+	ThrottleHWThermal     = 0x40
+	ThrottleHWPowerBrake  = 0x80
 	throttleFaultReasons  = ThrottleHWSlowdown | ThrottleHWThermal | ThrottleHWPowerBrake
 	swThermalSlowdownTemp = 87
 )

@@ -1,0 +1,105 @@
+package rules
+
+import (
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/url"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	commoncfg "github.com/prometheus/common/config"
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/config"
+	"github.com/prometheus/prometheus/discovery"
+	"github.com/prometheus/prometheus/discovery/targetgroup"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/notifier"
+
+	"github.com/gpustore/gpustore/pkg/tenancy"
+)
+
+// alertmanagerConfigs turns the configured URLs into Prometheus'
+// alerting.alertmanagers entries, one per URL, each with a static target,
+// and the target groups a discovery manager would deliver for them.
+// Every request carries the tenant in X-Scope-OrgID, which a multi-tenant
+// Alertmanager (Mimir, Cortex) reads and a plain Alertmanager ignores.
+func alertmanagerConfigs(cfg AlertmanagerConfig, tenantID string) (config.AlertmanagerConfigs, map[string][]*targetgroup.Group, error) {
+	var cfgs config.AlertmanagerConfigs
+	for i, s := range cfg.URLs {
+		u, err := parseAlertmanagerURL(s)
+		if err != nil {
+			return nil, nil, err
+		}
+		tg := &targetgroup.Group{
+			Targets: []model.LabelSet{{model.AddressLabel: model.LabelValue(u.Host)}},
+			Source:  fmt.Sprintf("config-%d", i),
+		}
+		amc := config.DefaultAlertmanagerConfig
+		amc.Scheme = u.Scheme
+		amc.PathPrefix = strings.TrimSuffix(u.Path, "/")
+		amc.Timeout = cfg.Timeout
+		amc.APIVersion = config.AlertmanagerAPIVersionV2
+		amc.ServiceDiscoveryConfigs = discovery.Configs{discovery.StaticConfig{tg}}
+		amc.HTTPClientConfig.HTTPHeaders = &commoncfg.Headers{Headers: map[string]commoncfg.Header{
+			tenancy.OrgIDHeader: {Values: []string{tenantID}},
+		}}
+		if u.User != nil {
+			pw, _ := u.User.Password()
+			amc.HTTPClientConfig.BasicAuth = &commoncfg.BasicAuth{Username: u.User.Username(), Password: commoncfg.Secret(pw)}
+		}
+		if err := amc.HTTPClientConfig.Validate(); err != nil {
+			return nil, nil, fmt.Errorf("alertmanager %s: %w", redact(u), err)
+		}
+		cfgs = append(cfgs, &amc)
+	}
+	tgs := map[string][]*targetgroup.Group{}
+	for k, c := range cfgs.ToMap() {
+		for _, sd := range c.ServiceDiscoveryConfigs {
+			tgs[k] = append(tgs[k], sd.(discovery.StaticConfig)...)
+		}
+	}
+	return cfgs, tgs, nil
+}
+
+// redact hides a password in an Alertmanager URL for logs.
+func redact(u *url.URL) string { return u.Redacted() }
+
+// alertExternalLabels are the labels the tenant's notifier adds to each alert
+// that lacks them: the configured external labels and the tenant label.
+func alertExternalLabels(cfg Config, tenantID string) labels.Labels {
+	m := maps.Clone(cfg.ExternalLabels)
+	if m == nil {
+		m = map[string]string{}
+	}
+	if cfg.TenantLabel != "" {
+		m[cfg.TenantLabel] = tenantID
+	}
+	return labels.FromMap(m)
+}
+
+// newNotifier builds and configures the tenant's notifier.Manager, as
+// Prometheus' main does: NewManager, then ApplyConfig with the alerting
+// section. The returned target groups are what Run must receive.
+func newNotifier(cfg Config, tenantID string, reg prometheus.Registerer, logger *slog.Logger) (*notifier.Manager, map[string][]*targetgroup.Group, error) {
+	amcfgs, tgs, err := alertmanagerConfigs(cfg.Alertmanager, tenantID)
+	if err != nil {
+		return nil, nil, err
+	}
+	n := notifier.NewManager(&notifier.Options{
+		QueueCapacity:   cfg.Alertmanager.QueueCapacity,
+		DrainOnShutdown: true,
+		Registerer:      reg,
+	}, model.UTF8Validation, logger)
+	conf := &config.Config{
+		GlobalConfig: config.GlobalConfig{
+			ExternalLabels:             alertExternalLabels(cfg, tenantID),
+			MetricNameValidationScheme: model.UTF8Validation,
+		},
+		AlertingConfig: config.AlertingConfig{AlertmanagerConfigs: amcfgs},
+	}
+	if err := n.ApplyConfig(conf); err != nil {
+		return nil, nil, fmt.Errorf("configure notifier of tenant %q: %w", tenantID, err)
+	}
+	return n, tgs, nil
+}

@@ -1,0 +1,528 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/rulefmt"
+	"github.com/prometheus/prometheus/promql/parser"
+	"gopkg.in/yaml.v3"
+
+	"github.com/gpustore/gpustore/bench/gpusim"
+	rulepack "github.com/gpustore/gpustore/deploy/rules"
+	"github.com/gpustore/gpustore/internal/testbin"
+	"github.com/gpustore/gpustore/pkg/app"
+	"github.com/gpustore/gpustore/pkg/rules"
+	"github.com/gpustore/gpustore/pkg/rules/xid"
+)
+
+// webhookAlert is one alert of an Alertmanager webhook notification.
+type webhookAlert struct {
+	Status      string            `json:"status"`
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+	StartsAt    time.Time         `json:"startsAt"`
+	EndsAt      time.Time         `json:"endsAt"`
+}
+
+// webhook collects what Alertmanager notifies.
+type webhook struct {
+	mu     sync.Mutex
+	alerts []webhookAlert
+}
+
+func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var msg struct {
+		Alerts []webhookAlert `json:"alerts"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&msg); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	h.mu.Lock()
+	h.alerts = append(h.alerts, msg.Alerts...)
+	h.mu.Unlock()
+}
+
+// find returns the first notified alert with that name and status.
+func (h *webhook) find(name, status string) (webhookAlert, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var seen []string
+	for _, a := range h.alerts {
+		if a.Labels["alertname"] == name && a.Status == status {
+			return a, nil
+		}
+		seen = append(seen, a.Labels["alertname"]+"/"+a.Status)
+	}
+	return webhookAlert{}, fmt.Errorf("no %s %s alert yet (seen %v)", status, name, seen)
+}
+
+// startAlertmanager runs the real Alertmanager on loopback (no cluster
+// port) with every alert routed to hookURL, and returns its base URL.
+func startAlertmanager(t *testing.T, bin, hookURL string) string {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := fmt.Sprintf(`route:
+  receiver: hook
+  group_by: [alertname, node, gpu]
+  group_wait: 0s
+  group_interval: 1s
+  repeat_interval: 4h
+receivers:
+  - name: hook
+    webhook_configs:
+      - url: %s
+        send_resolved: true
+`, hookURL)
+	cfgPath := filepath.Join(dir, "alertmanager.yml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := freePort(t)
+	cmd := exec.Command(bin,
+		"--config.file="+cfgPath,
+		"--storage.path="+filepath.Join(dir, "data"),
+		"--web.listen-address="+addr,
+		"--cluster.listen-address=",
+		"--log.level=warn",
+	)
+	logf, err := os.Create(filepath.Join(dir, "alertmanager.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start alertmanager: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		_ = logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("alertmanager log:\n%s", b)
+		}
+	})
+	url := "http://" + addr
+	waitFor(t, 30*time.Second, "alertmanager ready", func() error {
+		resp, err := http.Get(url + "/-/ready")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return nil
+	})
+	return url
+}
+
+// packCopy returns the shipped rule files gpu-alerts.yml and
+// xid-catalog.yml with every group evaluated each second and
+// GPUTemperatureHigh's `for` cut from 2m to 3s. Expressions, labels and
+// annotations are the shipped ones. Their group names are the pack's, so
+// for the tenant they replace the pack's groups.
+func packCopy(t *testing.T) map[string][]byte {
+	t.Helper()
+	out := map[string][]byte{}
+	for _, name := range []string{"gpu-alerts.yml", "xid-catalog.yml"} {
+		b, err := fs.ReadFile(rulepack.FS, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rgs, errs := rulefmt.Parse(b, false, model.UTF8Validation, parser.NewParser(parser.Options{}), slog.New(slog.DiscardHandler))
+		if len(errs) > 0 {
+			t.Fatalf("%s: %v", name, errs)
+		}
+		shortened := false
+		for gi := range rgs.Groups {
+			rgs.Groups[gi].Interval = model.Duration(time.Second)
+			for ri := range rgs.Groups[gi].Rules {
+				r := &rgs.Groups[gi].Rules[ri]
+				if r.Alert == "GPUTemperatureHigh" {
+					if r.For != model.Duration(2*time.Minute) {
+						t.Fatalf("shipped GPUTemperatureHigh has for: %s, the test assumes 2m", r.For)
+					}
+					r.For = model.Duration(3 * time.Second)
+					shortened = true
+				}
+			}
+		}
+		if name == "gpu-alerts.yml" && !shortened {
+			t.Fatal("GPUTemperatureHigh not found in gpu-alerts.yml")
+		}
+		y, err := yaml.Marshal(rgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[name] = y
+	}
+	return out
+}
+
+// getJSON GETs path from gpustore as tenantID and decodes the answer.
+func getJSON(t *testing.T, base, path, tenantID string, out any) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, base+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Scope-OrgID", tenantID)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", path, resp.StatusCode, b)
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		t.Fatalf("GET %s: %v in %s", path, err, b)
+	}
+}
+
+func hasKeys(t *testing.T, what string, m map[string]any, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if _, ok := m[k]; !ok {
+			t.Errorf("%s has no %q: %v", what, k, m)
+		}
+	}
+}
+
+func metricsPage(t *testing.T, base string) string {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// TestRulesAlertToRealAlertmanager: simulated GPUs remote-write to gpustore,
+// which evaluates the shipped GPU rules and sends alerts to a real
+// Alertmanager. An overheating GPU pages GPUTemperatureHigh with the
+// shipped rule's labels and is resolved when it cools down; an Xid 79 pages
+// GPUXidError decoded from the Xid catalogue. /api/v1/rules and
+// /api/v1/alerts answer per tenant in Prometheus' shape, and a broken rule
+// file on reload leaves the running rules alone.
+func TestRulesAlertToRealAlertmanager(t *testing.T) {
+	amBin := testbin.Need(t, "alertmanager")
+	hook := &webhook{}
+	hookSrv := httptest.NewServer(hook)
+	defer hookSrv.Close()
+	amURL := startAlertmanager(t, amBin, hookSrv.URL+"/hook")
+
+	const tenantID = "gpu-prod"
+	rulesDir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(rulesDir, tenantID), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range packCopy(t) {
+		if err := os.WriteFile(filepath.Join(rulesDir, tenantID, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, base := startGpustore(t, func(c *app.Config) {
+		c.Rules.Dir = rulesDir
+		c.Rules.GPUPack = true // the tenant's copies replace two of the pack's groups
+		c.Rules.EvaluationInterval = model.Duration(time.Second)
+		c.Rules.TenantPollInterval = model.Duration(200 * time.Millisecond)
+		c.Rules.ExternalLabels = map[string]string{"source": "gpustore-e2e"}
+		c.Rules.Alertmanager.URLs = []string{amURL}
+	})
+
+	// One simulated node (gpu-node-001, 8 H100s). Its GPU 2 has been
+	// overheating for 5 minutes and cools from start+12s; GPU 5 logs Xid 79
+	// at start+15s (after the catalogue series exist).
+	start := time.Now().Truncate(time.Second)
+	simCfg := gpusim.Config{
+		Name: "gpu-cluster-e2e", Nodes: 1, Seed: 1, TargetLabels: true, XidsPerGPUYear: -1,
+		FaultOrigin: start.Add(-5 * time.Minute),
+		Faults: []gpusim.Fault{
+			{Kind: gpusim.FaultOverheat, At: 0, Duration: 5*time.Minute + 12*time.Second, Node: "0", GPU: 2},
+			{Kind: gpusim.FaultXid, At: 5*time.Minute + 15*time.Second, Duration: time.Minute, Node: "0", GPU: 5, Code: 79},
+		},
+	}
+	// The simulator is a pure function of time: check the premise first.
+	dry, err := gpusim.New(simCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := dry.Hostnames()[0]
+	temp := func(at time.Time) float64 {
+		for _, s := range dry.AppendSamples(nil, at, gpusim.Replica{}) {
+			if s.Name() == "DCGM_FI_DEV_GPU_TEMP" && s.Get("gpu") == "2" {
+				return s.V
+			}
+		}
+		t.Fatal("no GPU_TEMP of GPU 2")
+		return 0
+	}
+	if v := temp(start); v <= 85 {
+		t.Fatalf("simulated GPU 2 at %v°C at start, want > 85", v)
+	}
+	cooled := time.Duration(0)
+	for d := 12 * time.Second; d <= 50*time.Second; d += time.Second {
+		if temp(start.Add(d)) < 85 {
+			cooled = d
+			break
+		}
+	}
+	if cooled == 0 {
+		t.Fatal("simulated GPU 2 does not cool below 85°C within 50s")
+	}
+	t.Logf("GPU 2 of %s: %v°C at start, below 85°C from start+%s", node, temp(start), cooled)
+
+	sim, err := gpusim.New(simCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snd, err := gpusim.NewSender(gpusim.SenderConfig{
+		URL: base + "/api/v1/write", Tenant: tenantID,
+		ExternalLabels: []gpusim.Label{{Name: "cluster", Value: "gpu-cluster-e2e"}},
+		Logger:         slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var buf []gpusim.Series
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			buf = sim.AppendSamples(buf[:0], time.Now(), gpusim.Replica{})
+			_ = snd.Send(ctx, buf)
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	defer func() { cancel(); wg.Wait() }()
+
+	// The catalogue is recorded before the Xid appears, so the alert's
+	// annotations can decode it on its first evaluation.
+	waitFor(t, 14*time.Second, "gpu:xid_catalog:info recorded", func() error {
+		var res struct {
+			Data struct{ Result []any }
+		}
+		getJSON(t, base, "/api/v1/query?query=gpu:xid_catalog:info", tenantID, &res)
+		if n := len(res.Data.Result); n != len(xid.All()) {
+			return fmt.Errorf("%d catalogue series, want %d", n, len(xid.All()))
+		}
+		return nil
+	})
+
+	// GPUTemperatureHigh reaches the webhook with the shipped rule's labels.
+	var hot webhookAlert
+	waitFor(t, 30*time.Second, "GPUTemperatureHigh firing at the webhook", func() error {
+		hot, err = hook.find("GPUTemperatureHigh", "firing")
+		return err
+	})
+	for k, want := range map[string]string{
+		"node": node, "gpu": "2", "severity": "info", "priority": "P2", "category": "hardware",
+		"Hostname": node, "modelName": "NVIDIA H100 80GB HBM3", "cluster": "gpu-cluster-e2e",
+		"source": "gpustore-e2e", "tenant": tenantID,
+	} {
+		if got := hot.Labels[k]; got != want {
+			t.Errorf("GPUTemperatureHigh label %s = %q, want %q (labels %v)", k, got, want, hot.Labels)
+		}
+	}
+	for _, gone := range []string{"instance", "pod"} {
+		if _, ok := hot.Labels[gone]; ok {
+			t.Errorf("GPUTemperatureHigh keeps label %s: %v", gone, hot.Labels)
+		}
+	}
+	if s := hot.Annotations["summary"]; !strings.Contains(s, "Node "+node+" GPU 2 at ") {
+		t.Errorf("GPUTemperatureHigh summary %q", s)
+	}
+
+	// GPUXidError for Xid 79, decoded from the catalogue.
+	entry, ok := xid.Lookup(79)
+	if !ok {
+		t.Fatal("Xid 79 not in the catalogue")
+	}
+	var xa webhookAlert
+	waitFor(t, 30*time.Second, "GPUXidError firing at the webhook", func() error {
+		xa, err = hook.find("GPUXidError", "firing")
+		return err
+	})
+	for k, want := range map[string]string{
+		"node": node, "gpu": "5", "xid": "79", "severity": entry.Severity(), "priority": string(entry.Priority),
+		"category": "hardware", "tenant": tenantID,
+	} {
+		if got := xa.Labels[k]; got != want {
+			t.Errorf("GPUXidError label %s = %q, want %q (labels %v)", k, got, want, xa.Labels)
+		}
+	}
+	if s := xa.Annotations["summary"]; !strings.Contains(s, "Xid 79 "+entry.Mnemonic) || !strings.Contains(s, string(entry.Action)) {
+		t.Errorf("GPUXidError summary %q does not decode Xid 79 (%s, %s)", s, entry.Mnemonic, entry.Action)
+	}
+	if d := xa.Annotations["description"]; !strings.Contains(d, entry.Meaning) || !strings.Contains(d, entry.Action.Detail()) {
+		t.Errorf("GPUXidError description %q lacks the catalogue's meaning %q", d, entry.Meaning)
+	}
+
+	// /api/v1/rules and /api/v1/alerts, Prometheus' JSON, per tenant.
+	var rulesResp struct {
+		Status string
+		Data   struct{ Groups []map[string]any }
+	}
+	waitFor(t, 10*time.Second, "the tenant's groups", func() error {
+		getJSON(t, base, "/api/v1/rules", tenantID, &rulesResp)
+		var names []string
+		for _, g := range rulesResp.Data.Groups {
+			names = append(names, fmt.Sprintf("%s (%s)", g["name"], g["file"]))
+		}
+		slices.Sort(names)
+		want := []string{
+			"gpu_hardware_alerts (" + filepath.Join(rulesDir, tenantID, "gpu-alerts.yml") + ")",
+			"gpu_recording (" + rules.PackPrefix + "gpu-recording.yml)",
+			"gpu_xid_catalog (" + filepath.Join(rulesDir, tenantID, "xid-catalog.yml") + ")",
+			"node_alerts (" + rules.PackPrefix + "node-alerts.yml)",
+			"training_alerts (" + rules.PackPrefix + "training-alerts.yml)",
+		}
+		if !slices.Equal(names, want) {
+			return fmt.Errorf("groups %v, want %v", names, want)
+		}
+		return nil
+	})
+	if rulesResp.Status != "success" {
+		t.Errorf("/api/v1/rules status %q", rulesResp.Status)
+	}
+	foundHot := false
+	for _, g := range rulesResp.Data.Groups {
+		hasKeys(t, "group", g, "name", "file", "rules", "interval", "limit", "evaluationTime", "lastEvaluation")
+		for _, ri := range g["rules"].([]any) {
+			r := ri.(map[string]any)
+			switch r["type"] {
+			case "alerting":
+				hasKeys(t, "alerting rule", r, "state", "name", "query", "duration", "keepFiringFor", "labels", "annotations", "alerts", "health", "evaluationTime", "lastEvaluation")
+				if r["name"] == "GPUTemperatureHigh" {
+					foundHot = true
+					if r["duration"] != 3.0 || r["health"] != "ok" {
+						t.Errorf("GPUTemperatureHigh rule %v", r)
+					}
+				}
+			case "recording":
+				hasKeys(t, "recording rule", r, "name", "query", "health", "evaluationTime", "lastEvaluation")
+			default:
+				t.Errorf("rule of type %v", r["type"])
+			}
+		}
+	}
+	if !foundHot {
+		t.Error("GPUTemperatureHigh not in /api/v1/rules")
+	}
+	var alertsResp struct {
+		Status string
+		Data   struct{ Alerts []map[string]any }
+	}
+	getJSON(t, base, "/api/v1/alerts", tenantID, &alertsResp)
+	var firing []string
+	for _, a := range alertsResp.Data.Alerts {
+		hasKeys(t, "alert", a, "labels", "annotations", "state", "activeAt", "value")
+		lbls := a["labels"].(map[string]any)
+		firing = append(firing, fmt.Sprintf("%s/%s/%s", lbls["alertname"], lbls["gpu"], a["state"]))
+	}
+	if !slices.Contains(firing, "GPUXidError/5/firing") {
+		t.Errorf("/api/v1/alerts of %s = %v, want GPUXidError on GPU 5 firing", tenantID, firing)
+	}
+	// Another tenant sees none of it.
+	getJSON(t, base, "/api/v1/rules", "someone-else", &rulesResp)
+	getJSON(t, base, "/api/v1/alerts", "someone-else", &alertsResp)
+	if len(rulesResp.Data.Groups) != 0 || len(alertsResp.Data.Alerts) != 0 {
+		t.Errorf("tenant someone-else sees %d groups and %d alerts", len(rulesResp.Data.Groups), len(alertsResp.Data.Alerts))
+	}
+
+	// GPU 2 cools down: the alert is resolved at the webhook.
+	var resolved webhookAlert
+	waitFor(t, 60*time.Second, "GPUTemperatureHigh resolved at the webhook", func() error {
+		resolved, err = hook.find("GPUTemperatureHigh", "resolved")
+		return err
+	})
+	if resolved.Labels["gpu"] != "2" || resolved.Labels["node"] != node || !resolved.EndsAt.After(resolved.StartsAt) {
+		t.Errorf("resolved alert %+v", resolved)
+	}
+	t.Logf("GPUTemperatureHigh fired at %s, resolved at %s (start %s)", hot.StartsAt.Format(time.TimeOnly), resolved.EndsAt.Format(time.TimeOnly), start.Format(time.TimeOnly))
+
+	// The rule managers' metrics are on /metrics, per tenant.
+	page := metricsPage(t, base)
+	for _, want := range []string{
+		`gpustore_rules_config_last_reload_successful{tenant="gpu-prod"} 1`,
+		`prometheus_rule_evaluations_total{rule_group="` + filepath.Join(rulesDir, tenantID, "gpu-alerts.yml") + `;gpu_hardware_alerts",tenant="gpu-prod"}`,
+		`prometheus_rule_group_iterations_missed_total{rule_group="` + rules.PackPrefix + `gpu-recording.yml;gpu_recording",tenant="gpu-prod"}`,
+		`prometheus_notifications_sent_total{alertmanager="` + amURL + `/api/v2/alerts",tenant="gpu-prod"}`,
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
+	// A broken rule file on reload: 500, gauge 0, the rules keep running.
+	broken := filepath.Join(rulesDir, tenantID, "broken.yml")
+	if err := os.WriteFile(broken, []byte("groups:\n  - name: broken\n    rules:\n      - alert: X\n        expr: rate(\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Post(base+"/-/reload", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusInternalServerError || !strings.Contains(string(body), "broken.yml") {
+		t.Errorf("reload with a broken file: %d %s", resp.StatusCode, body)
+	}
+	if page := metricsPage(t, base); !strings.Contains(page, `gpustore_rules_config_last_reload_successful{tenant="gpu-prod"} 0`) {
+		t.Error("reload gauge did not drop to 0")
+	}
+	getJSON(t, base, "/api/v1/rules", tenantID, &rulesResp)
+	if len(rulesResp.Data.Groups) != 5 {
+		t.Errorf("after a failed reload the tenant has %d groups, want its previous 5", len(rulesResp.Data.Groups))
+	}
+	if err := os.Remove(broken); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = http.Post(base+"/-/reload", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("reload after the fix: %d", resp.StatusCode)
+	}
+}
