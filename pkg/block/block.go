@@ -1,0 +1,252 @@
+// Package block is the layout of a TSDB block in the bucket and the
+// meta.json gpustore writes beside it.
+//
+// A block lives under <tenant>/<ULID>/ as the TSDB writes it on disk
+// (chunks/000001..., index) plus meta.json: the TSDB's own BlockMeta with a
+// "gpustore" section that records the tenant, the receiver's external labels,
+// the resolution (0 for raw samples), the source ("receive") and the size of
+// every file (so a reader can range-read them without asking the bucket).
+//
+// meta.json is always the last object written and the first one read: a
+// block without it is partial (an upload that has not finished, or crashed)
+// and is never read. The shape follows Thanos' meta.json ("thanos" section)
+// in spirit; it is gpustore's own.
+package block
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/prometheus/prometheus/tsdb"
+	"github.com/thanos-io/objstore"
+)
+
+// File and directory names inside a block.
+const (
+	MetaFilename  = "meta.json"
+	IndexFilename = "index"
+	ChunksDirname = "chunks"
+)
+
+// Sources of a block.
+const (
+	// SourceReceive is a block cut by a receiver's TSDB from remote-written samples.
+	SourceReceive = "receive"
+)
+
+// ResolutionRaw is the resolution of blocks holding raw samples.
+const ResolutionRaw int64 = 0
+
+// MetaVersion is the version of the gpustore section.
+const MetaVersion = 1
+
+// Meta is meta.json in the bucket.
+type Meta struct {
+	tsdb.BlockMeta
+	GPUStore GPUStoreMeta `json:"gpustore"`
+}
+
+// GPUStoreMeta is what gpustore knows about a block beyond the TSDB's meta.
+type GPUStoreMeta struct {
+	Version int `json:"version"`
+	// Tenant whose samples the block holds.
+	Tenant string `json:"tenant"`
+	// Labels are the external labels of the receiver that cut the block. They
+	// are recorded, not added to the block's series.
+	Labels map[string]string `json:"labels"`
+	// Downsample.Resolution is the step of the block's points in milliseconds (0: raw).
+	Downsample Downsample `json:"downsample"`
+	// Source is what produced the block (SourceReceive).
+	Source string `json:"source"`
+	// Files lists every object of the block except meta.json, with its size.
+	Files []File `json:"files"`
+}
+
+// Downsample describes a block's resolution.
+type Downsample struct {
+	Resolution int64 `json:"resolution"`
+}
+
+// File is one object of a block, by its path relative to the block.
+type File struct {
+	RelPath   string `json:"rel_path"`
+	SizeBytes int64  `json:"size_bytes"`
+}
+
+// Dir is the bucket directory of a tenant's block.
+func Dir(tenant string, id ulid.ULID) string { return tenant + "/" + id.String() }
+
+// ObjectName is the bucket object of a file of a tenant's block.
+func ObjectName(tenant string, id ulid.ULID, rel string) string {
+	return path.Join(Dir(tenant, id), filepath.ToSlash(rel))
+}
+
+// Size returns the size recorded for rel, or -1.
+func (m *Meta) Size(rel string) int64 {
+	for _, f := range m.GPUStore.Files {
+		if f.RelPath == rel {
+			return f.SizeBytes
+		}
+	}
+	return -1
+}
+
+// ChunkSegments returns the relative paths of the chunk segment files, in order.
+func (m *Meta) ChunkSegments() []string {
+	var segs []string
+	for _, f := range m.GPUStore.Files {
+		if strings.HasPrefix(f.RelPath, ChunksDirname+"/") {
+			segs = append(segs, f.RelPath)
+		}
+	}
+	sort.Strings(segs)
+	return segs
+}
+
+// Validate checks what a reader relies on.
+func (m *Meta) Validate() error {
+	if m.ULID == (ulid.ULID{}) {
+		return errors.New("meta.json without ULID")
+	}
+	if m.MinTime > m.MaxTime {
+		return fmt.Errorf("block %s: minTime %d after maxTime %d", m.ULID, m.MinTime, m.MaxTime)
+	}
+	if m.GPUStore.Tenant == "" {
+		return fmt.Errorf("block %s: meta.json has no gpustore.tenant", m.ULID)
+	}
+	if m.Size(IndexFilename) < 0 {
+		return fmt.Errorf("block %s: meta.json lists no index", m.ULID)
+	}
+	return nil
+}
+
+// ReadLocalMeta reads the TSDB's meta.json of a block directory.
+func ReadLocalMeta(dir string) (tsdb.BlockMeta, error) {
+	var m tsdb.BlockMeta
+	b, err := os.ReadFile(filepath.Join(dir, MetaFilename))
+	if err != nil {
+		return m, err
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("parse %s: %w", filepath.Join(dir, MetaFilename), err)
+	}
+	return m, nil
+}
+
+// LocalFiles lists the files of a local block directory that are uploaded:
+// the chunk segments and the index (not meta.json, written separately, and
+// not tombstones: gpustore offers no delete API, so blocks have none).
+func LocalFiles(dir string) ([]File, error) {
+	var files []File
+	segs, err := os.ReadDir(filepath.Join(dir, ChunksDirname))
+	if err != nil {
+		return nil, fmt.Errorf("list chunks of %s: %w", dir, err)
+	}
+	for _, e := range segs {
+		if e.IsDir() {
+			continue
+		}
+		st, err := e.Info()
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, File{RelPath: ChunksDirname + "/" + e.Name(), SizeBytes: st.Size()})
+	}
+	st, err := os.Stat(filepath.Join(dir, IndexFilename))
+	if err != nil {
+		return nil, err
+	}
+	files = append(files, File{RelPath: IndexFilename, SizeBytes: st.Size()})
+	return files, nil
+}
+
+// Upload copies the local block directory dir to <tenant>/<ULID>/ with meta
+// as its meta.json: every chunk segment, then the index, then meta.json last,
+// so that a reader that finds meta.json finds a whole block. Re-uploading a
+// block (after a failed or crashed attempt) overwrites what is there.
+func Upload(ctx context.Context, bkt objstore.Bucket, dir string, meta Meta) error {
+	files, err := LocalFiles(dir)
+	if err != nil {
+		return err
+	}
+	meta.GPUStore.Files = files
+	if err := meta.Validate(); err != nil {
+		return err
+	}
+	for _, f := range files {
+		if err := uploadFile(ctx, bkt, filepath.Join(dir, filepath.FromSlash(f.RelPath)), ObjectName(meta.GPUStore.Tenant, meta.ULID, f.RelPath)); err != nil {
+			return err
+		}
+	}
+	b, err := json.MarshalIndent(meta, "", "\t")
+	if err != nil {
+		return err
+	}
+	if err := bkt.Upload(ctx, ObjectName(meta.GPUStore.Tenant, meta.ULID, MetaFilename), bytes.NewReader(b)); err != nil {
+		return fmt.Errorf("upload meta.json of block %s: %w", meta.ULID, err)
+	}
+	return nil
+}
+
+func uploadFile(ctx context.Context, bkt objstore.Bucket, src, dst string) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := bkt.Upload(ctx, dst, f); err != nil {
+		return fmt.Errorf("upload %s: %w", dst, err)
+	}
+	return nil
+}
+
+// ErrNoMeta is returned by ReadMeta for a block directory without meta.json:
+// a partial block.
+var ErrNoMeta = errors.New("block has no meta.json (partial upload)")
+
+// ReadMeta reads and checks a block's meta.json from the bucket.
+func ReadMeta(ctx context.Context, bkt objstore.BucketReader, tenant string, id ulid.ULID) (*Meta, error) {
+	rc, err := bkt.Get(ctx, ObjectName(tenant, id, MetaFilename))
+	if err != nil {
+		if bkt.IsObjNotFoundErr(err) {
+			return nil, ErrNoMeta
+		}
+		return nil, err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		return nil, fmt.Errorf("read meta.json of %s/%s: %w", tenant, id, err)
+	}
+	var m Meta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("parse meta.json of %s/%s: %w", tenant, id, err)
+	}
+	if m.ULID != id {
+		return nil, fmt.Errorf("meta.json of %s/%s names block %s", tenant, id, m.ULID)
+	}
+	if m.GPUStore.Tenant != tenant {
+		return nil, fmt.Errorf("meta.json of %s/%s names tenant %q", tenant, id, m.GPUStore.Tenant)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// ParseDir returns the ULID of a bucket directory entry "<tenant>/<ULID>/".
+func ParseDir(name string) (ulid.ULID, bool) {
+	base := path.Base(strings.TrimSuffix(name, "/"))
+	id, err := ulid.ParseStrict(base)
+	return id, err == nil
+}

@@ -1,0 +1,190 @@
+// Package bucket opens the object storage bucket that blocks are shipped to
+// and read back from.
+//
+// The configuration has the shape Thanos users already have
+// (github.com/thanos-io/objstore/client's BucketConfig):
+//
+//	type: S3            # or FILESYSTEM
+//	config:             # the provider's own options, unchanged
+//	  bucket: gpustore
+//	  endpoint: minio:9000
+//	  access_key: ...
+//	  secret_key: ...
+//	  insecure: true
+//	prefix: ""          # optional: every object under this prefix
+//
+// objstore's client package would bring every provider (GCS, Azure, COS, OCI,
+// Swift, ...) and their SDKs, which are not in gpustore's module graph; the
+// two providers gpustore supports, S3 (any S3-compatible store: AWS, MinIO,
+// Ceph, versitygw) and FILESYSTEM, are built here through their provider
+// packages directly, from the same YAML.
+package bucket
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/thanos-io/objstore"
+	"github.com/thanos-io/objstore/providers/filesystem"
+	"github.com/thanos-io/objstore/providers/s3"
+	"gopkg.in/yaml.v3"
+
+	"github.com/gpustore/gpustore/internal/logging"
+)
+
+// Provider types accepted in Config.Type (case-insensitive, as in objstore).
+const (
+	S3         = string(objstore.S3)
+	Filesystem = string(objstore.FILESYSTEM)
+)
+
+// DefaultDirName is where the embedded default FILESYSTEM bucket lives,
+// under the data directory.
+const DefaultDirName = "bucket"
+
+// Config is objstore's client configuration: a provider type and the
+// provider's own options.
+type Config struct {
+	Type   string         `yaml:"type"`
+	Config map[string]any `yaml:"config"`
+	Prefix string         `yaml:"prefix"`
+	// ConfigFile, when set, names a YAML file of the same shape (type, config,
+	// prefix: a Thanos objstore.config-file works unchanged) that replaces the
+	// three fields above.
+	ConfigFile string `yaml:"config_file"`
+}
+
+// DefaultConfig is a FILESYSTEM bucket in <data-dir>/bucket: `make run`
+// ships and reads back blocks with nothing else to set up.
+func DefaultConfig() Config {
+	return Config{Type: Filesystem}
+}
+
+// Resolved returns the configuration with ConfigFile (if any) read in.
+func (c Config) Resolved() (Config, error) {
+	if c.ConfigFile == "" {
+		return c, nil
+	}
+	b, err := os.ReadFile(c.ConfigFile)
+	if err != nil {
+		return c, fmt.Errorf("read objstore config file: %w", err)
+	}
+	return Parse(b, c.ConfigFile)
+}
+
+// Parse reads an objstore client configuration (type, config, prefix).
+func Parse(b []byte, source string) (Config, error) {
+	var fc struct {
+		Type   string         `yaml:"type"`
+		Config map[string]any `yaml:"config"`
+		Prefix string         `yaml:"prefix"`
+	}
+	dec := yaml.NewDecoder(strings.NewReader(string(b)))
+	dec.KnownFields(true)
+	if err := dec.Decode(&fc); err != nil {
+		return Config{}, fmt.Errorf("parse objstore config %s: %w", source, err)
+	}
+	return Config{Type: fc.Type, Config: fc.Config, Prefix: fc.Prefix}, nil
+}
+
+// Validate checks the provider type and the provider's own options, without
+// connecting to anything.
+func (c Config) Validate() error {
+	r, err := c.Resolved()
+	if err != nil {
+		return err
+	}
+	switch strings.ToUpper(r.Type) {
+	case Filesystem:
+		return nil
+	case S3:
+		raw, err := yaml.Marshal(r.Config)
+		if err != nil {
+			return fmt.Errorf("bucket config: %w", err)
+		}
+		var sc struct {
+			Bucket   string `yaml:"bucket"`
+			Endpoint string `yaml:"endpoint"`
+		}
+		if err := yaml.Unmarshal(raw, &sc); err != nil {
+			return fmt.Errorf("bucket config: %w", err)
+		}
+		if sc.Bucket == "" || sc.Endpoint == "" {
+			return errors.New("S3 bucket config needs bucket and endpoint")
+		}
+		return nil
+	case "":
+		return errors.New("bucket type must be set (S3 or FILESYSTEM)")
+	}
+	return fmt.Errorf("bucket type %q is not supported: gpustore builds S3 and FILESYSTEM", r.Type)
+}
+
+// New opens the configured bucket, instrumented with objstore's metrics
+// (objstore_bucket_operations_total{bucket="gpustore",operation}, failures,
+// durations, fetched bytes) registered on reg. dataDir is where an empty
+// FILESYSTEM config puts the bucket (<dataDir>/bucket).
+func New(c Config, dataDir string, logger *slog.Logger, reg prometheus.Registerer) (objstore.InstrumentedBucket, error) {
+	r, err := c.Resolved()
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	var bkt objstore.Bucket
+	switch strings.ToUpper(r.Type) {
+	case Filesystem:
+		dir, _ := r.Config["directory"].(string)
+		if dir == "" {
+			dir = filepath.Join(dataDir, DefaultDirName)
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("create bucket directory: %w", err)
+		}
+		bkt, err = filesystem.NewBucket(dir)
+	case S3:
+		var raw []byte
+		raw, err = yaml.Marshal(r.Config)
+		if err != nil {
+			return nil, fmt.Errorf("bucket config: %w", err)
+		}
+		bkt, err = s3.NewBucket(logging.GoKit(logger), raw, "gpustore", nil)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("create %s bucket client: %w", r.Type, err)
+	}
+	if r.Prefix != "" {
+		bkt = objstore.NewPrefixedBucket(bkt, r.Prefix)
+	}
+	return objstore.WrapWithMetrics(bkt, reg, "gpustore"), nil
+}
+
+// Describe is a one-line description of the bucket for logs (no secrets).
+func (c Config) Describe(dataDir string) string {
+	r, err := c.Resolved()
+	if err != nil {
+		return "invalid: " + err.Error()
+	}
+	switch strings.ToUpper(r.Type) {
+	case Filesystem:
+		dir, _ := r.Config["directory"].(string)
+		if dir == "" {
+			dir = filepath.Join(dataDir, DefaultDirName)
+		}
+		return "FILESYSTEM " + dir
+	case S3:
+		return fmt.Sprintf("S3 %v/%v", r.Config["endpoint"], r.Config["bucket"])
+	}
+	return r.Type
+}
+
+// RegisterFlags binds --objstore.config-file (Thanos' flag name).
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.ConfigFile, "objstore.config-file", c.ConfigFile, "YAML file with the bucket configuration (type: S3|FILESYSTEM, config: ...), as Thanos takes it; replaces the bucket section. Default: FILESYSTEM in <storage.tsdb.path>/bucket.")
+}

@@ -1,0 +1,241 @@
+package bucketstore
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/prometheus/promql"
+	"github.com/prometheus/prometheus/tsdb"
+	"github.com/prometheus/prometheus/tsdb/chunkenc"
+	"github.com/prometheus/prometheus/tsdb/chunks"
+	"github.com/prometheus/prometheus/tsdb/tombstones"
+	"github.com/thanos-io/objstore"
+
+	"github.com/gpustore/gpustore/pkg/block"
+)
+
+// bucketBlock is one block in the bucket, read lazily through the page cache.
+type bucketBlock struct {
+	meta     *block.Meta
+	tenant   string
+	cache    *PageCache
+	index    object
+	segments []object
+	size     int64
+	// readahead is the most pages a query's reader fetches at once.
+	readahead int64
+	added     time.Time // when Add made it visible (zero: found by listing)
+
+	hmtx     sync.Mutex
+	header   *indexHeader
+	lastUsed atomic.Int64 // unix nanoseconds of the last query that opened the header
+}
+
+func newBucketBlock(bkt objstore.BucketReader, cache *PageCache, readahead int64, meta *block.Meta) (*bucketBlock, error) {
+	b := &bucketBlock{meta: meta, tenant: meta.GPUStore.Tenant, cache: cache, readahead: readahead}
+	b.index = object{bkt: bkt, name: block.ObjectName(b.tenant, meta.ULID, block.IndexFilename), size: meta.Size(block.IndexFilename)}
+	for _, rel := range meta.ChunkSegments() {
+		b.segments = append(b.segments, object{bkt: bkt, name: block.ObjectName(b.tenant, meta.ULID, rel), size: meta.Size(rel)})
+	}
+	for _, f := range meta.GPUStore.Files {
+		b.size += f.SizeBytes
+	}
+	if b.index.size <= 0 {
+		return nil, fmt.Errorf("block %s: empty index", meta.ULID)
+	}
+	return b, nil
+}
+
+// objectNames lists the block's objects (to drop their cached pages).
+func (b *bucketBlock) objectNames() []string {
+	names := []string{b.index.name}
+	for _, s := range b.segments {
+		names = append(names, s.name)
+	}
+	return names
+}
+
+// indexHeader returns the block's index header, reading it on first use. A
+// failed read is not remembered: the next query tries again.
+func (b *bucketBlock) indexHeader(ctx context.Context) (*indexHeader, error) {
+	b.lastUsed.Store(time.Now().UnixNano())
+	b.hmtx.Lock()
+	defer b.hmtx.Unlock()
+	if b.header != nil {
+		return b.header, nil
+	}
+	h, err := loadIndexHeader(ctx, b.cache, b.index, tsdb.DefaultPostingsDecoderFactory(&b.meta.BlockMeta))
+	if err != nil {
+		return nil, b.storageErr(ctx, err)
+	}
+	b.header = h
+	return h, nil
+}
+
+// unloadIfIdle drops the index header if no query opened it since before.
+func (b *bucketBlock) unloadIfIdle(before time.Time) (freed int64) {
+	if b.lastUsed.Load() >= before.UnixNano() {
+		return 0
+	}
+	b.hmtx.Lock()
+	defer b.hmtx.Unlock()
+	if b.header == nil || b.lastUsed.Load() >= before.UnixNano() {
+		return 0
+	}
+	freed = b.header.bytes
+	b.header = nil
+	return freed
+}
+
+func (b *bucketBlock) headerLoaded() bool {
+	b.hmtx.Lock()
+	defer b.hmtx.Unlock()
+	return b.header != nil
+}
+
+func (b *bucketBlock) headerBytes() int64 {
+	b.hmtx.Lock()
+	defer b.hmtx.Unlock()
+	if b.header == nil {
+		return 0
+	}
+	return b.header.bytes
+}
+
+// storageErr makes a bucket or decoding error a storage error of the query
+// (HTTP 500 through Prometheus' API); a cancelled or timed out query keeps its
+// own error.
+func (b *bucketBlock) storageErr(ctx context.Context, err error) error {
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return ctxErr
+	}
+	if isStorageErr(err) {
+		return err
+	}
+	return promql.ErrStorage{Err: fmt.Errorf("bucket block %s/%s: %w", b.tenant, b.meta.ULID, err)}
+}
+
+func isStorageErr(err error) bool {
+	var se promql.ErrStorage
+	return errors.As(err, &se)
+}
+
+// view is the block as a tsdb.BlockReader for one query: its readers fetch
+// with the query's context (a cancelled query stops fetching) and share the
+// query's windows on the block's objects.
+type view struct {
+	b   *bucketBlock
+	ctx context.Context
+	st  *queryState
+}
+
+// queryState is what one query's readers of one block share.
+type queryState struct {
+	mint, maxt int64
+
+	smtx   sync.Mutex
+	series *window // series entries, read in ascending order
+
+	// Symbol lookups: a memo of the symbols resolved (label values repeat
+	// across series) and a window on the symbol table, so that a merge of
+	// many blocks does not refetch each block's symbol pages per series.
+	symMtx  sync.Mutex
+	syms    map[uint32]string
+	symbols *window
+
+	cmtx   sync.Mutex
+	chunks []*window // one per segment file, read in ascending order
+}
+
+func newView(ctx context.Context, b *bucketBlock, mint, maxt int64) view {
+	st := &queryState{
+		mint: mint, maxt: maxt,
+		series:  &window{c: b.cache, o: b.index, maxPages: b.readahead, streaming: true},
+		syms:    map[uint32]string{},
+		symbols: &window{c: b.cache, o: b.index, maxPages: b.readahead},
+		chunks:  make([]*window, len(b.segments)),
+	}
+	for i, o := range b.segments {
+		st.chunks[i] = &window{c: b.cache, o: o, maxPages: b.readahead, streaming: true}
+	}
+	return view{b: b, ctx: ctx, st: st}
+}
+
+var _ tsdb.BlockReader = view{}
+
+func (v view) Index() (tsdb.IndexReader, error) {
+	h, err := v.b.indexHeader(v.ctx)
+	if err != nil {
+		return nil, err
+	}
+	return newIndexReader(v, h), nil
+}
+
+func (v view) Chunks() (tsdb.ChunkReader, error) { return &chunkReader{view: v}, nil }
+
+func (v view) Tombstones() (tombstones.Reader, error) {
+	// Shipped blocks carry no tombstones: gpustore has no delete API.
+	return tombstones.NewMemTombstones(), nil
+}
+
+func (v view) Meta() tsdb.BlockMeta { return v.b.meta.BlockMeta }
+func (v view) Size() int64          { return v.b.size }
+
+// chunkReader reads chunks from the block's segment files through the
+// query's windows.
+type chunkReader struct{ view }
+
+func (r *chunkReader) ChunkOrIterable(m chunks.Meta) (chunkenc.Chunk, chunkenc.Iterable, error) {
+	chk, err := r.readChunk(m)
+	return chk, nil, err
+}
+
+func (*chunkReader) Close() error { return nil }
+
+func (v view) readChunk(m chunks.Meta) (chunkenc.Chunk, error) {
+	seq, off := chunks.BlockChunkRef(m.Ref).Unpack()
+	if seq >= len(v.b.segments) {
+		return nil, v.b.storageErr(v.ctx, fmt.Errorf("chunk ref %d: segment %d of %d", m.Ref, seq, len(v.b.segments)))
+	}
+	o := v.b.segments[seq]
+	start := int64(off)
+	if start+1 > o.size {
+		return nil, v.b.storageErr(v.ctx, fmt.Errorf("chunk ref %d past the end of %s", m.Ref, o.name))
+	}
+	v.st.cmtx.Lock()
+	defer v.st.cmtx.Unlock()
+	w := v.st.chunks[seq]
+	hb, err := w.read(v.ctx, start, min(o.size, start+chunks.MaxChunkLengthFieldSize))
+	if err != nil {
+		return nil, v.b.storageErr(v.ctx, err)
+	}
+	l, n := binary.Uvarint(hb)
+	if n <= 0 {
+		return nil, v.b.storageErr(v.ctx, fmt.Errorf("chunk ref %d: invalid length", m.Ref))
+	}
+	encStart := start + int64(n)
+	end := encStart + chunks.ChunkEncodingSize + int64(l) + crc32.Size
+	if end > o.size {
+		return nil, v.b.storageErr(v.ctx, fmt.Errorf("chunk ref %d: %d bytes past the end of %s", m.Ref, end-o.size, o.name))
+	}
+	b, err := w.read(v.ctx, encStart, end)
+	if err != nil {
+		return nil, v.b.storageErr(v.ctx, err)
+	}
+	dataEnd := chunks.ChunkEncodingSize + int(l)
+	if crc32.Checksum(b[:dataEnd], castagnoli) != binary.BigEndian.Uint32(b[dataEnd:]) {
+		return nil, v.b.storageErr(v.ctx, fmt.Errorf("chunk ref %d: checksum mismatch", m.Ref))
+	}
+	// Capped: nothing may append into the cached page.
+	chk, err := chunkenc.FromData(chunkenc.Encoding(b[0]), b[1:dataEnd:dataEnd])
+	if err != nil {
+		return nil, v.b.storageErr(v.ctx, err)
+	}
+	return chk, nil
+}

@@ -1,0 +1,406 @@
+package bucketstore
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+
+	"github.com/thanos-io/objstore"
+)
+
+// PageCache holds fixed-size pages of bucket objects (index and chunk
+// segment files) in memory, least recently used first out, within a byte
+// budget. Every byte a query reads from a bucket block comes through it:
+// missing pages are fetched with range requests (runs of adjacent missing
+// pages in one request), so a query reads only the pages it touches, and the
+// memory the cache holds never exceeds MaxBytes.
+//
+// Pages are immutable: a slice handed out keeps its page alive after
+// eviction (the garbage collector frees it when the caller is done), so
+// callers never see a page change under them.
+type PageCache struct {
+	pageSize int64
+	maxBytes int64
+
+	mtx      sync.Mutex
+	lru      *list.List // of *page, front = most recently used
+	pages    map[pageKey]*list.Element
+	bytes    int64
+	inflight map[pageKey]*fetch
+
+	hits, misses, evictions, fetchedBytes, requests atomic.Int64
+}
+
+type pageKey struct {
+	object string
+	page   int64
+}
+
+type page struct {
+	key  pageKey
+	data []byte
+}
+
+type fetch struct {
+	done chan struct{}
+	data []byte
+	err  error
+}
+
+// NewPageCache returns a cache of pageSize-byte pages holding at most maxBytes.
+func NewPageCache(pageSize, maxBytes int64) *PageCache {
+	return &PageCache{
+		pageSize: pageSize, maxBytes: maxBytes,
+		lru: list.New(), pages: map[pageKey]*list.Element{}, inflight: map[pageKey]*fetch{},
+	}
+}
+
+// CacheStats are the cache's counters.
+type CacheStats struct {
+	// Bytes is what the cache holds now (always <= MaxBytes).
+	Bytes, MaxBytes int64
+	Pages           int
+	Hits, Misses    int64
+	Evictions       int64
+	// FetchedBytes and Requests count what was read from the bucket through
+	// the cache (pages) and by block opening (index headers).
+	FetchedBytes, Requests int64
+}
+
+// Stats returns the cache's counters.
+func (c *PageCache) Stats() CacheStats {
+	c.mtx.Lock()
+	b, n := c.bytes, len(c.pages)
+	c.mtx.Unlock()
+	return CacheStats{
+		Bytes: b, MaxBytes: c.maxBytes, Pages: n,
+		Hits: c.hits.Load(), Misses: c.misses.Load(), Evictions: c.evictions.Load(),
+		FetchedBytes: c.fetchedBytes.Load(), Requests: c.requests.Load(),
+	}
+}
+
+// object is one bucket object read through the cache.
+type object struct {
+	bkt  objstore.BucketReader
+	name string
+	size int64
+}
+
+// Range returns bytes [start, end) of o. A range within one page is a
+// sub-slice of the cached page; a longer one is a copy.
+func (c *PageCache) Range(ctx context.Context, o object, start, end int64) ([]byte, error) {
+	if start < 0 || end > o.size || start > end {
+		return nil, fmt.Errorf("read %s: range [%d,%d) outside object of %d bytes", o.name, start, end, o.size)
+	}
+	if start == end {
+		return nil, nil
+	}
+	first, last := start/c.pageSize, (end-1)/c.pageSize
+	pages, err := c.getPages(ctx, o, first, last)
+	if err != nil {
+		return nil, err
+	}
+	if first == last {
+		off := first * c.pageSize
+		return pages[0][start-off : end-off : end-off], nil
+	}
+	out := make([]byte, 0, end-start)
+	for i, p := range pages {
+		pstart := (first + int64(i)) * c.pageSize
+		lo, hi := int64(0), int64(len(p))
+		if i == 0 {
+			lo = start - pstart
+		}
+		if i == len(pages)-1 {
+			hi = end - pstart
+		}
+		out = append(out, p[lo:hi]...)
+	}
+	return out, nil
+}
+
+// getPages returns pages first..last of o, fetching the missing ones.
+func (c *PageCache) getPages(ctx context.Context, o object, first, last int64) ([][]byte, error) {
+	out := make([][]byte, last-first+1)
+	var waits []*fetch
+	var waitIdx []int
+	var mine []int64 // pages this call fetches
+	owned := map[int64]*fetch{}
+
+	c.mtx.Lock()
+	for p := first; p <= last; p++ {
+		k := pageKey{o.name, p}
+		if e, ok := c.pages[k]; ok {
+			c.lru.MoveToFront(e)
+			out[p-first] = e.Value.(*page).data
+			c.hits.Add(1)
+			continue
+		}
+		c.misses.Add(1)
+		if f, ok := c.inflight[k]; ok {
+			waits = append(waits, f)
+			waitIdx = append(waitIdx, int(p-first))
+			continue
+		}
+		f := &fetch{done: make(chan struct{})}
+		c.inflight[k] = f
+		owned[p] = f
+		mine = append(mine, p)
+	}
+	c.mtx.Unlock()
+
+	// Fetch runs of adjacent pages this call owns, one request per run.
+	var fetchErr error
+	for i := 0; i < len(mine); {
+		j := i
+		for j+1 < len(mine) && mine[j+1] == mine[j]+1 {
+			j++
+		}
+		runFirst, runLast := mine[i], mine[j]
+		var data [][]byte
+		if fetchErr == nil {
+			data, fetchErr = c.fetchRun(ctx, o, runFirst, runLast)
+		}
+		c.mtx.Lock()
+		for p := runFirst; p <= runLast; p++ {
+			f := owned[p]
+			k := pageKey{o.name, p}
+			delete(c.inflight, k)
+			if fetchErr != nil {
+				f.err = fetchErr
+			} else {
+				f.data = data[p-runFirst]
+				out[p-first] = f.data
+				c.insertLocked(k, f.data)
+			}
+			close(f.done)
+		}
+		c.mtx.Unlock()
+		i = j + 1
+	}
+	if fetchErr != nil {
+		return nil, fetchErr
+	}
+	for i, f := range waits {
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if f.err != nil {
+			return nil, f.err
+		}
+		out[waitIdx[i]] = f.data
+	}
+	return out, nil
+}
+
+// fetchRun reads pages first..last of o in one range request.
+func (c *PageCache) fetchRun(ctx context.Context, o object, first, last int64) ([][]byte, error) {
+	start := first * c.pageSize
+	end := min(o.size, (last+1)*c.pageSize)
+	buf, err := readRange(ctx, o.bkt, o.name, start, end-start)
+	c.requests.Add(1)
+	c.fetchedBytes.Add(int64(len(buf)))
+	if err != nil {
+		return nil, err
+	}
+	pages := make([][]byte, 0, last-first+1)
+	for p := first; p <= last; p++ {
+		lo := (p - first) * c.pageSize
+		hi := min(int64(len(buf)), lo+c.pageSize)
+		// Each page gets its own allocation so that evicting one frees it.
+		pages = append(pages, append([]byte(nil), buf[lo:hi]...))
+	}
+	return pages, nil
+}
+
+// insertLocked adds a page, evicting the least recently used ones to stay
+// within the budget. A page larger than the whole budget is not kept.
+func (c *PageCache) insertLocked(k pageKey, data []byte) {
+	n := int64(len(data))
+	if n > c.maxBytes {
+		return
+	}
+	if _, ok := c.pages[k]; ok {
+		return
+	}
+	for c.bytes+n > c.maxBytes {
+		back := c.lru.Back()
+		if back == nil {
+			break
+		}
+		c.removeLocked(back)
+		c.evictions.Add(1)
+	}
+	c.pages[k] = c.lru.PushFront(&page{key: k, data: data})
+	c.bytes += n
+}
+
+func (c *PageCache) removeLocked(e *list.Element) {
+	p := e.Value.(*page)
+	c.lru.Remove(e)
+	delete(c.pages, p.key)
+	c.bytes -= int64(len(p.data))
+}
+
+// offer caches the whole pages of o within buf, which holds o's bytes from
+// off (bytes a header load read anyway).
+func (c *PageCache) offer(o object, off int64, buf []byte) {
+	first := (off + c.pageSize - 1) / c.pageSize
+	c.mtx.Lock()
+	defer c.mtx.Unlock()
+	for p := first; ; p++ {
+		ps, pe := p*c.pageSize, min(o.size, (p+1)*c.pageSize)
+		if ps >= o.size || pe > off+int64(len(buf)) {
+			return
+		}
+		c.insertLocked(pageKey{o.name, p}, append([]byte(nil), buf[ps-off:pe-off]...))
+	}
+}
+
+// Drop removes every page of the named objects (a block that left the bucket).
+func (c *PageCache) Drop(objects map[string]struct{}) {
+	c.mtx.Lock()
+	defer c.mtx.Unlock()
+	for e := c.lru.Front(); e != nil; {
+		next := e.Next()
+		if _, ok := objects[e.Value.(*page).key.object]; ok {
+			c.removeLocked(e)
+		}
+		e = next
+	}
+}
+
+// window is a query's private view of the last run of pages it read from
+// one object. Series entries and chunks are read in ascending order by a
+// block's series set, and a query merging many blocks interleaves their
+// reads: without a window each block's next read would find its page evicted
+// by the other blocks' reads and fetch it again.
+//
+// A streaming window (series entries, chunks) also reads ahead: each move to
+// a new run grows the run (1, 2, 4, ... up to maxPages pages) and starts
+// fetching the following run in the background, so while PromQL iterates
+// over one block the next pages of every other block are already on their
+// way (the blocks' fetches overlap instead of queueing behind each other).
+// A window holds at most two runs (the query's own memory, not the cache's).
+type window struct {
+	c         *PageCache
+	o         object
+	maxPages  int64
+	streaming bool
+
+	buf   []byte
+	start int64
+	ra    int64 // pages of the next run
+	next  *prefetch
+	// limit, when set, is where the reader knows its reads end: nothing
+	// past it is read ahead.
+	limit int64
+}
+
+type prefetch struct {
+	start, end int64
+	done       chan struct{}
+	buf        []byte
+	err        error
+}
+
+func (w *window) has(start, end int64) bool {
+	return w.buf != nil && start >= w.start && end <= w.start+int64(len(w.buf))
+}
+
+func (w *window) slice(start, end int64) []byte {
+	return w.buf[start-w.start : end-w.start : end-w.start]
+}
+
+func (w *window) read(ctx context.Context, start, end int64) ([]byte, error) {
+	if w.has(start, end) {
+		return w.slice(start, end), nil
+	}
+	ps := w.c.pageSize
+	if p := w.next; p != nil && start >= p.start && end <= p.end {
+		w.next = nil
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if p.err == nil {
+			w.buf, w.start = p.buf, p.start
+			w.ra = min(w.maxPages, 2*w.ra)
+			w.prefetchNext(ctx)
+			return w.slice(start, end), nil
+		}
+		// Read again below: the error is reported for this read.
+	}
+	sequential := w.buf != nil && start >= w.start && start <= w.start+int64(len(w.buf))+ps
+	switch {
+	case !sequential || w.ra == 0:
+		w.ra = 1
+	default:
+		w.ra = min(w.maxPages, 2*w.ra)
+	}
+	ws := start / ps * ps
+	we := min(w.end(), ws+w.ra*ps)
+	if r := we % ps; r != 0 && we < w.o.size {
+		we += ps - r // whole pages
+	}
+	we = min(w.o.size, max(end, we))
+	b, err := w.c.Range(ctx, w.o, ws, we)
+	if err != nil {
+		return nil, err
+	}
+	w.buf, w.start = b, ws
+	if w.streaming && sequential {
+		w.prefetchNext(ctx)
+	}
+	return w.slice(start, end), nil
+}
+
+func (w *window) end() int64 {
+	if w.limit > 0 {
+		return min(w.limit, w.o.size)
+	}
+	return w.o.size
+}
+
+// prefetchNext starts fetching the run after the current one.
+func (w *window) prefetchNext(ctx context.Context) {
+	s := w.start + int64(len(w.buf))
+	if s >= w.end() {
+		return
+	}
+	e := min(w.end(), s+w.ra*w.c.pageSize)
+	if r := e % w.c.pageSize; r != 0 && e < w.o.size {
+		e = min(w.o.size, e+w.c.pageSize-r)
+	}
+	p := &prefetch{start: s, end: e, done: make(chan struct{})}
+	w.next = p
+	go func() {
+		p.buf, p.err = w.c.Range(ctx, w.o, p.start, p.end)
+		close(p.done)
+	}()
+}
+
+// readRange reads length bytes at off of the named object in one request.
+func readRange(ctx context.Context, bkt objstore.BucketReader, name string, off, length int64) ([]byte, error) {
+	rc, err := bkt.GetRange(ctx, name, off, length)
+	if err != nil {
+		return nil, fmt.Errorf("get range [%d,+%d) of %s: %w", off, length, name, err)
+	}
+	defer rc.Close()
+	buf := make([]byte, length)
+	n, err := io.ReadFull(rc, buf)
+	if err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("get range [%d,+%d) of %s: short read of %d bytes", off, length, name, n)
+		}
+		return nil, fmt.Errorf("get range [%d,+%d) of %s: %w", off, length, name, err)
+	}
+	return buf, nil
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package bucketstore
+
+const raceEnabled = false

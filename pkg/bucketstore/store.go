@@ -1,0 +1,634 @@
+// Package bucketstore serves queries from the blocks in the bucket without
+// downloading them.
+//
+// A Store keeps, per tenant, the list of complete blocks in the bucket
+// (those with a meta.json; partial uploads are never read), refreshed every
+// sync_interval: new blocks appear, deleted ones go. A query opens, per block
+// it overlaps, the TSDB's own block querier (tsdb.NewBlockQuerier) over a
+// tsdb.BlockReader whose index and chunk readers fetch byte ranges of the
+// block's objects through one PageCache of fixed-size pages, bounded by
+// cache_size. So a query reads only the pages of the postings, series and
+// chunks it touches, and its cache memory is bounded by configuration. Each
+// block also keeps a small index header in memory (sampled postings offsets
+// and symbol offsets, read once on first use and dropped after
+// index_header_idle_timeout without queries).
+package bucketstore
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/grafana/dskit/tenant"
+	"github.com/oklog/ulid/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/storage"
+	"github.com/prometheus/prometheus/tsdb"
+	"github.com/prometheus/prometheus/util/annotations"
+	"github.com/thanos-io/objstore"
+
+	"github.com/gpustore/gpustore/pkg/block"
+)
+
+// Config is the bucket store's configuration.
+type Config struct {
+	// SyncInterval is how often the bucket is listed for new and deleted blocks.
+	SyncInterval model.Duration `yaml:"sync_interval"`
+	// CacheSize bounds, in bytes, the pages of index and chunk data held in memory.
+	CacheSize int64 `yaml:"cache_size_bytes"`
+	// PageSize is the size of a cached page and the unit of range requests.
+	PageSize int64 `yaml:"page_size_bytes"`
+	// IndexHeaderIdleTimeout drops a block's in-memory index header after
+	// this long without a query (0 keeps them).
+	IndexHeaderIdleTimeout model.Duration `yaml:"index_header_idle_timeout"`
+	// BlockOpenConcurrency bounds how many blocks' index headers one query reads at once.
+	BlockOpenConcurrency int `yaml:"block_open_concurrency"`
+	// ReadaheadPages is the most pages a query reads ahead in one request
+	// when it reads a block's series or chunks in order. Beyond the cache, a
+	// query holds at most 2 × ReadaheadPages × PageSize per block it reads.
+	ReadaheadPages int64 `yaml:"readahead_pages"`
+}
+
+// DefaultConfig: list every minute, 256 MiB of 32 KiB pages.
+func DefaultConfig() Config {
+	return Config{
+		SyncInterval:           model.Duration(time.Minute),
+		CacheSize:              256 << 20,
+		PageSize:               32 << 10,
+		IndexHeaderIdleTimeout: model.Duration(time.Hour),
+		BlockOpenConcurrency:   16,
+		ReadaheadPages:         4,
+	}
+}
+
+// Validate checks the sizes.
+func (c Config) Validate() error {
+	if c.SyncInterval <= 0 {
+		return errors.New("bucket store sync interval must be positive")
+	}
+	if c.PageSize < 512 {
+		return fmt.Errorf("bucket store page size %d is below 512 bytes", c.PageSize)
+	}
+	if c.CacheSize < c.PageSize {
+		return fmt.Errorf("bucket store cache size %d is smaller than one page (%d)", c.CacheSize, c.PageSize)
+	}
+	if c.ReadaheadPages < 1 {
+		return errors.New("bucket store readahead must be at least one page")
+	}
+	if c.BlockOpenConcurrency < 1 {
+		return errors.New("bucket store block open concurrency must be at least 1")
+	}
+	return nil
+}
+
+// Store is the per-tenant view of the bucket's blocks.
+type Store struct {
+	cfg    Config
+	bkt    objstore.BucketReader
+	cache  *PageCache
+	logger *slog.Logger
+	m      *metrics
+
+	syncMtx sync.Mutex // one sync at a time
+
+	mtx     sync.RWMutex
+	tenants map[string][]*bucketBlock // sorted by MinTime
+	partial map[string]int
+}
+
+// New returns a store over bkt; nothing is read before Sync.
+func New(cfg Config, bkt objstore.BucketReader, logger *slog.Logger, reg prometheus.Registerer) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Store{
+		cfg: cfg, bkt: bkt, logger: logger,
+		cache:   NewPageCache(cfg.PageSize, cfg.CacheSize),
+		tenants: map[string][]*bucketBlock{}, partial: map[string]int{},
+	}
+	s.m = newMetrics(s)
+	if reg != nil {
+		if err := reg.Register(s.m); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// CacheStats returns the page cache's counters.
+func (s *Store) CacheStats() CacheStats { return s.cache.Stats() }
+
+// Run syncs every SyncInterval until ctx ends (a dskit service's running
+// function) and drops idle index headers.
+func (s *Store) Run(ctx context.Context) error {
+	t := time.NewTicker(time.Duration(s.cfg.SyncInterval))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if err := s.Sync(ctx); err != nil && ctx.Err() == nil {
+				s.logger.Warn("bucket store sync failed; serving the blocks known so far", "err", err)
+			}
+			if d := time.Duration(s.cfg.IndexHeaderIdleTimeout); d > 0 {
+				s.unloadIdle(time.Now().Add(-d))
+			}
+		}
+	}
+}
+
+// Sync lists the bucket's tenants and their blocks.
+func (s *Store) Sync(ctx context.Context) error {
+	s.syncMtx.Lock()
+	defer s.syncMtx.Unlock()
+	start := time.Now()
+	var tenants []string
+	err := s.bkt.Iter(ctx, "", func(name string) error {
+		if !strings.HasSuffix(name, "/") {
+			return nil
+		}
+		t := strings.TrimSuffix(name, "/")
+		if tenant.ValidTenantID(t) == nil {
+			tenants = append(tenants, t)
+		}
+		return nil
+	})
+	if err != nil {
+		s.m.syncFailures.Inc()
+		return fmt.Errorf("list tenants in bucket: %w", err)
+	}
+	var errs []error
+	for _, t := range tenants {
+		if err := s.syncTenant(ctx, t); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Tenants no longer in the bucket lose their blocks too.
+	listed := map[string]bool{}
+	for _, t := range tenants {
+		listed[t] = true
+	}
+	s.mtx.RLock()
+	var gone []string
+	for t := range s.tenants {
+		if !listed[t] {
+			gone = append(gone, t)
+		}
+	}
+	s.mtx.RUnlock()
+	for _, t := range gone {
+		if err := s.syncTenant(ctx, t); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		s.m.syncFailures.Inc()
+		return errors.Join(errs...)
+	}
+	s.m.lastSync.SetToCurrentTime()
+	s.m.syncDuration.Observe(time.Since(start).Seconds())
+	return nil
+}
+
+// SyncTenant lists one tenant's blocks.
+func (s *Store) SyncTenant(ctx context.Context, tenantID string) error {
+	s.syncMtx.Lock()
+	defer s.syncMtx.Unlock()
+	return s.syncTenant(ctx, tenantID)
+}
+
+func (s *Store) syncTenant(ctx context.Context, tenantID string) error {
+	syncStart := time.Now()
+	var ids []ulid.ULID
+	if err := s.bkt.Iter(ctx, tenantID+"/", func(name string) error {
+		if id, ok := block.ParseDir(name); ok && strings.HasSuffix(name, "/") {
+			ids = append(ids, id)
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("list blocks of tenant %q: %w", tenantID, err)
+	}
+	s.mtx.RLock()
+	known := map[ulid.ULID]*bucketBlock{}
+	for _, b := range s.tenants[tenantID] {
+		known[b.meta.ULID] = b
+	}
+	s.mtx.RUnlock()
+
+	var (
+		next    []*bucketBlock
+		partial int
+		errs    []error
+	)
+	listed := map[ulid.ULID]struct{}{}
+	for _, id := range ids {
+		listed[id] = struct{}{}
+		if b, ok := known[id]; ok {
+			next = append(next, b)
+			continue
+		}
+		meta, err := block.ReadMeta(ctx, s.bkt, tenantID, id)
+		if errors.Is(err, block.ErrNoMeta) {
+			partial++ // an upload in progress, or one that crashed: never read
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		b, err := newBucketBlock(s.bkt, s.cache, s.cfg.ReadaheadPages, meta)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		next = append(next, b)
+	}
+	// Blocks added (Add) after the listing began stay until the next one.
+	s.mtx.Lock()
+	for _, b := range s.tenants[tenantID] {
+		if _, ok := listed[b.meta.ULID]; !ok && b.added.After(syncStart) {
+			next = append(next, b)
+		}
+	}
+	sortBlocks(next)
+	gone := s.tenants[tenantID]
+	s.tenants[tenantID] = next
+	s.partial[tenantID] = partial
+	s.mtx.Unlock()
+
+	// Drop the cached pages of blocks that left the bucket.
+	stay := map[*bucketBlock]struct{}{}
+	for _, b := range next {
+		stay[b] = struct{}{}
+	}
+	drop := map[string]struct{}{}
+	for _, b := range gone {
+		if _, ok := stay[b]; !ok {
+			for _, n := range b.objectNames() {
+				drop[n] = struct{}{}
+			}
+		}
+	}
+	if len(drop) > 0 {
+		s.cache.Drop(drop)
+	}
+	return errors.Join(errs...)
+}
+
+// Add makes a block just uploaded by this process's shipper visible at once,
+// before the next listing.
+func (s *Store) Add(meta block.Meta) error {
+	if err := meta.Validate(); err != nil {
+		return err
+	}
+	m := meta
+	b, err := newBucketBlock(s.bkt, s.cache, s.cfg.ReadaheadPages, &m)
+	if err != nil {
+		return err
+	}
+	b.added = time.Now()
+	s.mtx.Lock()
+	defer s.mtx.Unlock()
+	for _, o := range s.tenants[m.GPUStore.Tenant] {
+		if o.meta.ULID == m.ULID {
+			return nil
+		}
+	}
+	blocks := append(slices.Clone(s.tenants[m.GPUStore.Tenant]), b)
+	sortBlocks(blocks)
+	s.tenants[m.GPUStore.Tenant] = blocks
+	return nil
+}
+
+func sortBlocks(bs []*bucketBlock) {
+	slices.SortFunc(bs, func(a, b *bucketBlock) int {
+		if a.meta.MinTime != b.meta.MinTime {
+			if a.meta.MinTime < b.meta.MinTime {
+				return -1
+			}
+			return 1
+		}
+		return a.meta.ULID.Compare(b.meta.ULID)
+	})
+}
+
+// Blocks returns the metas of the tenant's known blocks, oldest first.
+func (s *Store) Blocks(tenantID string) []block.Meta {
+	s.mtx.RLock()
+	defer s.mtx.RUnlock()
+	out := make([]block.Meta, 0, len(s.tenants[tenantID]))
+	for _, b := range s.tenants[tenantID] {
+		out = append(out, *b.meta)
+	}
+	return out
+}
+
+func (s *Store) unloadIdle(before time.Time) {
+	s.mtx.RLock()
+	defer s.mtx.RUnlock()
+	for _, bs := range s.tenants {
+		for _, b := range bs {
+			b.unloadIfIdle(before)
+		}
+	}
+}
+
+// blocksFor returns the tenant's blocks overlapping [mint, maxt] that skip does not exclude.
+func (s *Store) blocksFor(tenantID string, mint, maxt int64, skip func(ulid.ULID) bool) []*bucketBlock {
+	s.mtx.RLock()
+	defer s.mtx.RUnlock()
+	var out []*bucketBlock
+	for _, b := range s.tenants[tenantID] {
+		// Block time ranges are half-open: [MinTime, MaxTime).
+		if b.meta.MinTime > maxt || b.meta.MaxTime <= mint {
+			continue
+		}
+		if skip != nil && skip(b.meta.ULID) {
+			continue
+		}
+		out = append(out, b)
+	}
+	return out
+}
+
+// Querier returns a querier over the tenant's bucket blocks overlapping
+// [mint, maxt], leaving out those skip reports (blocks the caller reads
+// elsewhere, e.g. still on local disk). It returns nil when no block is left.
+func (s *Store) Querier(tenantID string, mint, maxt int64, skip func(ulid.ULID) bool) storage.Querier {
+	bs := s.blocksFor(tenantID, mint, maxt, skip)
+	if len(bs) == 0 {
+		return nil
+	}
+	return &querier{base: base{s: s, blocks: bs, mint: mint, maxt: maxt}}
+}
+
+// ChunkQuerier is Querier for chunk queries (remote read).
+func (s *Store) ChunkQuerier(tenantID string, mint, maxt int64, skip func(ulid.ULID) bool) storage.ChunkQuerier {
+	bs := s.blocksFor(tenantID, mint, maxt, skip)
+	if len(bs) == 0 {
+		return nil
+	}
+	return &chunkQuerier{base: base{s: s, blocks: bs, mint: mint, maxt: maxt}}
+}
+
+type base struct {
+	s          *Store
+	blocks     []*bucketBlock
+	mint, maxt int64
+
+	mtx     sync.Mutex
+	closers []func() error
+}
+
+// selected returns the blocks overlapping the hinted range, with their index
+// headers read (several blocks at once).
+func (q *base) selected(ctx context.Context, mint, maxt int64) ([]*bucketBlock, error) {
+	var bs []*bucketBlock
+	for _, b := range q.blocks {
+		if b.meta.MinTime > maxt || b.meta.MaxTime <= mint {
+			continue
+		}
+		bs = append(bs, b)
+	}
+	sem := make(chan struct{}, q.s.cfg.BlockOpenConcurrency)
+	errs := make([]error, len(bs))
+	var wg sync.WaitGroup
+	for i, b := range bs {
+		if b.headerLoaded() {
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			_, errs[i] = b.indexHeader(ctx)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	q.s.m.queriedBlocks.Observe(float64(len(bs)))
+	return bs, nil
+}
+
+func (q *base) track(f func() error) {
+	q.mtx.Lock()
+	q.closers = append(q.closers, f)
+	q.mtx.Unlock()
+}
+
+func (q *base) Close() error {
+	q.mtx.Lock()
+	defer q.mtx.Unlock()
+	var errs []error
+	for _, f := range q.closers {
+		errs = append(errs, f())
+	}
+	q.closers = nil
+	return errors.Join(errs...)
+}
+
+func hintRange(mint, maxt int64, hints *storage.SelectHints) (int64, int64) {
+	if hints != nil && (hints.Start != 0 || hints.End != 0) {
+		return max(mint, hints.Start), min(maxt, hints.End)
+	}
+	return mint, maxt
+}
+
+type querier struct{ base }
+
+// open returns the merge of the TSDB's block queriers over the selected blocks.
+func (q *querier) open(ctx context.Context, mint, maxt int64) (storage.Querier, error) {
+	bs, err := q.selected(ctx, mint, maxt)
+	if err != nil {
+		return nil, err
+	}
+	qs := make([]storage.Querier, 0, len(bs))
+	for _, b := range bs {
+		bq, err := tsdb.NewBlockQuerier(newView(ctx, b, mint, maxt), q.mint, q.maxt)
+		if err != nil {
+			for _, o := range qs {
+				_ = o.Close()
+			}
+			return nil, err
+		}
+		qs = append(qs, bq)
+	}
+	return storage.NewMergeQuerier(qs, nil, storage.ChainedSeriesMerge), nil
+}
+
+func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
+	mint, maxt := hintRange(q.mint, q.maxt, hints)
+	m, err := q.open(ctx, mint, maxt)
+	if err != nil {
+		return storage.ErrSeriesSet(err)
+	}
+	q.track(m.Close)
+	// Always sorted: blocks' series come sorted anyway, and merging needs it.
+	return m.Select(ctx, true, hints, ms...)
+}
+
+func (q *querier) LabelValues(ctx context.Context, name string, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	m, err := q.open(ctx, q.mint, q.maxt)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer m.Close()
+	return m.LabelValues(ctx, name, hints, ms...)
+}
+
+func (q *querier) LabelNames(ctx context.Context, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	m, err := q.open(ctx, q.mint, q.maxt)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer m.Close()
+	return m.LabelNames(ctx, hints, ms...)
+}
+
+type chunkQuerier struct{ base }
+
+func (q *chunkQuerier) open(ctx context.Context, mint, maxt int64) (storage.ChunkQuerier, error) {
+	bs, err := q.selected(ctx, mint, maxt)
+	if err != nil {
+		return nil, err
+	}
+	qs := make([]storage.ChunkQuerier, 0, len(bs))
+	for _, b := range bs {
+		bq, err := tsdb.NewBlockChunkQuerier(newView(ctx, b, mint, maxt), q.mint, q.maxt)
+		if err != nil {
+			for _, o := range qs {
+				_ = o.Close()
+			}
+			return nil, err
+		}
+		qs = append(qs, bq)
+	}
+	return storage.NewMergeChunkQuerier(qs, nil, storage.NewCompactingChunkSeriesMerger(storage.ChainedSeriesMerge)), nil
+}
+
+func (q *chunkQuerier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.ChunkSeriesSet {
+	mint, maxt := hintRange(q.mint, q.maxt, hints)
+	m, err := q.open(ctx, mint, maxt)
+	if err != nil {
+		return storage.ErrChunkSeriesSet(err)
+	}
+	q.track(m.Close)
+	return m.Select(ctx, sortSeries, hints, ms...)
+}
+
+func (q *chunkQuerier) LabelValues(ctx context.Context, name string, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	m, err := q.open(ctx, q.mint, q.maxt)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer m.Close()
+	return m.LabelValues(ctx, name, hints, ms...)
+}
+
+func (q *chunkQuerier) LabelNames(ctx context.Context, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	m, err := q.open(ctx, q.mint, q.maxt)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer m.Close()
+	return m.LabelNames(ctx, hints, ms...)
+}
+
+// metrics exports the store's state at scrape time.
+type metrics struct {
+	s             *Store
+	syncFailures  prometheus.Counter
+	lastSync      prometheus.Gauge
+	syncDuration  prometheus.Histogram
+	queriedBlocks prometheus.Histogram
+
+	blocks, partial, headerBytes                                     *prometheus.Desc
+	cacheBytes, cacheMax, hits, misses, evictions, fetched, requests *prometheus.Desc
+}
+
+func newMetrics(s *Store) *metrics {
+	return &metrics{
+		s: s,
+		syncFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gpustore_bucketstore_sync_failures_total", Help: "Listings of the bucket that failed.",
+		}),
+		lastSync: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gpustore_bucketstore_last_sync_timestamp_seconds", Help: "When the bucket was last listed successfully.",
+		}),
+		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "gpustore_bucketstore_sync_duration_seconds", Help: "Time to list the bucket.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 8),
+		}),
+		queriedBlocks: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "gpustore_bucketstore_queried_blocks", Help: "Bucket blocks read by one select.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
+		}),
+		blocks:      prometheus.NewDesc("gpustore_bucketstore_blocks", "Complete blocks of the tenant in the bucket.", []string{"tenant"}, nil),
+		partial:     prometheus.NewDesc("gpustore_bucketstore_partial_blocks", "Block directories of the tenant without meta.json (uploading or crashed), never read.", []string{"tenant"}, nil),
+		headerBytes: prometheus.NewDesc("gpustore_bucketstore_index_header_bytes", "Estimated memory of the loaded index headers.", nil, nil),
+		cacheBytes:  prometheus.NewDesc("gpustore_bucketstore_cache_bytes", "Bytes of index and chunk pages held by the cache.", nil, nil),
+		cacheMax:    prometheus.NewDesc("gpustore_bucketstore_cache_max_bytes", "The cache's configured bound.", nil, nil),
+		hits:        prometheus.NewDesc("gpustore_bucketstore_cache_hits_total", "Page reads served from the cache.", nil, nil),
+		misses:      prometheus.NewDesc("gpustore_bucketstore_cache_misses_total", "Page reads that went to the bucket.", nil, nil),
+		evictions:   prometheus.NewDesc("gpustore_bucketstore_cache_evictions_total", "Pages evicted to stay within the bound.", nil, nil),
+		fetched:     prometheus.NewDesc("gpustore_bucketstore_fetched_bytes_total", "Bytes read from the bucket by queries (range requests).", nil, nil),
+		requests:    prometheus.NewDesc("gpustore_bucketstore_range_requests_total", "Range requests sent to the bucket by queries.", nil, nil),
+	}
+}
+
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	m.syncFailures.Describe(ch)
+	m.lastSync.Describe(ch)
+	m.syncDuration.Describe(ch)
+	m.queriedBlocks.Describe(ch)
+	for _, d := range []*prometheus.Desc{m.blocks, m.partial, m.headerBytes, m.cacheBytes, m.cacheMax, m.hits, m.misses, m.evictions, m.fetched, m.requests} {
+		ch <- d
+	}
+}
+
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	m.syncFailures.Collect(ch)
+	m.lastSync.Collect(ch)
+	m.syncDuration.Collect(ch)
+	m.queriedBlocks.Collect(ch)
+	var header int64
+	m.s.mtx.RLock()
+	for t, bs := range m.s.tenants {
+		ch <- prometheus.MustNewConstMetric(m.blocks, prometheus.GaugeValue, float64(len(bs)), t)
+		ch <- prometheus.MustNewConstMetric(m.partial, prometheus.GaugeValue, float64(m.s.partial[t]), t)
+		for _, b := range bs {
+			header += b.headerBytes()
+		}
+	}
+	m.s.mtx.RUnlock()
+	st := m.s.cache.Stats()
+	ch <- prometheus.MustNewConstMetric(m.headerBytes, prometheus.GaugeValue, float64(header))
+	ch <- prometheus.MustNewConstMetric(m.cacheBytes, prometheus.GaugeValue, float64(st.Bytes))
+	ch <- prometheus.MustNewConstMetric(m.cacheMax, prometheus.GaugeValue, float64(st.MaxBytes))
+	ch <- prometheus.MustNewConstMetric(m.hits, prometheus.CounterValue, float64(st.Hits))
+	ch <- prometheus.MustNewConstMetric(m.misses, prometheus.CounterValue, float64(st.Misses))
+	ch <- prometheus.MustNewConstMetric(m.evictions, prometheus.CounterValue, float64(st.Evictions))
+	ch <- prometheus.MustNewConstMetric(m.fetched, prometheus.CounterValue, float64(st.FetchedBytes))
+	ch <- prometheus.MustNewConstMetric(m.requests, prometheus.CounterValue, float64(st.Requests))
+}
+
+// RegisterFlags binds the bucket store's flags.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.Var(&c.SyncInterval, "bucket-store.sync-interval", "How often the bucket is listed for new and deleted blocks.")
+	fs.Int64Var(&c.CacheSize, "bucket-store.cache-size", c.CacheSize, "Bytes of bucket index and chunk pages cached in memory (the bound of the query cache).")
+	fs.Int64Var(&c.PageSize, "bucket-store.page-size", c.PageSize, "Size of a cached page and of the smallest range request, in bytes.")
+	fs.Int64Var(&c.ReadaheadPages, "bucket-store.readahead-pages", c.ReadaheadPages, "Most pages one range request reads ahead when a query reads a block in order.")
+	fs.Var(&c.IndexHeaderIdleTimeout, "bucket-store.index-header-idle-timeout", "Drop a block's in-memory index header after this long without queries (0: never).")
+}
