@@ -9,7 +9,8 @@ VM_VERSION         := v1.151.0
 VERSITYGW_VERSION  := v1.8.0
 
 # Packages with concurrency, run again under the race detector.
-RACE_PKGS := ./pkg/ingest/... ./pkg/tenantdb/... ./pkg/query/... ./pkg/app/...
+RACE_PKGS := ./pkg/ingest/... ./pkg/tenantdb/... ./pkg/query/... ./pkg/app/... ./pkg/rules/...
+RACE_PKGS += ./pkg/shipper/... ./pkg/bucketstore/...
 
 .PHONY: all build run test test-unit test-race fuzz tools vet bench bench-compare clean
 
@@ -24,8 +25,10 @@ build:
 run: build
 	./scripts/run.sh
 
+# -stdmethods=false: Prometheus' chunkenc.Iterator has Seek(int64) ValueType,
+# which vet mistakes for a malformed io.Seeker in every iterator we write.
 vet:
-	$(GO) vet ./...
+	$(GO) vet -stdmethods=false ./...
 
 test: tools vet test-unit test-race fuzz
 
@@ -44,6 +47,14 @@ fuzz:
 # The real servers the end-to-end tests run on loopback, pinned, installed
 # once into $(TOOLS_DIR) (a stamp file per version).
 tools: $(TOOLS_DIR)/.prometheus-$(PROMETHEUS_VERSION) $(TOOLS_DIR)/.alertmanager
+tools: $(TOOLS_DIR)/.versitygw-$(VERSITYGW_VERSION)
+
+# versitygw: the S3 server the object-storage tests start on loopback
+# (~2.5 min to build the first time).
+$(TOOLS_DIR)/.versitygw-$(VERSITYGW_VERSION):
+	mkdir -p $(TOOLS_DIR)
+	GOBIN=$(TOOLS_DIR) $(GO) install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
+	touch $@
 
 $(TOOLS_DIR)/.prometheus-$(PROMETHEUS_VERSION):
 	mkdir -p $(TOOLS_DIR)
@@ -63,3 +74,22 @@ bench:
 
 clean:
 	rm -rf bin data
+
+# gpustore vs Prometheus (remote-write receiver) vs VictoriaMetrics single-node:
+# the same simulated GPU-cluster samples, one system after another on loopback
+# with fresh data directories; prints one table (see bench/README.md and
+# bench/RESULTS.md). VictoriaMetrics is installed once into $(TOOLS_DIR).
+# Extra flags for bench/cmd/benchcompare: make bench-compare BENCH_FLAGS='-keep'.
+BENCH_FLAGS ?=
+bench-compare: $(TOOLS_DIR)/.prometheus-$(PROMETHEUS_VERSION)
+	@test -f $(TOOLS_DIR)/.victoria-metrics-$(VM_VERSION) || { \
+		mkdir -p $(TOOLS_DIR) && \
+		echo "installing VictoriaMetrics $(VM_VERSION) into $(TOOLS_DIR)" && \
+		GOBIN=$(TOOLS_DIR) $(GO) install github.com/VictoriaMetrics/VictoriaMetrics/app/victoria-metrics@$(VM_VERSION) && \
+		touch $(TOOLS_DIR)/.victoria-metrics-$(VM_VERSION); }
+	$(GO) build -o bin/gpustore ./cmd/gpustore
+	$(GO) build -o bin/benchcompare ./bench/cmd/benchcompare
+	./bin/benchcompare -gpustore bin/gpustore \
+		-prometheus $(TOOLS_DIR)/prometheus -prometheus.version $(PROMETHEUS_VERSION) \
+		-victoria-metrics $(TOOLS_DIR)/victoria-metrics -victoria-metrics.version $(VM_VERSION) \
+		-gpustore.version "$$(git rev-parse --short HEAD 2>/dev/null || echo tree)+tree" $(BENCH_FLAGS)

@@ -55,6 +55,20 @@ func run(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// SIGHUP re-reads the rule files (as POST /-/reload does); registered
+	// before start-up so that an early SIGHUP does not kill the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for range hup {
+			if err := a.Reload(); err != nil {
+				logger.Error("reload failed", "err", err)
+			} else {
+				logger.Info("reloaded rule files")
+			}
+		}
+	}()
 	logger.Info("starting gpustore", "version", version.Version, "target", cfg.Target, "listen", cfg.Server.ListenAddress, "data", cfg.TSDB.Dir)
 	if err := a.Start(ctx); err != nil {
 		logger.Error("start failed", "err", err)

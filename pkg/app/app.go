@@ -3,8 +3,8 @@
 // follow from the graph rather than from hand-written sequencing.
 //
 //	server ◀── storage ◀── ingest
-//	                   ◀── query
-//	all = ingest + query
+//	                   ◀── query ◀── rules (also needs storage)
+//	all = ingest + query + rules
 //
 // server listens first so /-/healthy answers during a long WAL replay;
 // storage opens the tenants' TSDBs (replaying their WALs) and on shutdown
@@ -23,31 +23,44 @@ import (
 	"strings"
 	"time"
 
+	"github.com/grafana/dskit/dns"
+	"github.com/grafana/dskit/kv"
+	"github.com/grafana/dskit/kv/memberlist"
 	"github.com/grafana/dskit/modules"
 	"github.com/grafana/dskit/services"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	v1 "github.com/prometheus/prometheus/web/api/v1"
+	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/internal/logging"
 	"github.com/gpustore/gpustore/internal/version"
+	"github.com/gpustore/gpustore/pkg/bucketstore"
+	"github.com/gpustore/gpustore/pkg/hatracker"
 	"github.com/gpustore/gpustore/pkg/ingest"
+	"github.com/gpustore/gpustore/pkg/limits"
 	"github.com/gpustore/gpustore/pkg/query"
+	"github.com/gpustore/gpustore/pkg/rules"
 	"github.com/gpustore/gpustore/pkg/server"
+	"github.com/gpustore/gpustore/pkg/shipper"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
 // Module names; the user-visible ones are targets of -target.
 const (
-	Server  = "server"
-	Storage = "storage"
-	Ingest  = "ingest"
-	Query   = "query"
-	All     = "all"
+	Server       = "server"
+	Overrides    = "overrides"
+	MemberlistKV = "memberlist-kv"
+	HATracker    = "ha-tracker"
+	Storage      = "storage"
+	Ingest       = "ingest"
+	Query        = "query"
+	Rules        = "rules"
+	All          = "all"
 )
 
 // Targets lists what -target accepts.
-func Targets() []string { return []string{All, Ingest, Query} }
+func Targets() []string { return []string{All, Ingest, Query, Rules} }
 
 func isTarget(t string) bool { return slices.Contains(Targets(), t) }
 
@@ -59,10 +72,19 @@ type App struct {
 	// Flags is shown by /api/v1/status/flags.
 	Flags map[string]string
 
-	Server   *server.Server
-	DBs      *tenantdb.Manager
-	Ingester *ingest.Ingester
-	API      *query.API
+	Server       *server.Server
+	Limits       *limits.Overrides
+	MemberlistKV *memberlist.KVInitService
+	HA           *hatracker.Tracker // nil when HA dedup is off
+	DBs          *tenantdb.Manager
+	Ingester     *ingest.Ingester
+	API          *query.API
+	Ruler        *rules.Ruler
+
+	// Object storage (objstore.go): nil when the role does not run.
+	Bucket      objstore.InstrumentedBucket
+	Shipper     *shipper.Shipper
+	BucketStore *bucketstore.Store
 
 	mm      *modules.Manager
 	manager *services.Manager
@@ -76,15 +98,21 @@ func New(cfg Config, logger *slog.Logger) (*App, error) {
 
 	mm := modules.NewManager(logging.GoKit(logger))
 	mm.RegisterModule(Server, a.initServer, modules.UserInvisibleModule)
+	mm.RegisterModule(Overrides, a.initOverrides, modules.UserInvisibleModule)
+	mm.RegisterModule(MemberlistKV, a.initMemberlistKV, modules.UserInvisibleModule)
+	mm.RegisterModule(HATracker, a.initHATracker, modules.UserInvisibleModule)
 	mm.RegisterModule(Storage, a.initStorage, modules.UserInvisibleModule)
 	mm.RegisterModule(Ingest, a.initIngest)
 	mm.RegisterModule(Query, a.initQuery)
+	mm.RegisterModule(Rules, a.initRules)
 	mm.RegisterModule(All, nil)
 	deps := map[string][]string{
-		Storage: {Server},
-		Ingest:  {Storage},
-		Query:   {Storage},
-		All:     {Ingest, Query},
+		Storage:   {Server, Overrides},
+		HATracker: {MemberlistKV},
+		Ingest:    {Storage, HATracker},
+		Query:     {Storage},
+		Rules:     {Storage, Query},
+		All:       {Ingest, Query, Rules},
 	}
 	for mod, d := range deps {
 		if err := mm.AddDependency(mod, d...); err != nil {
@@ -92,6 +120,9 @@ func New(cfg Config, logger *slog.Logger) (*App, error) {
 		}
 	}
 	a.mm = mm
+	if err := a.registerObjstoreModules(); err != nil {
+		return nil, err
+	}
 	return a, nil
 }
 
@@ -122,21 +153,70 @@ func (a *App) initServer() (services.Service, error) {
 	return s, nil
 }
 
+func (a *App) initOverrides() (services.Service, error) {
+	o, err := limits.New(a.Cfg.Limits, a.Logger.With("component", "limits"), a.Registry)
+	if err != nil {
+		return nil, err
+	}
+	a.Limits = o
+	return o, nil
+}
+
+// initMemberlistKV prepares the gossip KV; it only runs (joins the cluster)
+// when a KV client needs it, i.e. with ha_tracker.kvstore: memberlist.
+func (a *App) initMemberlistKV() (services.Service, error) {
+	if !a.Cfg.HA.Enabled || a.Cfg.HA.KVStore != "memberlist" {
+		return nil, nil
+	}
+	cfg := a.Cfg.Memberlist
+	cfg.Codecs = append(cfg.Codecs, hatracker.Codec())
+	logger := logging.GoKit(a.Logger.With("component", "memberlist"))
+	dnsProvider := dns.NewProvider(dns.GolangResolverType, 0, logger, a.Registry)
+	a.MemberlistKV = memberlist.NewKVInitService(&cfg, logger, dnsProvider, a.Registry)
+	return a.MemberlistKV, nil
+}
+
+func (a *App) initHATracker() (services.Service, error) {
+	if !a.Cfg.HA.Enabled {
+		return nil, nil
+	}
+	var store kv.StoreConfig
+	if a.MemberlistKV != nil {
+		store.MemberlistKV = a.MemberlistKV.GetMemberlistKV
+	}
+	t, err := hatracker.New(a.Cfg.HA, store, a.Logger.With("component", "ha-tracker"), a.Registry)
+	if err != nil {
+		return nil, err
+	}
+	a.HA = t
+	return t, nil
+}
+
 func (a *App) initStorage() (services.Service, error) {
 	dbs, err := tenantdb.NewManager(a.Cfg.TSDB, a.Logger.With("component", "tsdb"), a.Registry)
 	if err != nil {
 		return nil, err
 	}
+	dbs.SetLimits(a.Limits)
 	a.DBs = dbs
 	a.Registry.MustRegister(tenantdb.NewCollector(dbs))
 	start := func(ctx context.Context) error { return dbs.OpenExisting(ctx) }
 	run := func(ctx context.Context) error {
 		t := time.NewTicker(time.Minute)
 		defer t.Stop()
+		reloaded := a.Limits.Listen(ctx)
 		for {
 			select {
 			case <-ctx.Done():
 				return nil
+			case <-reloaded:
+				// A tenant's out-of-order window may have changed.
+				if err := dbs.ApplyLimits(); err != nil {
+					a.Logger.Warn("apply reloaded limits", "err", err)
+				}
+				if a.Ingester != nil {
+					a.Ingester.ResetCaches()
+				}
 			case <-t.C:
 				if err := dbs.FlushMetadata(); err != nil {
 					a.Logger.Warn("flush metadata", "err", err)
@@ -156,12 +236,18 @@ func (a *App) initStorage() (services.Service, error) {
 }
 
 func (a *App) initIngest() (services.Service, error) {
-	ing, err := ingest.New(a.Cfg.Ingest, a.Cfg.Tenant, a.DBs, a.Logger.With("component", "ingest"), a.Registry, a.ready)
+	ing, err := ingest.New(a.Cfg.Ingest, ingest.Deps{
+		Tenants: a.Cfg.Tenant, DBs: a.DBs, Limits: a.Limits, HA: a.HA,
+		Logger: a.Logger.With("component", "ingest"), Registry: a.Registry, Ready: a.ready,
+	})
 	if err != nil {
 		return nil, err
 	}
 	a.Ingester = ing
 	ing.RegisterRoutes(a.Server.Mux)
+	if a.HA != nil {
+		a.Server.Mux.Handle("/ha-tracker", a.HA.Handler())
+	}
 	// Series that stopped arriving leave the cache after two sweep periods.
 	sweep := time.Duration(a.Cfg.TSDB.BlockDuration)
 	return services.NewTimerService(sweep, nil, func(context.Context) error {
@@ -180,6 +266,8 @@ func (a *App) initQuery() (services.Service, error) {
 		Ready:          a.ready,
 		ActiveQueryDir: filepath.Join(a.Cfg.TSDB.Dir, "query"),
 		Flags:          a.Flags,
+		Sources:        a.querySources(),
+		Rules:          a.rulesRetriever,
 		BuildInfo: v1.PrometheusVersion{
 			Version: version.Version, Revision: version.Revision, Branch: version.Branch,
 			BuildUser: version.BuildUser, BuildDate: version.BuildDate, GoVersion: version.GoVersion,

@@ -10,9 +10,17 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/grafana/dskit/kv/memberlist"
+
+	"github.com/gpustore/gpustore/pkg/bucket"
+	"github.com/gpustore/gpustore/pkg/bucketstore"
+	"github.com/gpustore/gpustore/pkg/hatracker"
 	"github.com/gpustore/gpustore/pkg/ingest"
+	"github.com/gpustore/gpustore/pkg/limits"
 	"github.com/gpustore/gpustore/pkg/query"
+	"github.com/gpustore/gpustore/pkg/rules"
 	"github.com/gpustore/gpustore/pkg/server"
+	"github.com/gpustore/gpustore/pkg/shipper"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
@@ -20,13 +28,22 @@ import (
 // Config is gpustore's whole configuration: the YAML file's shape. Flags set
 // the common knobs and win over the file.
 type Config struct {
-	Target string          `yaml:"target"`
-	Log    LogConfig       `yaml:"log"`
-	Server server.Config   `yaml:"server"`
-	TSDB   tenantdb.Config `yaml:"tsdb"`
-	Tenant tenancy.Config  `yaml:"tenants"`
-	Ingest ingest.Config   `yaml:"ingest"`
-	Query  query.Config    `yaml:"query"`
+	Target string           `yaml:"target"`
+	Log    LogConfig        `yaml:"log"`
+	Server server.Config    `yaml:"server"`
+	TSDB   tenantdb.Config  `yaml:"tsdb"`
+	Tenant tenancy.Config   `yaml:"tenants"`
+	Ingest ingest.Config    `yaml:"ingest"`
+	Query  query.Config     `yaml:"query"`
+	Rules  rules.Config     `yaml:"rules"`
+	Limits limits.Config    `yaml:"limits"`
+	HA     hatracker.Config `yaml:"ha_tracker"`
+	// Memberlist is the gossip KV used when ha_tracker.kvstore is memberlist.
+	Memberlist memberlist.KVConfig `yaml:"memberlist"`
+	// Bucket is the object storage blocks are shipped to (objstore's client config).
+	Bucket      bucket.Config      `yaml:"bucket"`
+	Shipper     shipper.Config     `yaml:"shipper"`
+	BucketStore bucketstore.Config `yaml:"bucket_store"`
 }
 
 // LogConfig chooses the log level and format.
@@ -38,7 +55,7 @@ type LogConfig struct {
 // DefaultConfig is the embedded default: every role in one process, data in
 // ./data, one tenant, port 9201.
 func DefaultConfig() Config {
-	return Config{
+	cfg := Config{
 		Target: All,
 		Log:    LogConfig{Level: "info", Format: "logfmt"},
 		Server: server.DefaultConfig(),
@@ -46,7 +63,17 @@ func DefaultConfig() Config {
 		Tenant: tenancy.DefaultConfig(),
 		Ingest: ingest.DefaultConfig(),
 		Query:  query.DefaultConfig(),
+		Rules:  rules.DefaultConfig(),
+		Limits: limits.DefaultConfig(),
+		HA:     hatracker.DefaultConfig(),
+
+		Bucket:      bucket.DefaultConfig(),
+		Shipper:     shipper.DefaultConfig(),
+		BucketStore: bucketstore.DefaultConfig(),
 	}
+	// dskit sets memberlist's defaults when its flags are registered.
+	cfg.Memberlist.RegisterFlags(flag.NewFlagSet("defaults", flag.ContinueOnError))
+	return cfg
 }
 
 // Validate checks every section.
@@ -57,11 +84,12 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("unknown target %q: want one of %s", t, strings.Join(Targets(), ", ")))
 		}
 	}
-	for _, v := range []interface{ Validate() error }{c.TSDB, c.Tenant, c.Ingest, c.Query} {
+	for _, v := range []interface{ Validate() error }{c.TSDB, c.Tenant, c.Ingest, c.Query, c.Limits, c.HA, c.Rules} {
 		if err := v.Validate(); err != nil {
 			errs = append(errs, err)
 		}
 	}
+	errs = append(errs, c.validateObjstore()...)
 	return errors.Join(errs...)
 }
 
@@ -76,7 +104,6 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TSDB.Dir, "storage.tsdb.path", c.TSDB.Dir, "Data directory; each tenant's TSDB lives in <path>/tenants/<tenant>.")
 	fs.Var(&c.TSDB.BlockDuration, "storage.tsdb.block-duration", "Duration of a head block (2h in production; minutes in tests).")
 	fs.Var(&c.TSDB.Retention, "storage.tsdb.retention.time", "How long local blocks are kept.")
-	fs.Var(&c.TSDB.OutOfOrderWindow, "storage.tsdb.out-of-order-window", "Accept samples up to this much older than their series' newest sample (0 rejects them).")
 	fs.Int64Var(&c.TSDB.MaxExemplars, "storage.tsdb.max-exemplars", c.TSDB.MaxExemplars, "Exemplars kept in memory per tenant; 0 disables exemplar storage.")
 	fs.StringVar(&c.Tenant.DefaultTenant, "tenant.default", c.Tenant.DefaultTenant, "Tenant of requests without X-Scope-OrgID or THANOS-TENANT.")
 	fs.Int64Var(&c.Ingest.MaxRequestBytes, "ingest.max-request-bytes", c.Ingest.MaxRequestBytes, "Largest compressed remote write body accepted (413 above).")
@@ -85,6 +112,12 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Query.MaxSamples, "query.max-samples", c.Query.MaxSamples, "Maximum samples a single query may load into memory (422 above).")
 	fs.IntVar(&c.Query.MaxConcurrency, "query.max-concurrency", c.Query.MaxConcurrency, "Maximum queries executed at once; others wait.")
 	fs.Var(&c.Query.LookbackDelta, "query.lookback-delta", "How far back an instant selector looks for the latest sample.")
+	fs.Var(&c.Query.ReplicaLabels, "query.replica-label", "Comma-separated replica labels merged at query time (data not deduplicated at ingest); a request's dedup=false turns it off.")
+	c.Limits.RegisterFlags(fs)
+	c.Rules.RegisterFlags(fs)
+	c.HA.RegisterFlags(fs)
+	c.Memberlist.RegisterFlagsWithPrefix(fs, "")
+	c.registerObjstoreFlags(fs)
 }
 
 // Load builds the configuration from defaults, the YAML file named by

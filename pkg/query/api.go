@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/grafana/dskit/flagext"
 	"github.com/grafana/dskit/tenant"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
@@ -45,11 +46,15 @@ type Config struct {
 	MaxSamples     int            `yaml:"max_samples"`
 	MaxConcurrency int            `yaml:"max_concurrency"`
 	LookbackDelta  model.Duration `yaml:"lookback_delta"`
+	// ReplicaLabels name the replica of a Prometheus HA pair in data that
+	// was not deduplicated at ingest; series differing only in them are
+	// merged at query time unless the request says dedup=false.
+	ReplicaLabels flagext.StringSliceCSV `yaml:"replica_labels"`
 }
 
 // DefaultConfig returns Prometheus' own defaults.
 func DefaultConfig() Config {
-	return Config{Timeout: model.Duration(2 * time.Minute), MaxSamples: 50_000_000, MaxConcurrency: 20, LookbackDelta: model.Duration(5 * time.Minute)}
+	return Config{Timeout: model.Duration(2 * time.Minute), MaxSamples: 50_000_000, MaxConcurrency: 20, LookbackDelta: model.Duration(5 * time.Minute), ReplicaLabels: flagext.StringSliceCSV{"__replica__"}}
 }
 
 // Validate checks the configuration.
@@ -79,6 +84,8 @@ type Options struct {
 	Rules RulesRetriever
 	// Flags is shown by /api/v1/status/flags.
 	Flags map[string]string
+	// Sources are merged with each tenant's local TSDB (the bucket's blocks).
+	Sources []Source
 }
 
 // API is the query HTTP API.
@@ -113,7 +120,7 @@ func New(opts Options) (*API, error) {
 		EnableNegativeOffset:     true,
 	})
 
-	q := TenantQueryable{DBs: opts.DBs}
+	q := TenantQueryable{DBs: opts.DBs, Sources: opts.Sources}
 	rr := opts.Rules
 	if rr == nil {
 		rr = func(context.Context) v1.RulesRetriever { return noRules{} }
@@ -179,8 +186,30 @@ func (a *API) Engine() *promql.Engine { return a.engine }
 // The write endpoints registered by pkg/ingest are more specific patterns and
 // take precedence.
 func (a *API) RegisterRoutes(mux *http.ServeMux) {
-	mux.Handle("/api/v1/", a.opts.Tenants.Middleware(a.router))
+	mux.Handle("/api/v1/", a.opts.Tenants.Middleware(a.dedup(a.router)))
 	mux.Handle("/api/v1/metadata", a.opts.Tenants.Middleware(http.HandlerFunc(a.metadata)))
+}
+
+// dedup turns query-time deduplication on for the request unless it asks
+// dedup=false (Thanos' parameter).
+func (a *API) dedup(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(a.opts.Config.ReplicaLabels) > 0 {
+			on := true
+			if v := r.FormValue("dedup"); v != "" {
+				b, err := strconv.ParseBool(v)
+				if err != nil {
+					writeError(w, http.StatusBadRequest, "bad_data", fmt.Errorf("dedup must be true or false: %w", err))
+					return
+				}
+				on = b
+			}
+			if on {
+				r = r.WithContext(WithDedup(r.Context(), a.opts.Config.ReplicaLabels))
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // metadata answers /api/v1/metadata like Prometheus: {metric: [{type, help, unit}]}.

@@ -24,16 +24,19 @@ import (
 // per-tenant querier, merged with storage.NewMergeQuerier.
 type TenantQueryable struct {
 	DBs *tenantdb.Manager
+	// Sources are merged with the head and local blocks (see sources.go):
+	// the bucket's blocks when the bucket store runs.
+	Sources []Source
 }
 
 // Querier implements storage.Queryable.
 func (q TenantQueryable) Querier(mint, maxt int64) (storage.Querier, error) {
-	return &tenantQuerier{dbs: q.DBs, mint: mint, maxt: maxt}, nil
+	return &tenantQuerier{dbs: q.DBs, sources: q.Sources, mint: mint, maxt: maxt}, nil
 }
 
 // ChunkQuerier implements storage.ChunkQueryable (used by remote read).
 func (q TenantQueryable) ChunkQuerier(mint, maxt int64) (storage.ChunkQuerier, error) {
-	return &tenantChunkQuerier{dbs: q.DBs, mint: mint, maxt: maxt}, nil
+	return &tenantChunkQuerier{dbs: q.DBs, sources: q.Sources, mint: mint, maxt: maxt}, nil
 }
 
 // ExemplarQuerier implements storage.ExemplarQueryable.
@@ -53,6 +56,7 @@ func (q TenantQueryable) ExemplarQuerier(ctx context.Context) (storage.ExemplarQ
 // known once a call with a context arrives.
 type tenantQuerier struct {
 	dbs        *tenantdb.Manager
+	sources    []Source
 	mint, maxt int64
 
 	mtx    sync.Mutex // the engine may select from several goroutines
@@ -73,14 +77,9 @@ func (t *tenantQuerier) resolve(ctx context.Context) (storage.Querier, error) {
 		}
 		return t.q, nil
 	}
-	db := t.dbs.Existing(id)
-	if db == nil {
-		t.q, t.tenant = storage.NoopQuerier(), id
-		return t.q, nil
-	}
-	q, err := db.Querier(t.mint, t.maxt)
+	q, err := openQuerier(t.dbs, t.sources, id, t.mint, t.maxt)
 	if err != nil {
-		return nil, fmt.Errorf("open querier of tenant %q: %w", id, err)
+		return nil, err
 	}
 	t.q, t.tenant = q, id
 	return q, nil
@@ -90,6 +89,9 @@ func (t *tenantQuerier) Select(ctx context.Context, sortSeries bool, hints *stor
 	q, err := t.resolve(ctx)
 	if err != nil {
 		return storage.ErrSeriesSet(err)
+	}
+	if replicaLabels := dedupLabels(ctx); len(replicaLabels) > 0 {
+		return dedupSeriesSet(q.Select(ctx, true, hints, matchers...), replicaLabels, hints)
 	}
 	return q.Select(ctx, sortSeries, hints, matchers...)
 }
@@ -121,6 +123,7 @@ func (t *tenantQuerier) Close() error {
 
 type tenantChunkQuerier struct {
 	dbs        *tenantdb.Manager
+	sources    []Source
 	mint, maxt int64
 
 	mtx    sync.Mutex
@@ -141,14 +144,9 @@ func (t *tenantChunkQuerier) resolve(ctx context.Context) (storage.ChunkQuerier,
 		}
 		return t.q, nil
 	}
-	db := t.dbs.Existing(id)
-	if db == nil {
-		t.q, t.tenant = storage.NoopChunkedQuerier(), id
-		return t.q, nil
-	}
-	q, err := db.ChunkQuerier(t.mint, t.maxt)
+	q, err := openChunkQuerier(t.dbs, t.sources, id, t.mint, t.maxt)
 	if err != nil {
-		return nil, fmt.Errorf("open chunk querier of tenant %q: %w", id, err)
+		return nil, err
 	}
 	t.q, t.tenant = q, id
 	return q, nil

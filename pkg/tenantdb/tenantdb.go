@@ -16,12 +16,17 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/grafana/dskit/tenant"
+	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/config"
+	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/tsdb"
+	"github.com/prometheus/prometheus/tsdb/chunks"
 	"github.com/prometheus/prometheus/util/compression"
 )
 
@@ -33,9 +38,6 @@ type Config struct {
 	BlockDuration model.Duration `yaml:"block_duration"`
 	// Retention is how long local blocks are kept.
 	Retention model.Duration `yaml:"retention"`
-	// OutOfOrderWindow accepts samples this much older than the newest sample
-	// of their series. 0 rejects every out-of-order sample.
-	OutOfOrderWindow model.Duration `yaml:"out_of_order_window"`
 	// MaxExemplars bounds the in-memory exemplar ring buffer per tenant; 0 disables exemplars.
 	MaxExemplars int64 `yaml:"max_exemplars"`
 	// WALCompression turns snappy compression of WAL records on.
@@ -45,12 +47,11 @@ type Config struct {
 // DefaultConfig returns the embedded defaults.
 func DefaultConfig() Config {
 	return Config{
-		Dir:              "./data",
-		BlockDuration:    model.Duration(2 * time.Hour),
-		Retention:        model.Duration(15 * 24 * time.Hour),
-		OutOfOrderWindow: 0,
-		MaxExemplars:     100000,
-		WALCompression:   true,
+		Dir:            "./data",
+		BlockDuration:  model.Duration(2 * time.Hour),
+		Retention:      model.Duration(15 * 24 * time.Hour),
+		MaxExemplars:   100000,
+		WALCompression: true,
 	}
 }
 
@@ -65,9 +66,6 @@ func (c Config) Validate() error {
 	if c.Retention < c.BlockDuration {
 		return fmt.Errorf("tsdb retention %s is shorter than the block duration %s", c.Retention, c.BlockDuration)
 	}
-	if c.OutOfOrderWindow < 0 {
-		return errors.New("tsdb out-of-order window must not be negative")
-	}
 	return nil
 }
 
@@ -78,15 +76,80 @@ type DB struct {
 	Metadata *MetadataStore
 }
 
+// TenantLimits lets the per-tenant limits shape each tenant's database.
+type TenantLimits interface {
+	// MaxActiveSeries bounds the series in the tenant's head; 0 = unlimited.
+	MaxActiveSeries(tenant string) int
+	// OutOfOrderWindow is how far behind its series' newest sample a sample may be.
+	OutOfOrderWindow(tenant string) time.Duration
+}
+
+type noLimits struct{}
+
+func (noLimits) MaxActiveSeries(string) int            { return 0 }
+func (noLimits) OutOfOrderWindow(string) time.Duration { return 0 }
+
+// ErrMaxActiveSeries is returned (wrapped) by appends that would create a
+// series beyond the tenant's limit.
+var ErrMaxActiveSeries = errors.New("per-tenant active series limit reached")
+
+// seriesLimiter vetoes series creation past the tenant's limit; the TSDB
+// calls it before it creates a series.
+type seriesLimiter struct {
+	tenant string
+	limits TenantLimits
+	head   func() *tsdb.Head
+}
+
+func (s *seriesLimiter) PreCreation(labels.Labels) error {
+	limit := s.limits.MaxActiveSeries(s.tenant)
+	if limit <= 0 {
+		return nil
+	}
+	h := s.head()
+	if h != nil && h.NumSeries() >= uint64(limit) {
+		return fmt.Errorf("%w (%d series) for tenant %q", ErrMaxActiveSeries, limit, s.tenant)
+	}
+	return nil
+}
+func (s *seriesLimiter) PostCreation(labels.Labels)                          {}
+func (s *seriesLimiter) PostDeletion(map[chunks.HeadSeriesRef]labels.Labels) {}
+
 // Manager opens, hands out and closes the per-tenant databases.
 type Manager struct {
 	cfg    Config
 	logger *slog.Logger
 	reg    prometheus.Registerer
+	limits TenantLimits
 
 	mtx    sync.RWMutex
 	dbs    map[string]*DB
 	closed bool
+
+	gate DeletionGate // nil: local blocks leave by retention alone
+}
+
+// DeletionGate reports whether a tenant's local block that is past the local
+// retention may be deleted. The shipper installs one that allows it only once
+// the block's upload to the bucket is confirmed.
+type DeletionGate func(tenant string, block ulid.ULID) bool
+
+// SetDeletionGate installs g for every tenant database opened afterwards:
+// call it before OpenExisting (dskit runs every module's init before any
+// service starts, so the shipper's init does). With a gate installed, local
+// blocks are never compacted together (vertical compaction of overlapping
+// out-of-order blocks is left to the bucket's compactor), so the TSDB never
+// deletes a block's data except by retention, and retention deletes only what
+// g allows.
+func (m *Manager) SetDeletionGate(g DeletionGate) {
+	m.mtx.Lock()
+	defer m.mtx.Unlock()
+	m.gate = g
+}
+
+// TenantDir is the directory of the tenant's TSDB.
+func (m *Manager) TenantDir(tenantID string) string {
+	return filepath.Join(m.cfg.Dir, "tenants", tenantID)
 }
 
 // NewManager returns a Manager; call OpenExisting before serving.
@@ -97,7 +160,30 @@ func NewManager(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Ma
 	if err := os.MkdirAll(filepath.Join(cfg.Dir, "tenants"), 0o755); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
-	return &Manager{cfg: cfg, logger: logger, reg: reg, dbs: map[string]*DB{}}, nil
+	return &Manager{cfg: cfg, logger: logger, reg: reg, limits: noLimits{}, dbs: map[string]*DB{}}, nil
+}
+
+// SetLimits installs the per-tenant limits; call it before any database is opened.
+func (m *Manager) SetLimits(l TenantLimits) { m.limits = l }
+
+// ApplyLimits re-applies the limits that a running database can change (the
+// out-of-order window) to every open tenant, after the overrides changed.
+func (m *Manager) ApplyLimits() error {
+	m.mtx.RLock()
+	defer m.mtx.RUnlock()
+	var errs []error
+	for t, db := range m.dbs {
+		window := m.limits.OutOfOrderWindow(t).Milliseconds()
+		// ApplyConfig also re-applies the exemplar buffer size: pass the configured one.
+		cfg := &config.Config{StorageConfig: config.StorageConfig{
+			TSDBConfig:      &config.TSDBConfig{OutOfOrderTimeWindow: window},
+			ExemplarsConfig: &config.ExemplarsConfig{MaxExemplars: m.cfg.MaxExemplars},
+		}}
+		if err := db.ApplyConfig(cfg); err != nil {
+			errs = append(errs, fmt.Errorf("apply limits to tenant %q: %w", t, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Config returns the configuration the manager opens databases with.
@@ -187,11 +273,38 @@ func (m *Manager) open(tenantID string) (*DB, error) {
 	// ones is the compactor's job once they are in the bucket.
 	opts.MaxBlockDuration = blockMs
 	opts.RetentionDuration = m.cfg.Retention.Milliseconds()
-	opts.OutOfOrderTimeWindow = m.cfg.OutOfOrderWindow.Milliseconds()
+	opts.OutOfOrderTimeWindow = m.limits.OutOfOrderWindow(tenantID).Milliseconds()
+	var opened atomic.Pointer[tsdb.DB]
+	opts.SeriesLifecycleCallback = &seriesLimiter{tenant: tenantID, limits: m.limits, head: func() *tsdb.Head {
+		if db := opened.Load(); db != nil {
+			return db.Head()
+		}
+		return nil // during WAL replay: the series being restored are not new
+	}}
 	opts.EnableExemplarStorage = m.cfg.MaxExemplars > 0
 	opts.MaxExemplars = m.cfg.MaxExemplars
 	if m.cfg.WALCompression {
 		opts.WALCompression = compression.Snappy
+	}
+	// Reload blocks (and so apply retention) at least every eighth of a block
+	// period: minute-long test blocks leave the disk within seconds of upload.
+	opts.BlockReloadInterval = min(time.Minute, max(time.Second, time.Duration(m.cfg.BlockDuration)/8))
+	var self atomic.Pointer[tsdb.DB]
+	if gate := m.gate; gate != nil {
+		opts.EnableOverlappingCompaction = false
+		opts.BlocksToDelete = func(blocks []*tsdb.Block) map[ulid.ULID]struct{} {
+			db := self.Load()
+			if db == nil {
+				return nil // still opening: nothing is deleted before the gate can be asked
+			}
+			del := tsdb.DefaultBlocksToDelete(db)(blocks)
+			for id := range del {
+				if !gate(tenantID, id) {
+					delete(del, id)
+				}
+			}
+			return del
+		}
 	}
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"tenant": tenantID}, m.reg)
 	start := time.Now()
@@ -199,6 +312,8 @@ func (m *Manager) open(tenantID string) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open tsdb of tenant %q: %w", tenantID, err)
 	}
+	self.Store(tdb)
+	opened.Store(tdb)
 	md, err := openMetadataStore(filepath.Join(dir, metadataFile))
 	if err != nil {
 		_ = tdb.Close()

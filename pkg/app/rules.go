@@ -1,0 +1,64 @@
+package app
+
+import (
+	"context"
+	"errors"
+
+	"github.com/grafana/dskit/services"
+	v1 "github.com/prometheus/prometheus/web/api/v1"
+
+	"github.com/gpustore/gpustore/pkg/query"
+	"github.com/gpustore/gpustore/pkg/rules"
+)
+
+// initRules builds the rules role: Prometheus' rule and notifier managers
+// per tenant over the query role's engine, writing to the storage role's
+// tenant databases. It serves POST /-/reload.
+func (a *App) initRules() (services.Service, error) {
+	replicaLabels := []string(a.Cfg.Query.ReplicaLabels)
+	r, err := rules.New(rules.Options{
+		Config:  a.Cfg.Rules,
+		Tenants: a.Cfg.Tenant,
+		DBs:     a.DBs,
+		Engine:  a.API.Engine(),
+		// Rules read what queries read: the tenant's TSDB merged with the
+		// query sources (bucket blocks), deduplicated by replica labels as
+		// the API does by default.
+		Queryable: query.TenantQueryable{DBs: a.DBs, Sources: a.querySources()},
+		EvalContext: func(ctx context.Context) context.Context {
+			if len(replicaLabels) == 0 {
+				return ctx
+			}
+			return query.WithDedup(ctx, replicaLabels)
+		},
+		Logger:        a.Logger.With("component", "rules"),
+		Registerer:    a.Registry,
+		ListenAddress: a.Server.Addr().String(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.Ruler = r
+	a.Server.Mux.HandleFunc("/-/reload", r.ServeReload)
+	return r, nil
+}
+
+// rulesRetriever answers /api/v1/rules and /api/v1/alerts for the request's
+// tenant (query.Options.Rules). The query role is built before the rules
+// role, so the ruler is looked up per request; without the rules role there
+// are no rules.
+func (a *App) rulesRetriever(ctx context.Context) v1.RulesRetriever {
+	if a.Ruler == nil {
+		return rules.NoRules{}
+	}
+	return a.Ruler.RulesRetriever(ctx)
+}
+
+// Reload re-reads what can change without a restart: the rule files (SIGHUP,
+// POST /-/reload).
+func (a *App) Reload() error {
+	if a.Ruler == nil {
+		return errors.New("nothing to reload: the rules role is not running")
+	}
+	return a.Ruler.Reload()
+}
