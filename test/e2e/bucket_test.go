@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -425,4 +426,86 @@ func metricSum(t *testing.T, a *app.App, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// TestS3CrashBetweenChunksAndMetaJSON: a process that dies while uploading a
+// block leaves its chunks and index in the bucket without meta.json (torn,
+// even). The partial block is never read, and the next gpustore over the
+// same data directory uploads it whole, against a real S3 server.
+func TestS3CrashBetweenChunksAndMetaJSON(t *testing.T) {
+	s3 := startS3(t)
+	s3.stop() // the first gpustore cuts blocks it cannot ship
+	dir := t.TempDir()
+	withDir := func(c *app.Config) { withS3(s3)(c); c.TSDB.Dir = dir }
+	a1, url1 := startGpustore(t, withDir)
+	now := time.Now().UnixMilli() / 60_000 * 60_000
+	start := now - 20*60_000
+	w := newWriter(t, url1, start)
+	w.write(start + 10*60_000)
+	waitFor(t, 60*time.Second, "blocks cut locally", func() error {
+		if n := len(a1.Shipper.Pending("default")); n < 5 {
+			return fmt.Errorf("%d blocks pending", n)
+		}
+		return nil
+	})
+	pending := a1.Shipper.Pending("default")
+	if err := a1.Stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// What the crash left: the first pending block's chunks and index, torn, no meta.json.
+	s3.start()
+	bkt, err := bucket.New(s3.bucketConfig(), dir, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	torn := pending[0]
+	local, err := os.Stat(filepath.Join(dir, "tenants", "default", torn.String(), block.IndexFilename))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, rel := range []string{block.ChunksDirname + "/000001", block.IndexFilename} {
+		if err := bkt.Upload(ctx, block.ObjectName("default", torn, rel), strings.NewReader("torn")); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	a2, url2 := startGpustore(t, withDir)
+	// Until its meta.json is there, the partial block is not a block.
+	if err := a2.BucketStore.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range a2.BucketStore.Blocks("default") {
+		if m.ULID == torn && !a2.Shipper.Shipped("default", torn) {
+			t.Fatalf("partial block %s visible to queries", torn)
+		}
+	}
+	waitFor(t, 90*time.Second, "every block uploaded after the restart", func() error {
+		if p := a2.Shipper.Pending("default"); len(p) > 0 {
+			return fmt.Errorf("%d pending", len(p))
+		}
+		return a2.BucketStore.Sync(ctx)
+	})
+	// The torn block was uploaded whole: its index in S3 is the local one.
+	attrs, err := bkt.Attributes(ctx, block.ObjectName("default", torn, block.IndexFilename))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if attrs.Size != local.Size() {
+		t.Fatalf("index in S3 is %d bytes, the block's is %d", attrs.Size, local.Size())
+	}
+	if ok, err := bkt.Exists(ctx, block.ObjectName("default", torn, block.MetaFilename)); err != nil || !ok {
+		t.Fatalf("meta.json of %s not uploaded: %v", torn, err)
+	}
+	// Every sample written is read back once, across the restart.
+	raw := rawSamples(t, url2, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", start, w.next-1)
+	if len(raw) != 32 {
+		t.Fatalf("%d series", len(raw))
+	}
+	for s, pts := range raw {
+		if int64(len(pts)) != (w.next-start)/15_000 {
+			t.Fatalf("%s: %d samples, want %d", s, len(pts), (w.next-start)/15_000)
+		}
+	}
 }
