@@ -229,7 +229,7 @@ func (s *Sender) sendBatch(ctx context.Context, enc *Encoder, batch []Series) {
 		}
 		s.retries.Add(1)
 		delay := backoff
-		if ra := retryAfter(hdr); ra > 0 {
+		if ra := RetryAfter(hdr); ra > 0 {
 			delay = min(ra, s.cfg.MaxBackoff)
 		}
 		select {
@@ -284,7 +284,9 @@ func (s *Sender) warn(msg string, args ...any) {
 	s.log.Warn(msg, args...)
 }
 
-func retryAfter(h http.Header) time.Duration {
+// RetryAfter is the delay a Retry-After header asks for (seconds or an
+// HTTP date); 0 when absent or unparseable.
+func RetryAfter(h http.Header) time.Duration {
 	v := h.Get("Retry-After")
 	if v == "" {
 		return 0

@@ -288,7 +288,7 @@ func (d *driver) send(ctx context.Context, r Request) {
 		}
 		d.retries.Add(1)
 		delay := backoff
-		if ra := retryAfter(hdr); ra > 0 {
+		if ra := gpusim.RetryAfter(hdr); ra > 0 {
 			delay = min(ra, d.cfg.MaxBackoff)
 		}
 		select {
@@ -381,18 +381,4 @@ func (d *driver) progress(stop <-chan struct{}, done chan<- struct{}) {
 			d.cfg.Logger.Info("write progress", args...)
 		}
 	}
-}
-
-func retryAfter(h http.Header) time.Duration {
-	v := h.Get("Retry-After")
-	if v == "" {
-		return 0
-	}
-	if secs, err := strconv.Atoi(v); err == nil && secs > 0 {
-		return time.Duration(secs) * time.Second
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return time.Until(t)
-	}
-	return 0
 }

@@ -92,14 +92,36 @@ func startPrometheusProc(t *testing.T, bin, dir, config string, extraArgs ...str
 		"--web.listen-address=" + addr,
 		"--log.level=warn",
 	}, extraArgs...)
+	stop := runProcess(t, "prometheus", bin, dir, args...)
+	url := "http://" + addr
+	waitFor(t, 60*time.Second, "prometheus ready", func() error {
+		resp, err := http.Get(url + "/-/ready")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return nil
+	})
+	return url, stop
+}
+
+// runProcess starts a real server, logging to <dir>/<name>.log. The returned
+// stop (idempotent, also run at cleanup) shuts it down gracefully (SIGTERM,
+// then SIGKILL after 30 s) and prints its log if the test failed.
+func runProcess(t *testing.T, name, bin, dir string, args ...string) func() {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
-	logf, err := os.OpenFile(filepath.Join(dir, "prometheus.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	logf, err := os.OpenFile(filepath.Join(dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start prometheus: %v", err)
+		t.Fatalf("start %s: %v", name, err)
 	}
 	var once sync.Once
 	stop := func() {
@@ -116,25 +138,12 @@ func startPrometheusProc(t *testing.T, bin, dir, config string, extraArgs ...str
 			_ = logf.Close()
 			if t.Failed() {
 				b, _ := os.ReadFile(logf.Name())
-				t.Logf("prometheus log:\n%s", b)
+				t.Logf("%s log:\n%s", name, b)
 			}
 		})
 	}
 	t.Cleanup(stop)
-	url := "http://" + addr
-	waitFor(t, 60*time.Second, "prometheus ready", func() error {
-		resp, err := http.Get(url + "/-/ready")
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		_, _ = io.Copy(io.Discard, resp.Body)
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("status %d", resp.StatusCode)
-		}
-		return nil
-	})
-	return url, stop
+	return stop
 }
 
 // waitFor polls f until it returns nil or the timeout passes.

@@ -10,12 +10,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -96,37 +94,13 @@ receivers:
 		t.Fatal(err)
 	}
 	addr := freePort(t)
-	cmd := exec.Command(bin,
+	runProcess(t, "alertmanager", bin, dir,
 		"--config.file="+cfgPath,
 		"--storage.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr,
 		"--cluster.listen-address=",
 		"--log.level=warn",
 	)
-	logf, err := os.Create(filepath.Join(dir, "alertmanager.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start alertmanager: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		_ = logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("alertmanager log:\n%s", b)
-		}
-	})
 	url := "http://" + addr
 	waitFor(t, 30*time.Second, "alertmanager ready", func() error {
 		resp, err := http.Get(url + "/-/ready")
