@@ -136,8 +136,9 @@ type writeRequest struct {
 
 // haDecision is the tracker's answer for one (cluster, replica) of a request.
 type haDecision struct {
-	pair    uint32 // index in the tenant's haTable
-	elected bool
+	pair             uint32 // index in the tenant's haTable
+	cluster, replica string
+	elected          bool
 	// fill: the elected replica has been silent for the gap-fill delay, so
 	// this replica's samples may fill the gap until the failover.
 	fill    bool
@@ -377,18 +378,22 @@ func (w *writeRequest) claim(e *cacheEntry, d *haDecision, t int64) bool {
 // decide asks the tracker, once per request and HA pair, whether the pair's
 // replica is the elected one.
 func (w *writeRequest) decide(cluster, replica []byte) (*haDecision, error) {
-	idx := w.tenant.ha.index(cluster, replica)
+	// The memo is searched by the wire bytes: a request nearly always has a
+	// single pair, so this is one short comparison per series instead of an
+	// intern-table lookup (a lock and a string hash).
 	for i := range w.decisions {
-		if w.decisions[i].pair == idx {
-			return &w.decisions[i], nil
+		d := &w.decisions[i]
+		if string(replica) == d.replica && string(cluster) == d.cluster {
+			return d, nil
 		}
 	}
+	idx := w.tenant.ha.index(cluster, replica)
 	p := w.tenant.ha.pair(idx)
 	elected, err := w.ha.Accept(w.ctx, w.tenant.id, p.cluster, p.replica)
 	if err != nil {
 		return nil, err
 	}
-	d := haDecision{pair: idx, elected: elected}
+	d := haDecision{pair: idx, cluster: p.cluster, replica: p.replica, elected: elected}
 	if !elected && w.gap > 0 && w.ha.Silence(w.tenant.id, p.cluster).Milliseconds() >= w.gap {
 		d.fill = true
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/grafana/dskit/flagext"
 	"github.com/grafana/dskit/tenant"
+	"github.com/grafana/dskit/user"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/common/route"
@@ -186,8 +187,26 @@ func (a *API) Engine() *promql.Engine { return a.engine }
 // The write endpoints registered by pkg/ingest are more specific patterns and
 // take precedence.
 func (a *API) RegisterRoutes(mux *http.ServeMux) {
-	mux.Handle("/api/v1/", a.opts.Tenants.Middleware(a.dedup(a.router)))
-	mux.Handle("/api/v1/metadata", a.opts.Tenants.Middleware(http.HandlerFunc(a.metadata)))
+	mux.Handle("/api/v1/", a.tenant(a.dedup(a.router)))
+	mux.Handle("/api/v1/metadata", a.tenant(http.HandlerFunc(a.metadata)))
+}
+
+// tenant puts the request's tenant into its context (dskit's user package,
+// which TenantQueryable reads back), or answers Prometheus' error envelope.
+func (a *API) tenant(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := a.opts.Tenants.FromRequest(r)
+		if err != nil {
+			status := http.StatusBadRequest
+			var te *tenancy.Error
+			if errors.As(err, &te) {
+				status = te.Status
+			}
+			writeError(w, status, "bad_data", err)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(user.InjectOrgID(r.Context(), id)))
+	})
 }
 
 // dedup turns query-time deduplication on for the request unless it asks

@@ -2,12 +2,14 @@ package query
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
 	"github.com/grafana/dskit/tenant"
 	"github.com/prometheus/prometheus/model/exemplar"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/util/annotations"
 
@@ -91,17 +93,33 @@ func (t *tenantQuerier) Select(ctx context.Context, sortSeries bool, hints *stor
 		return storage.ErrSeriesSet(err)
 	}
 	if replicaLabels := dedupLabels(ctx); len(replicaLabels) > 0 {
-		return dedupSeriesSet(q.Select(ctx, true, hints, matchers...), replicaLabels, hints)
+		return timeoutSeriesSet{dedupSeriesSet(q.Select(ctx, true, hints, matchers...), replicaLabels, hints)}
 	}
-	return q.Select(ctx, sortSeries, hints, matchers...)
+	return timeoutSeriesSet{q.Select(ctx, sortSeries, hints, matchers...)}
 }
+
+// asTimeout turns a deadline met inside storage into PromQL's query timeout,
+// which the API answers with 503 like a timeout the engine notices itself
+// (otherwise it would be an execution error, 422, depending on where the
+// deadline struck).
+func asTimeout(err error) error {
+	if err != nil && errors.Is(err, context.DeadlineExceeded) {
+		return promql.ErrQueryTimeout(err.Error())
+	}
+	return err
+}
+
+type timeoutSeriesSet struct{ storage.SeriesSet }
+
+func (s timeoutSeriesSet) Err() error { return asTimeout(s.SeriesSet.Err()) }
 
 func (t *tenantQuerier) LabelValues(ctx context.Context, name string, hints *storage.LabelHints, matchers ...*labels.Matcher) ([]string, annotations.Annotations, error) {
 	q, err := t.resolve(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	return q.LabelValues(ctx, name, hints, matchers...)
+	vals, ann, err := q.LabelValues(ctx, name, hints, matchers...)
+	return vals, ann, asTimeout(err)
 }
 
 func (t *tenantQuerier) LabelNames(ctx context.Context, hints *storage.LabelHints, matchers ...*labels.Matcher) ([]string, annotations.Annotations, error) {
@@ -109,7 +127,8 @@ func (t *tenantQuerier) LabelNames(ctx context.Context, hints *storage.LabelHint
 	if err != nil {
 		return nil, nil, err
 	}
-	return q.LabelNames(ctx, hints, matchers...)
+	names, ann, err := q.LabelNames(ctx, hints, matchers...)
+	return names, ann, asTimeout(err)
 }
 
 func (t *tenantQuerier) Close() error {

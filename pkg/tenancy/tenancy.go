@@ -14,7 +14,6 @@ import (
 	"slices"
 
 	"github.com/grafana/dskit/tenant"
-	"github.com/grafana/dskit/user"
 )
 
 // Header names a tenant may arrive in, in order of precedence.
@@ -77,22 +76,4 @@ func (c Config) FromRequest(r *http.Request) (string, error) {
 		return "", &Error{http.StatusUnauthorized, fmt.Errorf("unknown tenant %q", id)}
 	}
 	return id, nil
-}
-
-// Middleware puts the request's tenant into its context (dskit's user
-// package, which tenant.TenantID reads back) or answers the error.
-func (c Config) Middleware(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := c.FromRequest(r)
-		if err != nil {
-			status := http.StatusBadRequest
-			var te *Error
-			if errors.As(err, &te) {
-				status = te.Status
-			}
-			http.Error(w, err.Error(), status)
-			return
-		}
-		next.ServeHTTP(w, r.WithContext(user.InjectOrgID(r.Context(), id)))
-	})
 }

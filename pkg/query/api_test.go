@@ -1,0 +1,179 @@
+package query
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/metadata"
+
+	"github.com/gpustore/gpustore/pkg/tenancy"
+	"github.com/gpustore/gpustore/pkg/tenantdb"
+)
+
+type apiResponse struct {
+	Status    string          `json:"status"`
+	Data      json.RawMessage `json:"data"`
+	ErrorType string          `json:"errorType"`
+	Error     string          `json:"error"`
+}
+
+// newTestAPI serves the query API over two tenants' TSDBs holding GPU series.
+func newTestAPI(t *testing.T, mutate func(*Config)) (*httptest.Server, int64) {
+	t.Helper()
+	cfg := tenantdb.DefaultConfig()
+	cfg.Dir = t.TempDir()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	dbs, err := tenantdb.NewManager(cfg, logger, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dbs.Close() })
+	now := time.Now().Truncate(time.Minute).UnixMilli()
+	for tenant, gpus := range map[string]int{"default": 8, "team-b": 2} {
+		db, err := dbs.Get(tenant)
+		if err != nil {
+			t.Fatal(err)
+		}
+		app := db.Appender(context.Background())
+		for g := 0; g < gpus; g++ {
+			for i := int64(19); i >= 0; i-- { // oldest first
+				ls := labels.FromStrings("__name__", "DCGM_FI_DEV_GPU_TEMP", "Hostname", "node-1", "gpu", string(rune('0'+g)))
+				if _, err := app.Append(0, ls, now-i*15000, float64(60+g)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := app.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		db.Metadata.Set("DCGM_FI_DEV_GPU_TEMP", metadata.Metadata{Type: model.MetricTypeGauge, Help: "GPU temperature (in C)."})
+	}
+	qcfg := DefaultConfig()
+	if mutate != nil {
+		mutate(&qcfg)
+	}
+	api, err := New(Options{
+		Config: qcfg, Tenants: tenancy.DefaultConfig(), DBs: dbs, Logger: logger, Registry: prometheus.NewRegistry(),
+		Ready: func() error { return nil }, ActiveQueryDir: t.TempDir(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	api.RegisterRoutes(mux)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv, now
+}
+
+func call(t *testing.T, srv *httptest.Server, method, path string, params url.Values, headers ...string) (int, apiResponse) {
+	t.Helper()
+	var req *http.Request
+	if method == http.MethodPost {
+		req, _ = http.NewRequest(method, srv.URL+path, strings.NewReader(params.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	} else {
+		req, _ = http.NewRequest(method, srv.URL+path+"?"+params.Encode(), nil)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var r apiResponse
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+		t.Fatalf("%s %s: not Prometheus' JSON envelope: %v", method, path, err)
+	}
+	return resp.StatusCode, r
+}
+
+func TestAPIEndpoints(t *testing.T) {
+	srv, now := newTestAPI(t, nil)
+	ts := func(ms int64) string { return time.UnixMilli(ms).UTC().Format(time.RFC3339) }
+	for _, c := range []struct {
+		method, path string
+		params       url.Values
+		want         string // a fragment of the data
+	}{
+		{"GET", "/api/v1/query", url.Values{"query": {"count(DCGM_FI_DEV_GPU_TEMP)"}, "time": {ts(now)}}, `"8"`},
+		{"POST", "/api/v1/query", url.Values{"query": {"max(DCGM_FI_DEV_GPU_TEMP)"}, "time": {ts(now)}}, `"67"`},
+		{"GET", "/api/v1/query_range", url.Values{"query": {"min(DCGM_FI_DEV_GPU_TEMP)"}, "start": {ts(now - 60000)}, "end": {ts(now)}, "step": {"15s"}}, `"resultType":"matrix"`},
+		{"GET", "/api/v1/series", url.Values{"match[]": {`DCGM_FI_DEV_GPU_TEMP{gpu="3"}`}}, `"gpu":"3"`},
+		{"GET", "/api/v1/labels", nil, `"Hostname"`},
+		{"GET", "/api/v1/label/gpu/values", nil, `"7"`},
+		{"GET", "/api/v1/metadata", url.Values{"metric": {"DCGM_FI_DEV_GPU_TEMP"}}, `"type":"gauge"`},
+		{"GET", "/api/v1/query_exemplars", url.Values{"query": {"DCGM_FI_DEV_GPU_TEMP"}, "start": {ts(now - 60000)}, "end": {ts(now)}}, `[]`},
+		{"GET", "/api/v1/format_query", url.Values{"query": {"sum by(gpu)(rate(x[5m]))"}}, `sum by (gpu) (rate(x[5m]))`},
+		{"GET", "/api/v1/parse_query", url.Values{"query": {"up"}}, `"type":"vectorSelector"`},
+		{"GET", "/api/v1/status/buildinfo", nil, `"version"`},
+	} {
+		code, r := call(t, srv, c.method, c.path, c.params)
+		if code != http.StatusOK || r.Status != "success" || !strings.Contains(string(r.Data), c.want) {
+			t.Errorf("%s %s: %d %s %s: data %s, want it to contain %s", c.method, c.path, code, r.Status, r.Error, r.Data, c.want)
+		}
+	}
+}
+
+func TestAPITenants(t *testing.T) {
+	srv, now := newTestAPI(t, nil)
+	q := url.Values{"query": {"count(DCGM_FI_DEV_GPU_TEMP)"}, "time": {time.UnixMilli(now).UTC().Format(time.RFC3339)}}
+	for _, c := range []struct {
+		headers []string
+		want    string
+	}{
+		{nil, `"8"`},
+		{[]string{tenancy.OrgIDHeader, "team-b"}, `"2"`},
+		{[]string{tenancy.ThanosTenantHeader, "team-b"}, `"2"`},
+		{[]string{tenancy.OrgIDHeader, "nobody"}, `"result":[]`},
+	} {
+		code, r := call(t, srv, "GET", "/api/v1/query", q, c.headers...)
+		if code != http.StatusOK || !strings.Contains(string(r.Data), c.want) {
+			t.Errorf("%v: %d %s, want %s", c.headers, code, r.Data, c.want)
+		}
+	}
+	if code, _ := call(t, srv, "GET", "/api/v1/query", q, tenancy.OrgIDHeader, "../x"); code != http.StatusBadRequest {
+		t.Errorf("invalid tenant: %d", code)
+	}
+}
+
+// The error codes Grafana and other clients act on: 400 bad parameters,
+// 422 execution errors, 503 timeouts.
+func TestAPIErrorCodes(t *testing.T) {
+	srv, now := newTestAPI(t, func(c *Config) { c.MaxSamples = 10 })
+	ts := time.UnixMilli(now).UTC().Format(time.RFC3339)
+	for _, c := range []struct {
+		params  url.Values
+		code    int
+		errType string
+	}{
+		{url.Values{"query": {"sum("}}, http.StatusBadRequest, "bad_data"},
+		{url.Values{"query": {"up"}, "time": {"yesterday"}}, http.StatusBadRequest, "bad_data"},
+		{url.Values{"query": {"up"}, "dedup": {"maybe"}}, http.StatusBadRequest, "bad_data"},
+		{url.Values{"query": {"sum(count_over_time(DCGM_FI_DEV_GPU_TEMP[5m]))"}, "time": {ts}}, http.StatusUnprocessableEntity, "execution"},
+	} {
+		code, r := call(t, srv, "GET", "/api/v1/query", c.params)
+		if code != c.code || r.Status != "error" || r.ErrorType != c.errType {
+			t.Errorf("%v: %d %s %s (%s), want %d %s", c.params, code, r.Status, r.ErrorType, r.Error, c.code, c.errType)
+		}
+	}
+
+	slow, now := newTestAPI(t, func(c *Config) { c.Timeout = model.Duration(time.Nanosecond) })
+	code, r := call(t, slow, "GET", "/api/v1/query", url.Values{"query": {"count(DCGM_FI_DEV_GPU_TEMP)"}, "time": {time.UnixMilli(now).UTC().Format(time.RFC3339)}})
+	if code != http.StatusServiceUnavailable || r.ErrorType != "timeout" {
+		t.Errorf("timeout: %d %s %s", code, r.ErrorType, r.Error)
+	}
+}
