@@ -169,7 +169,7 @@ func New(opts Options) (*API, error) {
 		false, false, false,
 		time.Duration(opts.Config.LookbackDelta),
 		false, false,
-		nil, nil,
+		timeoutIs503, nil,
 		v1.OpenAPIOptions{},
 		nil,
 		false,
@@ -182,6 +182,18 @@ func New(opts Options) (*API, error) {
 
 // Engine returns the PromQL engine, shared with rule evaluation.
 func (a *API) Engine() *promql.Engine { return a.engine }
+
+// timeoutIs503 answers 503 to a query whose deadline passed wherever it was
+// noticed: PromQL reports one it meets while expanding series as a plain
+// context error (an "execution" error, 422), though it is the same timeout
+// the engine reports as 503 elsewhere. (Generic only to match the unexported
+// parameter type of v1.OverrideErrorCode.)
+func timeoutIs503[N any](_ N, err error) (int, bool) {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return http.StatusServiceUnavailable, true
+	}
+	return 0, false
+}
 
 // RegisterRoutes mounts the API under /api/v1/, behind the tenant middleware.
 // The write endpoints registered by pkg/ingest are more specific patterns and

