@@ -89,29 +89,33 @@ type seriesKey struct {
 }
 
 func (k *seriesKey) compute(pairs []labelPair, clusterLabel, replicaLabel string) {
+	// One pass copies the pairs and notes where the replica pair landed; it
+	// is cut out afterwards if the cluster label is there too.
 	k.cluster, k.replica = nil, nil
-	if clusterLabel != "" {
-		for _, p := range pairs {
+	k.buf = k.buf[:0]
+	repStart, repEnd := -1, -1
+	for _, p := range pairs {
+		if clusterLabel != "" {
 			switch {
 			case len(p.name) == len(clusterLabel) && yoloString(p.name) == clusterLabel:
 				k.cluster = p.value
-			case len(p.name) == len(replicaLabel) && yoloString(p.name) == replicaLabel:
+			case repStart < 0 && len(p.name) == len(replicaLabel) && yoloString(p.name) == replicaLabel:
 				k.replica = p.value
+				repStart = len(k.buf)
 			}
-		}
-		if len(k.cluster) == 0 || len(k.replica) == 0 {
-			k.cluster, k.replica = nil, nil
-		}
-	}
-	k.buf = k.buf[:0]
-	for _, p := range pairs {
-		if k.replica != nil && len(p.name) == len(replicaLabel) && yoloString(p.name) == replicaLabel {
-			continue
 		}
 		k.buf = append(k.buf, p.name...)
 		k.buf = append(k.buf, 0xff)
 		k.buf = append(k.buf, p.value...)
 		k.buf = append(k.buf, 0xff)
+		if repStart >= 0 && repEnd < 0 {
+			repEnd = len(k.buf)
+		}
+	}
+	if len(k.cluster) == 0 || len(k.replica) == 0 {
+		k.cluster, k.replica = nil, nil
+	} else {
+		k.buf = append(k.buf[:repStart], k.buf[repEnd:]...)
 	}
 	k.h1, k.h2 = xxhash.Sum64(k.buf), maphash.Bytes(hashSeed2, k.buf)
 }

@@ -196,3 +196,31 @@ func TestHAClusterLabelsKeptReplicaLabelRemoved(t *testing.T) {
 		t.Fatalf("%d series, want 2", n)
 	}
 }
+
+func TestSeriesKeyLeavesOutTheReplicaOfHASeries(t *testing.T) {
+	pairs := func(kv ...string) []labelPair {
+		var out []labelPair
+		for i := 0; i+1 < len(kv); i += 2 {
+			out = append(out, labelPair{[]byte(kv[i]), []byte(kv[i+1])})
+		}
+		return out
+	}
+	key := func(p []labelPair) [2]uint64 {
+		var k seriesKey
+		k.compute(p, "cluster", "__replica__")
+		return [2]uint64{k.h1, k.h2}
+	}
+	p0 := key(pairs("__name__", "x", "__replica__", "p0", "cluster", "a", "gpu", "1"))
+	p1 := key(pairs("__name__", "x", "__replica__", "p1", "cluster", "a", "gpu", "1"))
+	none := key(pairs("__name__", "x", "cluster", "a", "gpu", "1"))
+	if p0 != p1 || p0 != none {
+		t.Fatal("both replicas of a series must share one key, that of the series without the replica label")
+	}
+	// Without the cluster label the replica label is an ordinary label.
+	if key(pairs("__name__", "x", "__replica__", "p0")) == key(pairs("__name__", "x", "__replica__", "p1")) {
+		t.Fatal("series without a cluster label lost their replica label from the key")
+	}
+	if key(pairs("__name__", "x", "cluster", "a", "gpu", "1")) == key(pairs("__name__", "x", "cluster", "b", "gpu", "1")) {
+		t.Fatal("different clusters share a key")
+	}
+}
