@@ -351,6 +351,14 @@ func (w *writeRequest) appendOne(s *decodedSeries) error {
 // The compare-and-swap makes the check and the update one step, so two
 // requests racing on one series cannot both pass.
 func (w *writeRequest) claim(e *cacheEntry, d *haDecision, t int64) bool {
+	// The steady state, the elected replica continuing its own series, is
+	// a plain store: no compare-and-swap on the hot path.
+	if last, lastPair := e.lastT.Load(), e.lastPair.Load(); d.elected && lastPair == d.pair {
+		if t > last {
+			e.lastT.Store(t)
+		}
+		return true
+	}
 	for {
 		last, lastPair := e.lastT.Load(), e.lastPair.Load()
 		ok := false

@@ -194,23 +194,17 @@ func (i *Ingester) SweepCaches() {
 	}
 }
 
-// httpError is an answer other than 2xx.
-type httpError struct {
-	status int
-	msg    string
-}
-
 func (i *Ingester) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := i.now()
 	proto := "unknown"
-	status, written := i.serve(w, r, &proto)
+	status := i.serve(w, r, &proto)
 	i.metrics.requests.WithLabelValues(proto, strconv.Itoa(status)).Inc()
 	i.metrics.duration.WithLabelValues(proto).Observe(time.Since(start).Seconds())
-	_ = written
 }
 
-func (i *Ingester) serve(w http.ResponseWriter, r *http.Request, proto *string) (int, bool) {
-	fail := func(status int, format string, args ...any) (int, bool) {
+// serve answers one write and returns the HTTP status it answered.
+func (i *Ingester) serve(w http.ResponseWriter, r *http.Request, proto *string) int {
+	fail := func(status int, format string, args ...any) int {
 		msg := fmt.Sprintf(format, args...)
 		if status >= 500 {
 			i.logger.Error("remote write failed", "status", status, "err", msg)
@@ -218,7 +212,7 @@ func (i *Ingester) serve(w http.ResponseWriter, r *http.Request, proto *string) 
 			i.logger.Debug("remote write rejected", "status", status, "err", msg)
 		}
 		http.Error(w, msg, status)
-		return status, false
+		return status
 	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
@@ -339,7 +333,7 @@ func (i *Ingester) serve(w http.ResponseWriter, r *http.Request, proto *string) 
 		return fail(http.StatusBadRequest, "%s", stats.errorSummary())
 	}
 	w.WriteHeader(http.StatusNoContent)
-	return http.StatusNoContent, true
+	return http.StatusNoContent
 }
 
 func (i *Ingester) storeV1Metadata(rs *requestState, st *tenantState) error {
