@@ -2,14 +2,14 @@
 // dependency graph (dskit/modules): start-up order, readiness and shutdown
 // follow from the graph rather than from hand-written sequencing.
 //
-//	server ◀── storage ◀── ingest
-//	                   ◀── query ◀── rules (also needs storage)
-//	all = ingest + query + rules
+//	server, overrides ◀── storage ◀── shipper ◀── ingest ──▶ ha-tracker ──▶ memberlist-kv
+//	bucket ◀── shipper, bucket-store;  bucket-store, storage ◀── query ◀── rules
+//	all = ingest + query + rules    (objstore.go adds the bucket modules)
 //
 // server listens first so /-/healthy answers during a long WAL replay;
 // storage opens the tenants' TSDBs (replaying their WALs) and on shutdown
 // drains the HTTP server before closing them, so no acknowledged write races
-// the close. Later roles (rules, shipper, compact) join the graph here.
+// the close. Later roles (compact, downsample) join the graph here.
 package app
 
 import (
