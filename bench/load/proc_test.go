@@ -125,7 +125,7 @@ func TestPartOf(t *testing.T) {
 func TestStopProcessAndWaitIdle(t *testing.T) {
 	cmd := exec.Command("sleep", "30")
 	if err := cmd.Start(); err != nil {
-		t.Skipf("no sleep binary: %v", err)
+		t.Fatalf("start sleep (coreutils): %v", err)
 	}
 	defer cmd.Process.Kill()
 	waited, idle, err := WaitIdle(context.Background(), cmd.Process.Pid, 0.5, time.Second, 10*time.Second)
