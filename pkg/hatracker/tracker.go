@@ -141,6 +141,9 @@ type Option func(*Tracker)
 // WithClock replaces the wall clock (tests drive failover with a fake one).
 func WithClock(now func() time.Time) Option { return func(t *Tracker) { t.now = now } }
 
+// WithKV replaces the KV client (tests use one whose store is down).
+func WithKV(c kv.Client) Option { return func(t *Tracker) { t.kv = c } }
+
 // New builds a tracker over the configured KV store; storeCfg.MemberlistKV is
 // used only with store "memberlist".
 func New(cfg Config, storeCfg kv.StoreConfig, logger *slog.Logger, reg prometheus.Registerer, opts ...Option) (*Tracker, error) {

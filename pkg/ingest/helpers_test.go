@@ -44,6 +44,7 @@ type testSetup struct {
 	limits  limits.Config
 	ha      *hatracker.Config // nil: no HA dedup
 	clock   func() time.Time  // the HA tracker's clock; nil: wall clock
+	haKV    kv.Client         // the HA tracker's KV client; nil: in-memory
 }
 
 func newTestIngester(t testing.TB, mutate ...func(*testSetup)) *testIngester {
@@ -70,6 +71,9 @@ func newTestIngester(t testing.TB, mutate ...func(*testSetup)) *testIngester {
 		var opts []hatracker.Option
 		if setup.clock != nil {
 			opts = append(opts, hatracker.WithClock(setup.clock))
+		}
+		if setup.haKV != nil {
+			opts = append(opts, hatracker.WithKV(setup.haKV))
 		}
 		if ha, err = hatracker.New(*setup.ha, kv.StoreConfig{}, logger, reg, opts...); err != nil {
 			t.Fatal(err)
