@@ -74,6 +74,8 @@ type DB struct {
 	*tsdb.DB
 	Tenant   string
 	Metadata *MetadataStore
+
+	openedWindow int64 // out-of-order window (ms) the database was opened with
 }
 
 // TenantLimits lets the per-tenant limits shape each tenant's database.
@@ -122,11 +124,17 @@ type Manager struct {
 	reg    prometheus.Registerer
 	limits TenantLimits
 
-	mtx    sync.RWMutex
-	dbs    map[string]*DB
-	closed bool
+	// mtx guards the maps and closed, never an open: a tenant's WAL replay
+	// (minutes for a big head) must not stall the other tenants.
+	mtx     sync.RWMutex
+	dbs     map[string]*DB
+	opening map[string]*opening // tenants whose database is being opened
+	closed  bool
 
 	gate DeletionGate // nil: local blocks leave by retention alone
+
+	// openTSDB is tsdb.Open; tests wrap it to make one tenant's open slow.
+	openTSDB func(dir string, l *slog.Logger, r prometheus.Registerer, opts *tsdb.Options) (*tsdb.DB, error)
 }
 
 // DeletionGate reports whether a tenant's local block that is past the local
@@ -160,7 +168,7 @@ func NewManager(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Ma
 	if err := os.MkdirAll(filepath.Join(cfg.Dir, "tenants"), 0o755); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
-	return &Manager{cfg: cfg, logger: logger, reg: reg, limits: noLimits{}, dbs: map[string]*DB{}}, nil
+	return &Manager{cfg: cfg, logger: logger, reg: reg, limits: noLimits{}, dbs: map[string]*DB{}, opening: map[string]*opening{}, openTSDB: openTSDB}, nil
 }
 
 // SetLimits installs the per-tenant limits; call it before any database is opened.
@@ -173,17 +181,24 @@ func (m *Manager) ApplyLimits() error {
 	defer m.mtx.RUnlock()
 	var errs []error
 	for t, db := range m.dbs {
-		window := m.limits.OutOfOrderWindow(t).Milliseconds()
-		// ApplyConfig also re-applies the exemplar buffer size: pass the configured one.
-		cfg := &config.Config{StorageConfig: config.StorageConfig{
-			TSDBConfig:      &config.TSDBConfig{OutOfOrderTimeWindow: window},
-			ExemplarsConfig: &config.ExemplarsConfig{MaxExemplars: m.cfg.MaxExemplars},
-		}}
-		if err := db.ApplyConfig(cfg); err != nil {
-			errs = append(errs, fmt.Errorf("apply limits to tenant %q: %w", t, err))
+		if err := m.applyLimits(t, db); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+func (m *Manager) applyLimits(t string, db *DB) error {
+	window := m.limits.OutOfOrderWindow(t).Milliseconds()
+	// ApplyConfig also re-applies the exemplar buffer size: pass the configured one.
+	cfg := &config.Config{StorageConfig: config.StorageConfig{
+		TSDBConfig:      &config.TSDBConfig{OutOfOrderTimeWindow: window},
+		ExemplarsConfig: &config.ExemplarsConfig{MaxExemplars: m.cfg.MaxExemplars},
+	}}
+	if err := db.ApplyConfig(cfg); err != nil {
+		return fmt.Errorf("apply limits to tenant %q: %w", t, err)
+	}
+	return nil
 }
 
 // Config returns the configuration the manager opens databases with.
@@ -209,7 +224,19 @@ func (m *Manager) OpenExisting(ctx context.Context) error {
 	return nil
 }
 
-// Get returns the tenant's database, opening it on first use.
+// opening is one open of a tenant's database in flight; Gets of the tenant
+// that arrive meanwhile wait for done and share db and err.
+type opening struct {
+	done    chan struct{}
+	db      *DB
+	err     error
+	waiters int // Gets waiting for done, guarded by Manager.mtx
+}
+
+// Get returns the tenant's database, opening it on first use. The open (a
+// WAL replay) runs outside the manager's lock: other tenants' Gets, Existing
+// and Tenants go on meanwhile, and concurrent Gets of the same tenant wait
+// for that one open. A failed open is not remembered: the next Get tries again.
 func (m *Manager) Get(tenantID string) (*DB, error) {
 	m.mtx.RLock()
 	db, ok := m.dbs[tenantID]
@@ -226,19 +253,54 @@ func (m *Manager) Get(tenantID string) (*DB, error) {
 	}
 
 	m.mtx.Lock()
-	defer m.mtx.Unlock()
 	if m.closed {
+		m.mtx.Unlock()
 		return nil, ErrClosed
 	}
 	if db, ok := m.dbs[tenantID]; ok {
+		m.mtx.Unlock()
 		return db, nil
 	}
-	db, err := m.open(tenantID)
-	if err != nil {
-		return nil, err
+	if op, ok := m.opening[tenantID]; ok {
+		op.waiters++
+		m.mtx.Unlock()
+		<-op.done
+		return op.db, op.err
 	}
-	m.dbs[tenantID] = db
-	return db, nil
+	op := &opening{done: make(chan struct{})}
+	m.opening[tenantID] = op
+	gate := m.gate
+	m.mtx.Unlock()
+
+	op.db, op.err = m.open(tenantID, gate)
+
+	m.mtx.Lock()
+	delete(m.opening, tenantID)
+	closedMeanwhile, waiters := m.closed, op.waiters
+	if op.err == nil && !closedMeanwhile {
+		m.dbs[tenantID] = op.db
+	}
+	m.mtx.Unlock()
+	if op.err == nil && !closedMeanwhile && m.limits.OutOfOrderWindow(tenantID).Milliseconds() != op.db.openedWindow {
+		// The overrides changed during the open, and ApplyLimits did not see
+		// this database yet.
+		if err := m.applyLimits(tenantID, op.db); err != nil {
+			m.logger.Warn("apply limits to a newly opened tenant", "tenant", tenantID, "err", err)
+		}
+	}
+	if op.err == nil && closedMeanwhile {
+		// Close ran during the open and waits on done: close what was
+		// opened so nothing holds the tenant's directory once Close returns.
+		if err := op.db.Close(); err != nil {
+			m.logger.Warn("close tenant database opened during shutdown", "tenant", tenantID, "err", err)
+		}
+		op.db, op.err = nil, ErrClosed
+	}
+	if waiters > 0 {
+		m.logger.Info("writes and queries of the tenant waited for its database to open", "tenant", tenantID, "waiters", waiters, "err", op.err)
+	}
+	close(op.done)
+	return op.db, op.err
 }
 
 // Existing returns the tenant's database if it is open, without opening it:
@@ -264,7 +326,7 @@ func (m *Manager) Tenants() []string {
 // ErrClosed is returned once the manager has been closed.
 var ErrClosed = errors.New("tenant databases are closed")
 
-func (m *Manager) open(tenantID string) (*DB, error) {
+func (m *Manager) open(tenantID string, gate DeletionGate) (*DB, error) {
 	dir := filepath.Join(m.cfg.Dir, "tenants", tenantID)
 	opts := tsdb.DefaultOptions()
 	blockMs := m.cfg.BlockDuration.Milliseconds()
@@ -290,7 +352,7 @@ func (m *Manager) open(tenantID string) (*DB, error) {
 	// period: minute-long test blocks leave the disk within seconds of upload.
 	opts.BlockReloadInterval = min(time.Minute, max(time.Second, time.Duration(m.cfg.BlockDuration)/8))
 	var self atomic.Pointer[tsdb.DB]
-	if gate := m.gate; gate != nil {
+	if gate != nil {
 		opts.EnableOverlappingCompaction = false
 		opts.BlocksToDelete = func(blocks []*tsdb.Block) map[ulid.ULID]struct{} {
 			db := self.Load()
@@ -306,10 +368,13 @@ func (m *Manager) open(tenantID string) (*DB, error) {
 			return del
 		}
 	}
-	reg := prometheus.WrapRegistererWith(prometheus.Labels{"tenant": tenantID}, m.reg)
+	reg := &undoRegisterer{Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"tenant": tenantID}, m.reg)}
 	start := time.Now()
-	tdb, err := tsdb.Open(dir, m.logger.With("tenant", tenantID), reg, opts, nil)
+	tdb, err := m.openTSDB(dir, m.logger.With("tenant", tenantID), reg, opts)
 	if err != nil {
+		// tsdb.Open registers metrics before it can fail and does not take
+		// them back; without this the next attempt would panic on them.
+		reg.undo()
 		return nil, fmt.Errorf("open tsdb of tenant %q: %w", tenantID, err)
 	}
 	self.Store(tdb)
@@ -317,10 +382,15 @@ func (m *Manager) open(tenantID string) (*DB, error) {
 	md, err := openMetadataStore(filepath.Join(dir, metadataFile))
 	if err != nil {
 		_ = tdb.Close()
+		reg.undo()
 		return nil, fmt.Errorf("open metadata of tenant %q: %w", tenantID, err)
 	}
 	m.logger.Info("opened tenant database", "tenant", tenantID, "dir", dir, "duration", time.Since(start))
-	return &DB{DB: tdb, Tenant: tenantID, Metadata: md}, nil
+	return &DB{DB: tdb, Tenant: tenantID, Metadata: md, openedWindow: opts.OutOfOrderTimeWindow}, nil
+}
+
+func openTSDB(dir string, l *slog.Logger, r prometheus.Registerer, opts *tsdb.Options) (*tsdb.DB, error) {
+	return tsdb.Open(dir, l, r, opts, nil)
 }
 
 // FlushMetadata writes every tenant's metadata that changed since the last flush.
@@ -337,10 +407,21 @@ func (m *Manager) FlushMetadata() error {
 }
 
 // Close closes every tenant database; later Get calls fail with ErrClosed.
+// Opens in flight are waited for and what they opened is closed.
 func (m *Manager) Close() error {
 	m.mtx.Lock()
-	defer m.mtx.Unlock()
 	m.closed = true
+	inflight := make([]*opening, 0, len(m.opening))
+	for _, op := range m.opening {
+		inflight = append(inflight, op)
+	}
+	m.mtx.Unlock()
+	for _, op := range inflight {
+		<-op.done
+	}
+
+	m.mtx.Lock()
+	defer m.mtx.Unlock()
 	var errs []error
 	for t, db := range m.dbs {
 		if err := db.Metadata.Flush(); err != nil {
@@ -352,4 +433,39 @@ func (m *Manager) Close() error {
 	}
 	m.dbs = map[string]*DB{}
 	return errors.Join(errs...)
+}
+
+// undoRegisterer remembers what it registered so that a failed open can
+// unregister it.
+type undoRegisterer struct {
+	prometheus.Registerer
+	mtx  sync.Mutex
+	done []prometheus.Collector
+}
+
+func (r *undoRegisterer) Register(c prometheus.Collector) error {
+	if err := r.Registerer.Register(c); err != nil {
+		return err
+	}
+	r.mtx.Lock()
+	r.done = append(r.done, c)
+	r.mtx.Unlock()
+	return nil
+}
+
+func (r *undoRegisterer) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func (r *undoRegisterer) undo() {
+	r.mtx.Lock()
+	defer r.mtx.Unlock()
+	for _, c := range r.done {
+		r.Registerer.Unregister(c)
+	}
+	r.done = nil
 }
