@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/grafana/dskit/services"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/prompb"
@@ -174,15 +175,38 @@ func TestOverridesReload(t *testing.T) {
 	if resp := ti.post(t, ctV1, encodeV1(t, old)); resp.code != http.StatusNoContent {
 		t.Fatalf("10-minute-old samples inside the new window: %d %s", resp.code, resp.body)
 	}
-	// A broken file keeps the previous overrides.
+	// A broken file keeps the previous overrides. Check that only once the
+	// file was read: dskit's reload gauge goes from 1 to 0.
+	if g := overridesReloadGauge(t, ti.reg); g != 1 {
+		t.Fatalf("reload gauge %v before the broken file", g)
+	}
 	write("overrides: [this is not a map\n")
-	time.Sleep(200 * time.Millisecond)
+	waitUntil(t, func() bool { return overridesReloadGauge(t, ti.reg) == 0 })
 	if ti.limits.For("default").MaxSeriesPerRequest != 10 {
 		t.Fatal("a broken overrides file replaced the previous one")
 	}
 	if ti.limits.For("other").MaxSeriesPerRequest != limits.Defaults().MaxSeriesPerRequest {
 		t.Fatal("another tenant got the override")
 	}
+}
+
+// overridesReloadGauge is dskit runtimeconfig's
+// runtime_config_last_reload_successful for the overrides file.
+func overridesReloadGauge(t *testing.T, g prometheus.Gatherer) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "runtime_config_last_reload_successful" {
+			for _, m := range mf.GetMetric() {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	t.Fatal("runtime_config_last_reload_successful is not registered")
+	return 0
 }
 
 func waitUntil(t *testing.T, f func() bool) {

@@ -1,10 +1,16 @@
 package limits
 
 import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/grafana/dskit/services"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
 )
 
@@ -45,5 +51,117 @@ func TestDefaultsFitDCGMExporter(t *testing.T) {
 	}
 	if err := Defaults().Validate(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// reloadGauge reads dskit runtimeconfig's
+// runtime_config_last_reload_successful of the overrides file: 1 after a
+// read that loaded, 0 after one that failed (the previous overrides stay).
+func reloadGauge(t *testing.T, g prometheus.Gatherer) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "runtime_config_last_reload_successful" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "config" && l.GetValue() == "limits-overrides" {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatal("runtime_config_last_reload_successful{config=\"limits-overrides\"} is not registered")
+	return 0
+}
+
+func waitFor(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// The overrides file is re-read while gpustore runs: a good file applies
+// (and notifies listeners); a broken one (bad YAML, a typo'd field, an
+// invalid value) is read, reported, and changes nothing. Each broken case
+// first waits for the failed read to show in the reload gauge, so "nothing
+// changed" is checked after the file was read, not merely after a sleep.
+func TestOverridesReload(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "overrides.yaml")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(file+".tmp", []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(file+".tmp", file); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("overrides:\n  lab:\n    max_active_series: 100\n")
+	cfg := DefaultConfig()
+	cfg.OverridesFile = file
+	cfg.ReloadPeriod = model.Duration(20 * time.Millisecond)
+	reg := prometheus.NewRegistry()
+	o, err := New(cfg, slog.New(slog.DiscardHandler), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := services.StartAndAwaitRunning(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), o) })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reloaded := o.Listen(ctx)
+
+	if got := o.MaxActiveSeries("lab"); got != 100 {
+		t.Fatalf("lab max_active_series at start = %d, want 100", got)
+	}
+	if got := o.MaxActiveSeries("prod"); got != Defaults().MaxActiveSeries {
+		t.Fatalf("a tenant without overrides got %d", got)
+	}
+
+	for _, c := range []struct {
+		name, good, broken string
+		want               int
+	}{
+		{"bad YAML", "overrides:\n  lab:\n    max_active_series: 200\n", "overrides: [this is not a map\n", 200},
+		{"unknown field", "overrides:\n  lab:\n    max_active_series: 300\n", "overrides:\n  lab:\n    max_activ_series: 5\n", 300},
+		{"invalid value", "overrides:\n  lab:\n    max_active_series: 400\n", "overrides:\n  lab:\n    max_active_series: 1\n    rate_limit_status_code: 500\n", 400},
+	} {
+		want := c.want
+		write(c.good)
+		waitFor(t, c.name+": good file applied", func() bool { return o.MaxActiveSeries("lab") == want })
+		select {
+		case <-reloaded:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no reload notification for a good file", c.name)
+		}
+		if g := reloadGauge(t, reg); g != 1 {
+			t.Fatalf("%s: reload gauge %v after a good file", c.name, g)
+		}
+
+		write(c.broken)
+		waitFor(t, c.name+": broken file read (reload gauge 0)", func() bool { return reloadGauge(t, reg) == 0 })
+		if got := o.MaxActiveSeries("lab"); got != want {
+			t.Errorf("%s: a broken overrides file changed lab's max_active_series to %d, want %d kept", c.name, got, want)
+		}
+		if got := o.For("lab").RateLimitStatusCode; got != Defaults().RateLimitStatusCode {
+			t.Errorf("%s: rate_limit_status_code %d", c.name, got)
+		}
+		select {
+		case <-reloaded:
+			t.Errorf("%s: listeners were told of a reload that failed", c.name)
+		default:
+		}
 	}
 }
