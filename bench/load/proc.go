@@ -175,11 +175,25 @@ type DiskUsage struct {
 	// Apparent is the sum of file sizes.
 	Bytes, Apparent int64
 	Files           int
+	// Bucket is the part of Bytes under BucketDirName: gpustore's embedded
+	// object-store bucket, where the shipper copies every finished block.
+	// Those are second copies of local blocks (until local retention deletes
+	// them), so they are reported apart from the local TSDB, not in it.
+	Bucket int64
 	// Parts is Bytes per top-level entry class: for Prometheus TSDBs "wal",
-	// "chunks_head", "blocks" (ULID directories) and "other"; other layouts
-	// (VictoriaMetrics' data/ and indexdb/) by top-level directory name.
+	// "chunks_head", "blocks" (ULID directories) and "other"; gpustore's
+	// "bucket"; other layouts (VictoriaMetrics' data/ and indexdb/) by
+	// top-level directory name.
 	Parts map[string]int64
 }
+
+// BucketDirName is the directory of gpustore's embedded FILESYSTEM bucket
+// inside its data directory (pkg/bucket.DefaultDirName).
+const BucketDirName = "bucket"
+
+// Local is what the receiver's own storage (WAL, head chunks, local blocks)
+// takes: Bytes without the bucket.
+func (u DiskUsage) Local() int64 { return u.Bytes - u.Bucket }
 
 // DirUsage walks dir and sums what it holds, like `du -s --bytes` for
 // Apparent and `du -s` for Bytes. Hard links are counted once.
@@ -217,7 +231,11 @@ func DirUsage(dir string) (DiskUsage, error) {
 		}
 		rel, _ := filepath.Rel(dir, path)
 		if rel != "." {
-			u.Parts[partOf(rel)] += alloc
+			part := partOf(rel)
+			u.Parts[part] += alloc
+			if part == BucketDirName {
+				u.Bucket += alloc
+			}
 		}
 		return nil
 	})
@@ -227,10 +245,15 @@ func DirUsage(dir string) (DiskUsage, error) {
 	return u, nil
 }
 
-// partOf classifies a path relative to a data directory. Prometheus-style
-// TSDB directories (also gpustore's tenants/<t>/) are recognised at any depth.
+// partOf classifies a path relative to a data directory. gpustore's bucket
+// comes first: its <tenant>/<ULID>/ directories are uploaded copies, not
+// local blocks. Prometheus-style TSDB directories (also gpustore's
+// tenants/<t>/) are recognised at any depth.
 func partOf(rel string) string {
 	parts := strings.Split(filepath.ToSlash(rel), "/")
+	if parts[0] == BucketDirName {
+		return BucketDirName
+	}
 	for _, p := range parts {
 		switch {
 		case p == "wal" || p == "wbl":
@@ -271,6 +294,9 @@ func (u DiskUsage) String() string {
 	sort.Slice(keys, func(i, j int) bool { return u.Parts[keys[i]] > u.Parts[keys[j]] })
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s allocated (%s apparent, %d files)", fmtBytes(u.Bytes), fmtBytes(u.Apparent), u.Files)
+	if u.Bucket > 0 {
+		fmt.Fprintf(&b, ", of which local %s and bucket %s", fmtBytes(u.Local()), fmtBytes(u.Bucket))
+	}
 	for i, k := range keys {
 		if i == 0 {
 			b.WriteString(": ")

@@ -1,12 +1,16 @@
 package load
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpustore/gpustore/pkg/bucket"
 )
 
 func TestParseStat(t *testing.T) {
@@ -105,6 +109,63 @@ func TestDirUsage(t *testing.T) {
 	}
 }
 
+// gpustore's embedded bucket (<data>/bucket) holds a copy of every shipped
+// block under <tenant>/<ULID>/. Those bytes are the bucket's, not local
+// blocks: counting them as "blocks" counted each shipped block twice.
+func TestDirUsageSeparatesTheBucket(t *testing.T) {
+	if BucketDirName != bucket.DefaultDirName {
+		t.Fatalf("BucketDirName %q, gpustore's bucket directory is %q", BucketDirName, bucket.DefaultDirName)
+	}
+	dir := t.TempDir()
+	write := func(rel string, n int) {
+		p := filepath.Join(dir, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, bytes.Repeat([]byte{0x5a}, n), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const (
+		kib    = 1024
+		chunks = 200 * kib
+		index  = 50 * kib
+		meta   = 1 * kib
+		wal    = 100 * kib
+		slack  = 64 * kib // rounding of files to whole disk blocks, and directories
+	)
+	for _, id := range []string{"01JABCDEFGHJKMNPQRSTVWXYZ0", "01JABCDEFGHJKMNPQRSTVWXYZ1"} {
+		write("tenants/default/"+id+"/chunks/000001", chunks)
+		write("tenants/default/"+id+"/index", index)
+		write("tenants/default/"+id+"/meta.json", meta)
+		write("bucket/default/"+id+"/chunks/000001", chunks) // the shipper's copy
+		write("bucket/default/"+id+"/index", index)
+		write("bucket/default/"+id+"/meta.json", meta)
+	}
+	write("tenants/default/wal/00000000", wal)
+	u, err := DirUsage(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const blocks = 2 * (chunks + index + meta)
+	between := func(what string, got, lo int64) {
+		t.Helper()
+		if got < lo || got >= lo+slack {
+			t.Errorf("%s = %d bytes; want %d (+ less than %d of rounding)", what, got, lo, slack)
+		}
+	}
+	between("local blocks", u.Parts["blocks"], blocks)
+	between("bucket", u.Bucket, blocks)
+	between("bucket part", u.Parts["bucket"], blocks)
+	between("local", u.Local(), blocks+wal)
+	if u.Local()+u.Bucket != u.Bytes {
+		t.Errorf("local %d + bucket %d != total %d", u.Local(), u.Bucket, u.Bytes)
+	}
+	if s := u.String(); !strings.Contains(s, "bucket ") || !strings.Contains(s, "of which local ") {
+		t.Errorf("String() does not show the bucket apart: %s", s)
+	}
+}
+
 func TestPartOf(t *testing.T) {
 	for rel, want := range map[string]string{
 		"wal/00000001": "wal",
@@ -115,6 +176,8 @@ func TestPartOf(t *testing.T) {
 		"indexdb/123/part":                                "indexdb",
 		"lock":                                            "other",
 		"tenants/t1/metadata.json":                        "other",
+		"bucket/t1/01JABCDEFGHJKMNPQRSTVWXYZ0/index":      "bucket",
+		"bucket/t1/01JABCDEFGHJKMNPQRSTVWXYZ0/chunks/1":   "bucket",
 	} {
 		if got := partOf(rel); got != want {
 			t.Errorf("partOf(%q) = %q; want %q", rel, got, want)

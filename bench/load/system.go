@@ -31,6 +31,9 @@ type System struct {
 	// its rollup result cache does not answer repeated rounds).
 	QueryParams url.Values
 	LogPath     string
+	// Bucket is set for a system that keeps an object-store bucket inside
+	// DataDir (gpustore's embedded default, DataDir/BucketDirName).
+	Bucket bool
 
 	cmd     *exec.Cmd
 	logFile *os.File
@@ -60,6 +63,9 @@ func Gpustore(bin, dataDir, addr string) *System {
 		Name: "gpustore", Bin: bin, DataDir: dataDir, Addr: addr,
 		Args:      []string{"-web.listen-address=" + addr, "-storage.tsdb.path=" + dataDir, "-target=ingest,query"},
 		WritePath: "/api/v1/write", ReadyPath: "/-/ready",
+		// The shipper runs with the ingest role and uploads every block
+		// to the embedded FILESYSTEM bucket, <data>/bucket.
+		Bucket: true,
 	}
 }
 

@@ -153,6 +153,7 @@ type window struct {
 type sysResult struct {
 	name, version string
 	err           error
+	bucket        bool // keeps its bucket in its data directory (load.System.Bucket)
 
 	write          load.Result
 	cpuSeconds     float64 // receiver CPU from the first request to idle after the last
@@ -336,6 +337,7 @@ func (b *bench) ingestPhase(ctx context.Context, name string, r *sysResult) (err
 		return err
 	}
 	r.version = s.Version
+	r.bucket = s.Bucket
 	defer func() {
 		if serr := s.Stop(b.o.stopTimeout); serr != nil && err == nil {
 			err = serr
@@ -523,20 +525,31 @@ func (b *bench) report() string {
 		}
 		return fmt.Sprintf("%.0f (%.0f)", float64(r.hwm)/(1<<20), float64(r.rssStart)/(1<<20))
 	})
-	row(fmt.Sprintf("disk bytes/sample, %s of %d GPUs (stopped)", fmtDays(o.ingestDuration), o.ingestNodes*8), func(r *sysResult) string {
-		if !ok(r) || r.diskIngest.Bytes == 0 {
-			return "n/a"
-		}
-		return fmt.Sprintf("%.2f", float64(r.diskIngest.Bytes)/float64(r.write.Samples))
-	})
-	if b.backfill != nil {
-		bst := b.backfill.Stats
-		row(fmt.Sprintf("disk bytes/sample, %s of %d GPUs at %s (stopped)", fmtDays(o.bfDuration), o.bfNodes*8, fmtDays(o.bfInterval)), func(r *sysResult) string {
-			if r.bfWrite.Samples == 0 || r.diskBF.Bytes == 0 {
+	// Local storage and the bucket apart: gpustore's embedded bucket lies in
+	// its data directory and holds a second copy of every shipped block.
+	diskRows := func(what string, samples func(r *sysResult) int64, u func(r *sysResult) load.DiskUsage) {
+		row("disk bytes/sample, local TSDB, "+what, func(r *sysResult) string {
+			if samples(r) == 0 || u(r).Bytes == 0 {
 				return "n/a"
 			}
-			return fmt.Sprintf("%.2f", float64(r.diskBF.Bytes)/float64(r.bfWrite.Samples))
+			return fmt.Sprintf("%.2f", float64(u(r).Local())/float64(samples(r)))
 		})
+		row("disk bytes/sample, bucket, "+what, func(r *sysResult) string {
+			if !r.bucket {
+				return "no bucket"
+			}
+			if samples(r) == 0 || u(r).Bytes == 0 {
+				return "n/a"
+			}
+			return fmt.Sprintf("%.2f", float64(u(r).Bucket)/float64(samples(r)))
+		})
+	}
+	diskRows(fmt.Sprintf("%s of %d GPUs (stopped)", fmtDays(o.ingestDuration), o.ingestNodes*8),
+		func(r *sysResult) int64 { return r.write.Samples }, func(r *sysResult) load.DiskUsage { return r.diskIngest })
+	if b.backfill != nil {
+		bst := b.backfill.Stats
+		diskRows(fmt.Sprintf("%s of %d GPUs at %s (stopped)", fmtDays(o.bfDuration), o.bfNodes*8, fmtDays(o.bfInterval)),
+			func(r *sysResult) int64 { return r.bfWrite.Samples }, func(r *sysResult) load.DiskUsage { return r.diskBF })
 		row(fmt.Sprintf("backfill samples/s (%d samples, oldest first)", bst.Samples), func(r *sysResult) string {
 			if r.bfWrite.Samples == 0 {
 				return "n/a"
@@ -592,7 +605,7 @@ func (b *bench) report() string {
 		nq, o.rounds, o.warmup)
 	sb.WriteString("  CPU: receiver utime+stime (/proc/<pid>/stat) from the first request until it idles (<0.1 core for 3 s) after the last answer (and VictoriaMetrics' force_flush).\n")
 	sb.WriteString("  peak RSS: VmHWM of the receiver after the saturation phase, divided by the distinct series written.\n")
-	sb.WriteString("  disk: allocated bytes (du) of the whole data directory after a clean stop (SIGTERM), divided by the samples accepted.\n")
+	sb.WriteString("  disk: allocated bytes (du) of the data directory after a clean stop (SIGTERM), divided by the samples accepted; local TSDB = WAL, head chunks and local blocks; bucket = gpustore's embedded bucket (<data>/bucket), which holds a second copy of every block the shipper uploaded.\n")
 	for _, r := range b.results {
 		fmt.Fprintf(&sb, "  %s disk: %s; %s.\n", r.name, r.diskIngest.String(), r.diskBF.String())
 		if r.err != nil {

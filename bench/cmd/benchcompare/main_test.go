@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -30,9 +31,9 @@ func TestReport(t *testing.T) {
 		return qr
 	}
 	b.results = []*sysResult{
-		{name: "gpustore", version: "abc+tree", write: load.Result{Samples: 1_000_000, Wall: 2 * time.Second, Codes: map[int]int64{204: 500}},
+		{name: "gpustore", version: "abc+tree", bucket: true, write: load.Result{Samples: 1_000_000, Wall: 2 * time.Second, Codes: map[int]int64{204: 500}},
 			cpuSeconds: 1.5, hwm: 100 << 20, rssStart: 50 << 20, diskIngest: load.DiskUsage{Bytes: 8_000_000},
-			bfWrite: load.Result{Samples: 2_000_000, Wall: 4 * time.Second}, diskBF: load.DiskUsage{Bytes: 4_000_000},
+			bfWrite: load.Result{Samples: 2_000_000, Wall: 4 * time.Second}, diskBF: load.DiskUsage{Bytes: 4_000_000, Bucket: 1_500_000},
 			queries: map[string]load.QueryResult{"1h": qres(10, 3), "24h": qres(20, 3), "7d": qres(100, 3)}},
 		{name: "prometheus", version: "v0.316.0", write: load.Result{Samples: 1_000_000, Wall: 4 * time.Second, Codes: map[int]int64{204: 499, 503: 2}},
 			cpuSeconds: 6, hwm: 200 << 20, diskIngest: load.DiskUsage{Bytes: 8_000_000},
@@ -45,7 +46,7 @@ func TestReport(t *testing.T) {
 		"500000", "250000", // samples/s
 		"1.50", "6.00", // CPU-s per million
 		"2.05", "4.10", // KiB per series: 100 MiB / 50,000
-		"| disk bytes/sample, 7d of 64 GPUs at 1m (stopped)",
+		"| disk bytes/sample, local TSDB, 1h of 1024 GPUs (stopped)",
 		"query p50 / p99, 7d window (64 GPUs at 1m)", "100ms / 1.00s",
 		"0, 0", "2, 1", // errors
 		`1h "GPUs": series gpustore 3, prometheus 4`,
@@ -54,6 +55,18 @@ func TestReport(t *testing.T) {
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	// The week on disk: 2.5 MB in gpustore's local TSDB and 1.5 MB in its
+	// bucket for 2M samples; Prometheus has no bucket.
+	for label, want := range map[string][]string{
+		"disk bytes/sample, local TSDB, 7d of 64 GPUs at 1m (stopped)": {"1.25", "n/a"},
+		"disk bytes/sample, bucket, 7d of 64 GPUs at 1m (stopped)":     {"0.75", "no bucket"},
+		"disk bytes/sample, local TSDB, 1h of 1024 GPUs (stopped)":     {"8.00", "8.00"},
+		"disk bytes/sample, bucket, 1h of 1024 GPUs (stopped)":         {"0.00", "no bucket"},
+	} {
+		if got := cellsOf(out, label); !slices.Equal(got, want) {
+			t.Errorf("row %q = %q, want %q", label, got, want)
 		}
 	}
 	// One table: every table line has the same number of cells.
@@ -72,6 +85,22 @@ func TestReport(t *testing.T) {
 	if cells != 4 {
 		t.Errorf("table has %d separators per line; want 4 (metric + 2 systems)", cells)
 	}
+}
+
+// cellsOf returns the system cells of the table row labelled label.
+func cellsOf(table, label string) []string {
+	for _, line := range strings.Split(table, "\n") {
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		if len(cells) < 2 || strings.TrimSpace(cells[0]) != label {
+			continue
+		}
+		var out []string
+		for _, c := range cells[1:] {
+			out = append(out, strings.TrimSpace(c))
+		}
+		return out
+	}
+	return nil
 }
 
 func TestFlagsRejectUnknownSystem(t *testing.T) {

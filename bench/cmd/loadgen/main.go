@@ -247,7 +247,9 @@ Flags:
 		if o.stopReceiver {
 			state = "receiver stopped"
 		}
-		fmt.Fprintf(stdout, "disk: %.2f bytes per accepted sample (%s; %s)\n", float64(u.Bytes)/float64(max(res.Samples, 1)), u, state)
+		per := func(b int64) float64 { return float64(b) / float64(max(res.Samples, 1)) }
+		fmt.Fprintf(stdout, "disk: %.2f bytes per accepted sample in the local TSDB, %.2f in the embedded bucket (%s; %s)\n",
+			per(u.Local()), per(u.Bucket), u, state)
 	}
 	return nil
 }
