@@ -14,10 +14,15 @@ import (
 // Query-time deduplication is the fallback for data that still carries the
 // replica labels of a Prometheus HA pair: the ingest HA tracker was off, or
 // blocks came from elsewhere. Series that differ only in replica labels are
-// merged into one series without those labels: the merged series follows
-// one replica and switches to another only across a gap in the first, and
-// for counter functions it refuses a switch that would look like a counter
-// reset the replica it leaves did not see.
+// merged into one series without those labels that covers the union of the
+// replicas' time ranges: it starts on the replica with the earliest sample,
+// follows it, and switches to another only across a gap in the first; for
+// counter functions it refuses a switch that would look like a counter reset
+// the replica it leaves did not see.
+//
+// Each replica series is the merge of the head, local blocks and bucket
+// blocks (openQuerier) before it gets here, so block boundaries are
+// invisible to the rule.
 
 type dedupKey struct{}
 
@@ -102,98 +107,164 @@ func (s *dedupSeries) Iterator(chunkenc.Iterator) chunkenc.Iterator {
 	}
 	it := &dedupIterator{counter: s.counter, last: minTime}
 	for _, r := range s.group.replicas {
-		it.its = append(it.its, &peekIterator{it: r.Iterator(nil)})
+		it.its = append(it.its, &replicaIterator{it: r.Iterator(nil), prevT: minTime, steps: firstSteps(r)})
 	}
 	return it
 }
 
 const minTime = -1 << 62
 
-// peekIterator remembers the sample it stands on.
-type peekIterator struct {
-	it   chunkenc.Iterator
-	typ  chunkenc.ValueType // ValNone before the first sample and when done
-	done bool
-	t    int64
-	v    float64
+// firstSteps reads a replica's first three samples with an iterator of its
+// own: the merge must judge the first step of a replica (a gap or not)
+// before it has seen two.
+func firstSteps(s storage.Series) (steps [2]int64) {
+	it := s.Iterator(nil)
+	var prev int64
+	for i := 0; i < 3 && it.Next() != chunkenc.ValNone; i++ {
+		t := it.AtT()
+		if i > 0 {
+			steps[i-1] = t - prev
+		}
+		prev = t
+	}
+	return steps
 }
 
-// advanceAfter moves to the first sample after t.
-func (p *peekIterator) advanceAfter(t int64) {
-	if p.done || (p.typ != chunkenc.ValNone && p.t > t) {
+// replicaIterator walks one replica sample by sample, remembers the sample
+// it stands on and learns the replica's scrape interval from its own steps,
+// including those of samples the merge does not take.
+type replicaIterator struct {
+	it    chunkenc.Iterator
+	typ   chunkenc.ValueType // ValNone before the first sample and when done
+	done  bool
+	t     int64
+	v     float64
+	prevT int64    // the replica's sample before t (minTime: none)
+	steps [2]int64 // its last two steps up to prevT (0: unknown)
+}
+
+// next moves to the replica's next sample.
+func (r *replicaIterator) next() {
+	if r.done {
 		return
 	}
-	p.typ = p.it.Seek(t + 1)
-	if p.typ == chunkenc.ValNone {
-		p.done = true
+	if r.typ != chunkenc.ValNone {
+		if r.prevT != minTime {
+			r.steps = [2]int64{r.steps[1], r.t - r.prevT}
+		}
+		r.prevT = r.t
+	}
+	r.typ = r.it.Next()
+	if r.typ == chunkenc.ValNone {
+		r.done = true
 		return
 	}
-	p.t = p.it.AtT()
-	if p.typ == chunkenc.ValFloat {
-		_, p.v = p.it.At()
+	r.t = r.it.AtT()
+	if r.typ == chunkenc.ValFloat {
+		_, r.v = r.it.At()
 	}
+}
+
+// advanceTo moves to the replica's first sample at or after t.
+func (r *replicaIterator) advanceTo(t int64) {
+	for !r.done && (r.typ == chunkenc.ValNone || r.t < t) {
+		r.next()
+	}
+}
+
+// interval is the replica's scrape interval: the shorter of its last two
+// steps, so that one missed scrape does not double it (0: unknown).
+func (r *replicaIterator) interval() int64 {
+	a, b := r.steps[0], r.steps[1]
+	switch {
+	case a == 0:
+		return b
+	case b == 0:
+		return a
+	}
+	return min(a, b)
 }
 
 // dedupIterator merges replicas of one series.
 type dedupIterator struct {
-	its      []*peekIterator
-	cur      int
-	counter  bool
-	last     int64
-	lastV    float64
-	interval int64 // estimated scrape interval of the merged series
-	typ      chunkenc.ValueType
-	err      error
+	its     []*replicaIterator
+	cur     int // the replica of the last sample
+	counter bool
+	last    int64
+	lastV   float64
+	typ     chunkenc.ValueType
+	err     error
 }
 
 func (d *dedupIterator) Next() chunkenc.ValueType {
-	for _, p := range d.its {
-		p.advanceAfter(d.last)
-		if err := p.it.Err(); err != nil {
+	if d.err != nil {
+		return chunkenc.ValNone
+	}
+	for _, r := range d.its {
+		r.advanceTo(d.last + 1)
+	}
+	pick := d.pick()
+	for _, r := range d.its {
+		if err := r.it.Err(); err != nil {
 			d.err = err
 			return chunkenc.ValNone
-		}
-	}
-	cur := d.its[d.cur]
-	// Stay on the current replica unless it has a gap (nothing within twice
-	// the interval) that another replica fills.
-	pick := -1
-	if cur.typ != chunkenc.ValNone && (d.interval == 0 || d.last == minTime || cur.t <= d.last+2*d.interval) {
-		pick = d.cur
-	} else {
-		// Across the gap take the earliest sample of any replica, except, for
-		// counters, one that is below the last value while the replica we are
-		// on still goes up: that replica saw no reset, so it is a fake one.
-		for {
-			pick = -1
-			for i, p := range d.its {
-				if p.typ != chunkenc.ValNone && (pick == -1 || p.t < d.its[pick].t) {
-					pick = i
-				}
-			}
-			if pick == -1 || pick == d.cur || !d.counter || d.last == minTime {
-				break
-			}
-			p := d.its[pick]
-			if p.typ == chunkenc.ValFloat && p.v < d.lastV && cur.typ == chunkenc.ValFloat && cur.v >= d.lastV {
-				p.advanceAfter(p.t)
-				continue
-			}
-			break
 		}
 	}
 	if pick == -1 {
 		d.typ = chunkenc.ValNone
 		return d.typ
 	}
-	p := d.its[pick]
-	if d.last != minTime {
-		if step := p.t - d.last; d.interval == 0 || (pick == d.cur && step < 4*d.interval) {
-			d.interval = step
+	r := d.its[pick]
+	d.cur, d.last, d.lastV, d.typ = pick, r.t, r.v, r.typ
+	return d.typ
+}
+
+// pick chooses the replica of the next sample; every replica stands on its
+// first sample after the last one.
+func (d *dedupIterator) pick() int {
+	if d.last == minTime { // the first sample: whichever replica has the earliest
+		return d.earliest()
+	}
+	cur := d.its[d.cur]
+	interval := cur.interval()
+	// Stay on the current replica unless it has a gap: nothing within twice
+	// its interval.
+	if cur.typ != chunkenc.ValNone && (interval == 0 || cur.t <= d.last+2*interval) {
+		return d.cur
+	}
+	// Across the gap take the earliest sample of any replica, but none within
+	// half an interval of the last one: that is the other replica's answer to
+	// the scrape just taken.
+	for i, r := range d.its {
+		if i != d.cur {
+			r.advanceTo(d.last + max(1, interval/2))
 		}
 	}
-	d.cur, d.last, d.lastV, d.typ = pick, p.t, p.v, p.typ
-	return d.typ
+	for {
+		pick := d.earliest()
+		if pick == -1 || pick == d.cur || !d.counter {
+			return pick
+		}
+		// For counters, not a sample below the last value while the replica
+		// we are on still goes up: that replica saw no reset, so it is a fake one.
+		r := d.its[pick]
+		if r.typ == chunkenc.ValFloat && r.v < d.lastV && cur.typ == chunkenc.ValFloat && cur.v >= d.lastV {
+			r.next()
+			continue
+		}
+		return pick
+	}
+}
+
+// earliest is the replica standing on the earliest sample (-1: all done).
+func (d *dedupIterator) earliest() int {
+	pick := -1
+	for i, r := range d.its {
+		if r.typ != chunkenc.ValNone && (pick == -1 || r.t < d.its[pick].t) {
+			pick = i
+		}
+	}
+	return pick
 }
 
 func (d *dedupIterator) Seek(t int64) chunkenc.ValueType {

@@ -33,12 +33,22 @@ type TenantQueryable struct {
 
 // Querier implements storage.Queryable.
 func (q TenantQueryable) Querier(mint, maxt int64) (storage.Querier, error) {
-	return &tenantQuerier{dbs: q.DBs, sources: q.Sources, mint: mint, maxt: maxt}, nil
+	return &tenantQuerier[storage.SeriesSet, storage.Querier]{
+		open: func(id string) (storage.Querier, error) { return openQuerier(q.DBs, q.Sources, id, mint, maxt) },
+		sel:  selectSamples,
+		fail: storage.ErrSeriesSet,
+	}, nil
 }
 
 // ChunkQuerier implements storage.ChunkQueryable (used by remote read).
 func (q TenantQueryable) ChunkQuerier(mint, maxt int64) (storage.ChunkQuerier, error) {
-	return &tenantChunkQuerier{dbs: q.DBs, sources: q.Sources, mint: mint, maxt: maxt}, nil
+	return &tenantQuerier[storage.ChunkSeriesSet, storage.ChunkQuerier]{
+		open: func(id string) (storage.ChunkQuerier, error) {
+			return openChunkQuerier(q.DBs, q.Sources, id, mint, maxt)
+		},
+		sel:  selectChunks,
+		fail: storage.ErrChunkSeriesSet,
+	}, nil
 }
 
 // ExemplarQuerier implements storage.ExemplarQueryable.
@@ -54,48 +64,73 @@ func (q TenantQueryable) ExemplarQuerier(ctx context.Context) (storage.ExemplarQ
 	return db.ExemplarQuerier(ctx)
 }
 
+// querier is storage.Querier (S: storage.SeriesSet) or storage.ChunkQuerier
+// (S: storage.ChunkSeriesSet).
+type querier[S any] interface {
+	storage.LabelQuerier
+	Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, matchers ...*labels.Matcher) S
+}
+
 // tenantQuerier opens the tenant's querier on first use: the tenant is only
 // known once a call with a context arrives.
-type tenantQuerier struct {
-	dbs        *tenantdb.Manager
-	sources    []Source
-	mint, maxt int64
+type tenantQuerier[S any, Q querier[S]] struct {
+	open func(tenant string) (Q, error)
+	sel  func(ctx context.Context, q Q, sortSeries bool, hints *storage.SelectHints, matchers ...*labels.Matcher) S
+	fail func(error) S
 
 	mtx    sync.Mutex // the engine may select from several goroutines
-	q      storage.Querier
+	q      Q
+	opened bool
 	tenant string
 }
 
-func (t *tenantQuerier) resolve(ctx context.Context) (storage.Querier, error) {
+func (t *tenantQuerier[S, Q]) resolve(ctx context.Context) (Q, error) {
+	var none Q
 	id, err := tenant.TenantID(ctx)
 	if err != nil {
-		return nil, err
+		return none, err
 	}
 	t.mtx.Lock()
 	defer t.mtx.Unlock()
-	if t.q != nil {
+	if t.opened {
 		if id != t.tenant {
-			return nil, fmt.Errorf("querier of tenant %q used for tenant %q", t.tenant, id)
+			return none, fmt.Errorf("querier of tenant %q used for tenant %q", t.tenant, id)
 		}
 		return t.q, nil
 	}
-	q, err := openQuerier(t.dbs, t.sources, id, t.mint, t.maxt)
+	q, err := t.open(id)
 	if err != nil {
-		return nil, err
+		return none, err
 	}
-	t.q, t.tenant = q, id
+	t.q, t.tenant, t.opened = q, id, true
 	return q, nil
 }
 
-func (t *tenantQuerier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, matchers ...*labels.Matcher) storage.SeriesSet {
+func (t *tenantQuerier[S, Q]) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, matchers ...*labels.Matcher) S {
 	q, err := t.resolve(ctx)
 	if err != nil {
-		return storage.ErrSeriesSet(err)
+		return t.fail(err)
 	}
+	return t.sel(ctx, q, sortSeries, hints, matchers...)
+}
+
+// selectSamples selects from the tenant's querier and, unless the request
+// turned it off, merges the replicas of an HA pair (dedup.go).
+func selectSamples(ctx context.Context, q storage.Querier, sortSeries bool, hints *storage.SelectHints, matchers ...*labels.Matcher) storage.SeriesSet {
 	if replicaLabels := dedupLabels(ctx); len(replicaLabels) > 0 {
 		return timeoutSeriesSet{dedupSeriesSet(q.Select(ctx, true, hints, matchers...), replicaLabels, hints)}
 	}
 	return timeoutSeriesSet{q.Select(ctx, sortSeries, hints, matchers...)}
+}
+
+// selectChunks is selectSamples for chunk queries (remote read): merging
+// replicas needs their samples, so the merged series are encoded again.
+func selectChunks(ctx context.Context, q storage.ChunkQuerier, sortSeries bool, hints *storage.SelectHints, matchers ...*labels.Matcher) storage.ChunkSeriesSet {
+	if replicaLabels := dedupLabels(ctx); len(replicaLabels) > 0 {
+		ss := storage.NewSeriesSetFromChunkSeriesSet(q.Select(ctx, true, hints, matchers...))
+		return storage.NewSeriesSetToChunkSet(timeoutSeriesSet{dedupSeriesSet(ss, replicaLabels, hints)})
+	}
+	return q.Select(ctx, sortSeries, hints, matchers...)
 }
 
 // asTimeout turns a deadline met inside storage into PromQL's query timeout,
@@ -113,7 +148,7 @@ type timeoutSeriesSet struct{ storage.SeriesSet }
 
 func (s timeoutSeriesSet) Err() error { return asTimeout(s.SeriesSet.Err()) }
 
-func (t *tenantQuerier) LabelValues(ctx context.Context, name string, hints *storage.LabelHints, matchers ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+func (t *tenantQuerier[S, Q]) LabelValues(ctx context.Context, name string, hints *storage.LabelHints, matchers ...*labels.Matcher) ([]string, annotations.Annotations, error) {
 	q, err := t.resolve(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -122,7 +157,7 @@ func (t *tenantQuerier) LabelValues(ctx context.Context, name string, hints *sto
 	return vals, ann, asTimeout(err)
 }
 
-func (t *tenantQuerier) LabelNames(ctx context.Context, hints *storage.LabelHints, matchers ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+func (t *tenantQuerier[S, Q]) LabelNames(ctx context.Context, hints *storage.LabelHints, matchers ...*labels.Matcher) ([]string, annotations.Annotations, error) {
 	q, err := t.resolve(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -131,74 +166,10 @@ func (t *tenantQuerier) LabelNames(ctx context.Context, hints *storage.LabelHint
 	return names, ann, asTimeout(err)
 }
 
-func (t *tenantQuerier) Close() error {
+func (t *tenantQuerier[S, Q]) Close() error {
 	t.mtx.Lock()
 	defer t.mtx.Unlock()
-	if t.q == nil {
-		return nil
-	}
-	return t.q.Close()
-}
-
-type tenantChunkQuerier struct {
-	dbs        *tenantdb.Manager
-	sources    []Source
-	mint, maxt int64
-
-	mtx    sync.Mutex
-	q      storage.ChunkQuerier
-	tenant string
-}
-
-func (t *tenantChunkQuerier) resolve(ctx context.Context) (storage.ChunkQuerier, error) {
-	id, err := tenant.TenantID(ctx)
-	if err != nil {
-		return nil, err
-	}
-	t.mtx.Lock()
-	defer t.mtx.Unlock()
-	if t.q != nil {
-		if id != t.tenant {
-			return nil, fmt.Errorf("querier of tenant %q used for tenant %q", t.tenant, id)
-		}
-		return t.q, nil
-	}
-	q, err := openChunkQuerier(t.dbs, t.sources, id, t.mint, t.maxt)
-	if err != nil {
-		return nil, err
-	}
-	t.q, t.tenant = q, id
-	return q, nil
-}
-
-func (t *tenantChunkQuerier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, matchers ...*labels.Matcher) storage.ChunkSeriesSet {
-	q, err := t.resolve(ctx)
-	if err != nil {
-		return storage.ErrChunkSeriesSet(err)
-	}
-	return q.Select(ctx, sortSeries, hints, matchers...)
-}
-
-func (t *tenantChunkQuerier) LabelValues(ctx context.Context, name string, hints *storage.LabelHints, matchers ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	q, err := t.resolve(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	return q.LabelValues(ctx, name, hints, matchers...)
-}
-
-func (t *tenantChunkQuerier) LabelNames(ctx context.Context, hints *storage.LabelHints, matchers ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	q, err := t.resolve(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	return q.LabelNames(ctx, hints, matchers...)
-}
-
-func (t *tenantChunkQuerier) Close() error {
-	t.mtx.Lock()
-	defer t.mtx.Unlock()
-	if t.q == nil {
+	if !t.opened {
 		return nil
 	}
 	return t.q.Close()
