@@ -64,6 +64,25 @@ func Targets() []string { return []string{All, Ingest, Query, Rules} }
 
 func isTarget(t string) bool { return slices.Contains(Targets(), t) }
 
+// checkRoles refuses the targets that would hide or lose data until scale-out
+// (issue 15) lets roles in different processes reach each other: a query
+// role reads only its own process's heads, and a rules role writes its
+// results into its own process's TSDBs, which only the ingest role ships.
+func checkRoles(targets []string) error {
+	has := func(role string) bool { return slices.Contains(targets, role) || slices.Contains(targets, All) }
+	switch {
+	case has(Ingest):
+		return nil
+	case has(Rules):
+		return errors.New("target rules needs ingest in the same process (-target=all or -target=ingest,rules): " +
+			"rule results go to this process's TSDB, which nothing would ship to the bucket")
+	case has(Query):
+		return errors.New("target query needs ingest in the same process (-target=all or -target=ingest,query): " +
+			"a query process cannot read another process's head, so the samples not yet in the bucket would be missing")
+	}
+	return nil
+}
+
 // App is one gpustore process.
 type App struct {
 	Cfg      Config

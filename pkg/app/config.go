@@ -79,10 +79,14 @@ func DefaultConfig() Config {
 // Validate checks every section.
 func (c *Config) Validate() error {
 	var errs []error
-	for _, t := range strings.Split(c.Target, ",") {
+	targets := strings.Split(c.Target, ",")
+	for _, t := range targets {
 		if !isTarget(t) {
 			errs = append(errs, fmt.Errorf("unknown target %q: want one of %s", t, strings.Join(Targets(), ", ")))
 		}
+	}
+	if err := checkRoles(targets); err != nil {
+		errs = append(errs, err)
 	}
 	for _, v := range []interface{ Validate() error }{c.TSDB, c.Tenant, c.Ingest, c.Query, c.Limits, c.HA, c.Rules} {
 		if err := v.Validate(); err != nil {
