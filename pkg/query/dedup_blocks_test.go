@@ -50,7 +50,7 @@ func TestDedupAcrossHeadLocalAndBucketBlocks(t *testing.T) {
 		for i, r := range []string{"p0", "p1"} {
 			var samples []fsample
 			for _, st := range stretches[r] {
-				for ts := st[0]; ts < st[1]; ts += scrape {
+				for ts := st[0]; ts < st[1]; ts += scrapeEvery {
 					s := fsample{t0 + ts + lag[r], float64(40 + i*10 + g)}
 					samples = append(samples, s)
 					points = append(points, point{labels.FromStrings("__name__", "DCGM_FI_DEV_GPU_TEMP", "gpu", gpu, "__replica__", r), s})
@@ -149,16 +149,16 @@ func TestDedupAcrossHeadLocalAndBucketBlocks(t *testing.T) {
 		t.Fatalf("%d merged series, want 2", len(merged))
 	}
 	for gpu, got := range merged {
-		if want := referenceDedup(written[gpu], scrape, false); !slices.Equal(got, want) {
+		if want := referenceDedup(written[gpu], scrapeEvery, false); !slices.Equal(got, want) {
 			t.Errorf("gpu %s: merged %s\nreference %s", gpu, describeSamples(got), describeSamples(want))
 		}
 		slots := map[int64]int{}
 		for _, s := range got {
-			slots[(s.t-t0)/scrape]++
+			slots[(s.t-t0)/scrapeEvery]++
 		}
-		for slot := int64(0); slot < 12*minute/scrape; slot++ {
+		for slot := int64(0); slot < 12*minute/scrapeEvery; slot++ {
 			if slots[slot] != 1 {
-				t.Errorf("gpu %s: scrape %d (minute %.2f) is in the merged series %d times", gpu, slot, float64(slot*scrape)/minute, slots[slot])
+				t.Errorf("gpu %s: scrape %d (minute %.2f) is in the merged series %d times", gpu, slot, float64(slot*scrapeEvery)/minute, slots[slot])
 			}
 		}
 	}

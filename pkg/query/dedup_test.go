@@ -171,14 +171,14 @@ func dedupOf(t testing.TB, replicas [][]fsample, fn string) []fsample {
 	return out
 }
 
-const scrape = 15_000 // ms
+const scrapeEvery = 15_000 // ms
 
 // scrapes are a replica's samples every 15 s in [from, to), lag ms after the
 // scrape slot; the value tells the replica and the slot apart.
 func scrapes(replica int, from, to, lag int64) []fsample {
 	var out []fsample
-	for ts := from; ts < to; ts += scrape {
-		out = append(out, fsample{ts + lag, float64(1000*replica) + float64(ts/scrape)})
+	for ts := from; ts < to; ts += scrapeEvery {
+		out = append(out, fsample{ts + lag, float64(1000*replica) + float64(ts/scrapeEvery)})
 	}
 	return out
 }
@@ -225,8 +225,8 @@ func TestDedupReplicaLayouts(t *testing.T) {
 		want:     join(scrapes(1, 0, 180*minute, 300), scrapes(0, 180*minute, 240*minute, 0)),
 	}, {
 		name:     "a lone first sample, then a gap",
-		replicas: [][]fsample{join(scrapes(0, 0, scrape, 0), scrapes(0, 60*minute, 120*minute, 0)), scrapes(1, 0, 120*minute, 300)},
-		want:     join(scrapes(0, 0, scrape, 0), scrapes(1, scrape, 120*minute, 300)),
+		replicas: [][]fsample{join(scrapes(0, 0, scrapeEvery, 0), scrapes(0, 60*minute, 120*minute, 0)), scrapes(1, 0, 120*minute, 300)},
+		want:     join(scrapes(0, 0, scrapeEvery, 0), scrapes(1, scrapeEvery, 120*minute, 300)),
 	}, {
 		name: "three replicas, each up for a stretch",
 		replicas: [][]fsample{
@@ -251,7 +251,7 @@ func describeSamples(s []fsample) string {
 	var b strings.Builder
 	for i := 0; i < len(s); {
 		j := i
-		for j+1 < len(s) && int(s[j+1].f)/1000 == int(s[i].f)/1000 && s[j+1].t-s[j].t <= 2*scrape {
+		for j+1 < len(s) && int(s[j+1].f)/1000 == int(s[i].f)/1000 && s[j+1].t-s[j].t <= 2*scrapeEvery {
 			j++
 		}
 		fmt.Fprintf(&b, " r%d[%dms..%dms]x%d", int(s[i].f)/1000, s[i].t, s[j].t, j-i+1)
@@ -261,11 +261,11 @@ func describeSamples(s []fsample) string {
 }
 
 // referenceDedup is the rule of query-time dedup written as plainly as
-// possible, with the scrape interval known rather than estimated: start on
+// possible, with the scrapeEvery interval known rather than estimated: start on
 // the replica with the earliest sample; stay on it while its next sample is
 // within two intervals; across a gap take the earliest sample of any replica
 // at least half an interval later (not the other replica's answer to the
-// scrape just taken), except, for counters, one below the last value while
+// scrapeEvery just taken), except, for counters, one below the last value while
 // the replica left behind still goes up.
 func referenceDedup(replicas [][]fsample, interval int64, counter bool) []fsample {
 	after := func(r []fsample, t int64) int { // index of the first sample at or after t
@@ -364,7 +364,7 @@ func randomReplicas(rng *rand.Rand, interval int64, counter bool) [][]fsample {
 // on random replica layouts, and checks the reference keeps its promise:
 // every sample of any replica has a merged sample within one interval (the
 // union of the replicas is covered), and no two merged samples are closer
-// than half an interval (no scrape counted twice).
+// than half an interval (no scrapeEvery counted twice).
 func TestDedupMatchesReferenceMerge(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 1))
 	for i := range 400 {
