@@ -234,7 +234,7 @@ func (a *App) initStorage() (services.Service, error) {
 					a.Logger.Warn("apply reloaded limits", "err", err)
 				}
 				if a.Ingester != nil {
-					a.Ingester.ResetCaches()
+					a.Ingester.ApplyLimits()
 				}
 			case <-t.C:
 				if err := dbs.FlushMetadata(); err != nil {

@@ -26,6 +26,39 @@ func malformed(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errMalformed, fmt.Sprintf(format, args...))
 }
 
+// The decoders accept exactly what the generated protobuf code (gogo, as
+// Prometheus' own receiver uses it) accepts, with the same content, except
+// for input no protobuf encoder produces, where they are stricter (the fuzz
+// targets check both, see fuzz_test.go):
+//   - varints whose tenth byte carries bits beyond 64 (gogo drops the bits);
+//   - field numbers above 2^31-1 (gogo truncates them to 32 bits);
+//   - groups whose end marker names another field (gogo does not check);
+//   - 2.0: label, help and unit references outside the symbols table and an
+//     odd number of label references (gogo leaves them to the caller).
+// A known field with the wrong wire type is rejected, as gogo does.
+
+// badTag and badField describe a protowire parse failure n (< 0).
+func badTag(msg string, n int) error {
+	return malformed("%s: bad tag: %v", msg, protowire.ParseError(n))
+}
+
+func badField(msg string, num protowire.Number, n int) error {
+	return malformed("%s: bad field %d: %v", msg, num, protowire.ParseError(n))
+}
+
+func wrongType(msg string, num protowire.Number, typ protowire.Type) error {
+	return malformed("%s: field %d has wire type %d", msg, num, typ)
+}
+
+// skipField skips a field this decoder does not read.
+func skipField(msg string, num protowire.Number, typ protowire.Type, b []byte) ([]byte, error) {
+	m := protowire.ConsumeFieldValue(num, typ, b)
+	if m < 0 {
+		return nil, badField(msg, num, m)
+	}
+	return b[m:], nil
+}
+
 type labelPair struct{ name, value []byte }
 
 type sample struct {
@@ -38,6 +71,9 @@ type seriesMeta struct {
 	typ        int32 // prompb.MetricMetadata_MetricType / writev2.Metadata_MetricType, same numbering
 	help, unit []byte
 	set        bool
+	// 2.0: the symbol references of help and unit, resolved once the whole
+	// series is read (a field may come more than once; the last one counts).
+	helpRef, unitRef uint32
 }
 
 // decodedSeries is one time series of a request. Its slices are valid until
@@ -154,33 +190,33 @@ func (d *v1Decoder) next() bool {
 	for len(d.body) > 0 && d.e == nil {
 		num, typ, n := protowire.ConsumeTag(d.body)
 		if n < 0 {
-			d.e = malformed("WriteRequest: bad tag")
+			d.e = badTag("WriteRequest", n)
 			return false
 		}
 		d.body = d.body[n:]
-		if (num == 1 || num == 3) && typ == protowire.BytesType {
-			msg, m := protowire.ConsumeBytes(d.body)
-			if m < 0 {
-				d.e = malformed("WriteRequest: truncated field %d", num)
-				return false
-			}
-			d.body = d.body[m:]
-			if num == 3 {
-				d.metadata = append(d.metadata, msg)
-				continue
-			}
-			if err := d.parseSeries(msg); err != nil {
-				d.e = err
-				return false
-			}
-			return true
+		if num != 1 && num != 3 {
+			d.body, d.e = skipField("WriteRequest", num, typ, d.body)
+			continue
 		}
-		m := protowire.ConsumeFieldValue(num, typ, d.body)
+		if typ != protowire.BytesType {
+			d.e = wrongType("WriteRequest", num, typ)
+			return false
+		}
+		msg, m := protowire.ConsumeBytes(d.body)
 		if m < 0 {
-			d.e = malformed("WriteRequest: bad field %d", num)
+			d.e = badField("WriteRequest", num, m)
 			return false
 		}
 		d.body = d.body[m:]
+		if num == 3 {
+			d.metadata = append(d.metadata, msg)
+			continue
+		}
+		if err := d.parseSeries(msg); err != nil {
+			d.e = err
+			return false
+		}
+		return true
 	}
 	return false
 }
@@ -191,20 +227,22 @@ func (d *v1Decoder) parseSeries(b []byte) error {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return malformed("TimeSeries: bad tag")
+			return badTag("TimeSeries", n)
 		}
 		b = b[n:]
-		if typ != protowire.BytesType || num < 1 || num > 4 {
-			m := protowire.ConsumeFieldValue(num, typ, b)
-			if m < 0 {
-				return malformed("TimeSeries: bad field %d", num)
+		if num < 1 || num > 4 {
+			var err error
+			if b, err = skipField("TimeSeries", num, typ, b); err != nil {
+				return err
 			}
-			b = b[m:]
 			continue
+		}
+		if typ != protowire.BytesType {
+			return wrongType("TimeSeries", num, typ)
 		}
 		msg, m := protowire.ConsumeBytes(b)
 		if m < 0 {
-			return malformed("TimeSeries: truncated field %d", num)
+			return badField("TimeSeries", num, m)
 		}
 		b = b[m:]
 		switch num {
@@ -215,7 +253,7 @@ func (d *v1Decoder) parseSeries(b []byte) error {
 			}
 			s.labels = append(s.labels, labelPair{name, value})
 		case 2:
-			smp, err := parseSample(msg)
+			smp, err := parseSample(msg, false)
 			if err != nil {
 				return err
 			}
@@ -233,53 +271,60 @@ func parseV1Label(b []byte) (name, value []byte, err error) {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return nil, nil, malformed("Label: bad tag")
+			return nil, nil, badTag("Label", n)
 		}
 		b = b[n:]
-		if (num == 1 || num == 2) && typ == protowire.BytesType {
-			v, m := protowire.ConsumeBytes(b)
-			if m < 0 {
-				return nil, nil, malformed("Label: truncated field %d", num)
-			}
-			b = b[m:]
-			if num == 1 {
-				name = v
-			} else {
-				value = v
+		if num != 1 && num != 2 {
+			if b, err = skipField("Label", num, typ, b); err != nil {
+				return nil, nil, err
 			}
 			continue
 		}
-		m := protowire.ConsumeFieldValue(num, typ, b)
+		if typ != protowire.BytesType {
+			return nil, nil, wrongType("Label", num, typ)
+		}
+		v, m := protowire.ConsumeBytes(b)
 		if m < 0 {
-			return nil, nil, malformed("Label: bad field %d", num)
+			return nil, nil, badField("Label", num, m)
 		}
 		b = b[m:]
+		if num == 1 {
+			name = v
+		} else {
+			value = v
+		}
 	}
 	return name, value, nil
 }
 
 // parseSample decodes a Sample of either version: 1 value (double),
 // 2 timestamp (int64), and in 2.0 also 3 start_timestamp (int64).
-func parseSample(b []byte) (sample, error) {
+func parseSample(b []byte, v2 bool) (sample, error) {
 	var s sample
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return s, malformed("Sample: bad tag")
+			return s, badTag("Sample", n)
 		}
 		b = b[n:]
 		switch {
-		case num == 1 && typ == protowire.Fixed64Type:
+		case num == 1:
+			if typ != protowire.Fixed64Type {
+				return s, wrongType("Sample", num, typ)
+			}
 			v, m := protowire.ConsumeFixed64(b)
 			if m < 0 {
-				return s, malformed("Sample: truncated value")
+				return s, badField("Sample", num, m)
 			}
 			s.v = math.Float64frombits(v)
 			b = b[m:]
-		case (num == 2 || num == 3) && typ == protowire.VarintType:
+		case num == 2 || (v2 && num == 3):
+			if typ != protowire.VarintType {
+				return s, wrongType("Sample", num, typ)
+			}
 			v, m := protowire.ConsumeVarint(b)
 			if m < 0 {
-				return s, malformed("Sample: truncated timestamp")
+				return s, badField("Sample", num, m)
 			}
 			if num == 2 {
 				s.t = int64(v)
@@ -288,11 +333,10 @@ func parseSample(b []byte) (sample, error) {
 			}
 			b = b[m:]
 		default:
-			m := protowire.ConsumeFieldValue(num, typ, b)
-			if m < 0 {
-				return s, malformed("Sample: bad field %d", num)
+			var err error
+			if b, err = skipField("Sample", num, typ, b); err != nil {
+				return s, err
 			}
-			b = b[m:]
 		}
 	}
 	return s, nil
@@ -321,26 +365,27 @@ func (d *v2Decoder) reset(body []byte) {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			d.e = malformed("Request: bad tag")
+			d.e = badTag("Request", n)
 			return
 		}
 		b = b[n:]
-		if num == 4 && typ == protowire.BytesType {
+		if (num == 4 || num == 5) && typ != protowire.BytesType {
+			d.e = wrongType("Request", num, typ)
+			return
+		}
+		if num == 4 {
 			sym, m := protowire.ConsumeBytes(b)
 			if m < 0 {
-				d.e = malformed("Request: truncated symbol")
+				d.e = badField("Request", num, m)
 				return
 			}
 			d.symbols = append(d.symbols, sym)
 			b = b[m:]
 			continue
 		}
-		m := protowire.ConsumeFieldValue(num, typ, b)
-		if m < 0 {
-			d.e = malformed("Request: bad field %d", num)
+		if b, d.e = skipField("Request", num, typ, b); d.e != nil {
 			return
 		}
-		b = b[m:]
 	}
 }
 
@@ -354,33 +399,31 @@ func (d *v2Decoder) symbol(ref uint32) ([]byte, error) {
 	return d.symbols[ref], nil
 }
 
+// next walks the body a second time, for the series; reset has checked its
+// framing already.
 func (d *v2Decoder) next() bool {
 	for len(d.body) > 0 && d.e == nil {
 		num, typ, n := protowire.ConsumeTag(d.body)
 		if n < 0 {
-			d.e = malformed("Request: bad tag")
+			d.e = badTag("Request", n)
 			return false
 		}
 		d.body = d.body[n:]
-		if num == 5 && typ == protowire.BytesType {
-			msg, m := protowire.ConsumeBytes(d.body)
-			if m < 0 {
-				d.e = malformed("Request: truncated timeseries")
-				return false
-			}
-			d.body = d.body[m:]
-			if err := d.parseSeries(msg); err != nil {
-				d.e = err
-				return false
-			}
-			return true
+		if num != 5 {
+			d.body, d.e = skipField("Request", num, typ, d.body)
+			continue
 		}
-		m := protowire.ConsumeFieldValue(num, typ, d.body)
+		msg, m := protowire.ConsumeBytes(d.body)
 		if m < 0 {
-			d.e = malformed("Request: bad field %d", num)
+			d.e = badField("Request", num, m)
 			return false
 		}
 		d.body = d.body[m:]
+		if err := d.parseSeries(msg); err != nil {
+			d.e = err
+			return false
+		}
+		return true
 	}
 	return false
 }
@@ -392,20 +435,20 @@ func (d *v2Decoder) parseSeries(b []byte) error {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return malformed("TimeSeries: bad tag")
+			return badTag("TimeSeries", n)
 		}
 		b = b[n:]
 		switch {
 		case num == 1 && typ == protowire.BytesType: // packed labels_refs
 			packed, m := protowire.ConsumeBytes(b)
 			if m < 0 {
-				return malformed("TimeSeries: truncated labels_refs")
+				return badField("TimeSeries", num, m)
 			}
 			b = b[m:]
 			for len(packed) > 0 {
 				v, k := protowire.ConsumeVarint(packed)
 				if k < 0 {
-					return malformed("TimeSeries: bad labels_refs")
+					return badField("TimeSeries", num, k)
 				}
 				d.refs = append(d.refs, uint32(v))
 				packed = packed[k:]
@@ -413,19 +456,21 @@ func (d *v2Decoder) parseSeries(b []byte) error {
 		case num == 1 && typ == protowire.VarintType: // unpacked labels_refs
 			v, m := protowire.ConsumeVarint(b)
 			if m < 0 {
-				return malformed("TimeSeries: bad labels_refs")
+				return badField("TimeSeries", num, m)
 			}
 			d.refs = append(d.refs, uint32(v))
 			b = b[m:]
-		case num >= 2 && num <= 5 && typ == protowire.BytesType:
+		case num >= 1 && num <= 5 && typ != protowire.BytesType:
+			return wrongType("TimeSeries", num, typ)
+		case num >= 2 && num <= 5:
 			msg, m := protowire.ConsumeBytes(b)
 			if m < 0 {
-				return malformed("TimeSeries: truncated field %d", num)
+				return badField("TimeSeries", num, m)
 			}
 			b = b[m:]
 			switch num {
 			case 2:
-				smp, err := parseSample(msg)
+				smp, err := parseSample(msg, true)
 				if err != nil {
 					return err
 				}
@@ -440,11 +485,10 @@ func (d *v2Decoder) parseSeries(b []byte) error {
 				}
 			}
 		default:
-			m := protowire.ConsumeFieldValue(num, typ, b)
-			if m < 0 {
-				return malformed("TimeSeries: bad field %d", num)
+			var err error
+			if b, err = skipField("TimeSeries", num, typ, b); err != nil {
+				return err
 			}
-			b = b[m:]
 		}
 	}
 	if len(d.refs)%2 != 0 {
@@ -461,7 +505,25 @@ func (d *v2Decoder) parseSeries(b []byte) error {
 		}
 		s.labels = append(s.labels, labelPair{name, value})
 	}
+	if m := &s.meta; m.set {
+		var err error
+		if m.help, err = d.metaSymbol(m.helpRef); err != nil {
+			return err
+		}
+		if m.unit, err = d.metaSymbol(m.unitRef); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// metaSymbol resolves a help or unit reference. 0, the default of a field
+// not sent, is the empty string even in a request without symbols.
+func (d *v2Decoder) metaSymbol(ref uint32) ([]byte, error) {
+	if ref == 0 && len(d.symbols) == 0 {
+		return nil, nil
+	}
+	return d.symbol(ref)
 }
 
 func (d *v2Decoder) parseMetadata(b []byte) error {
@@ -469,37 +531,33 @@ func (d *v2Decoder) parseMetadata(b []byte) error {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return malformed("Metadata: bad tag")
+			return badTag("Metadata", n)
 		}
 		b = b[n:]
-		if typ == protowire.VarintType && (num == 1 || num == 3 || num == 4) {
+		if num == 1 || num == 3 || num == 4 {
+			if typ != protowire.VarintType {
+				return wrongType("Metadata", num, typ)
+			}
 			v, k := protowire.ConsumeVarint(b)
 			if k < 0 {
-				return malformed("Metadata: truncated field %d", num)
+				return badField("Metadata", num, k)
 			}
 			b = b[k:]
 			switch num {
 			case 1:
 				m.typ = int32(v)
-			case 3, 4:
-				sym, err := d.symbol(uint32(v))
-				if err != nil {
-					return err
-				}
-				if num == 3 {
-					m.help = sym
-				} else {
-					m.unit = sym
-				}
+			case 3:
+				m.helpRef = uint32(v)
+			case 4:
+				m.unitRef = uint32(v)
 			}
 			m.set = true
 			continue
 		}
-		k := protowire.ConsumeFieldValue(num, typ, b)
-		if k < 0 {
-			return malformed("Metadata: bad field %d", num)
+		var err error
+		if b, err = skipField("Metadata", num, typ, b); err != nil {
+			return err
 		}
-		b = b[k:]
 	}
 	return nil
 }

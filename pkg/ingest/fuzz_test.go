@@ -2,130 +2,326 @@ package ingest
 
 import (
 	"bytes"
+	"fmt"
+	"math"
+	"strings"
 	"testing"
 
+	"github.com/prometheus/prometheus/model/exemplar"
+	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/prompb"
 	writev2 "github.com/prometheus/prometheus/prompb/io/prometheus/write/v2"
+	"github.com/prometheus/prometheus/tsdb/tsdbutil"
 )
 
-// The fuzz targets check that the hand-written decoders never panic and that,
-// whenever the generated protobuf code accepts a body, they see exactly the
-// same labels and samples.
+// The fuzz targets feed one body to gpustore's decoders, together with the
+// write path's own decoding of histograms, exemplars and metadata, and to
+// the generated protobuf code that Prometheus' receiver uses. Both must
+// accept it or both reject it, except for the input classes decode.go names
+// as stricter; and what both accept must be equal: labels, samples (with
+// start timestamps), histograms, exemplars and metadata.
+
+// stricterClasses are the errors of the input classes where gpustore rejects
+// what the generated code accepts (see decode.go).
+var stricterClasses = []string{
+	"variable length integer overflow", // non-canonical tenth varint byte
+	"invalid field number",             // field number above 2^31-1
+	"mismatching end group marker",     // group ends with another field's marker
+	"parse error",                      // groups nested deeper than protowire's limit
+	"out of range (table has",          // 2.0 symbol reference outside the table
+	"odd number of labels_refs",        // 2.0 label references that do not pair up
+}
+
+// checkAgreement fails unless both decoders accept, both reject, or gpustore
+// rejects with one of the stricter classes.
+func checkAgreement(t *testing.T, ours, generated error) {
+	t.Helper()
+	switch {
+	case ours == nil && generated != nil:
+		t.Fatalf("gpustore accepts what the generated code rejects: %v", generated)
+	case ours != nil && generated == nil:
+		for _, c := range stricterClasses {
+			if strings.Contains(ours.Error(), c) {
+				return
+			}
+		}
+		t.Fatalf("gpustore rejects what the generated code accepts (a valid write would be answered 400): %v", ours)
+	}
+}
+
+// fuzzSeries is one decoded series in a form both decoders can be compared in.
+type fuzzSeries struct {
+	labels     []string // name, value, name, value…
+	samples    []sample
+	histograms [][]byte // the Histogram message, re-marshalled by the generated code
+	exemplars  []exemplar.Exemplar
+	meta       [3]string // type, help, unit; all empty when absent
+}
+
+func (s fuzzSeries) equal(o fuzzSeries) error {
+	if fmt.Sprint(s.labels) != fmt.Sprint(o.labels) {
+		return fmt.Errorf("labels %q != %q", s.labels, o.labels)
+	}
+	if len(s.samples) != len(o.samples) {
+		return fmt.Errorf("%d samples != %d", len(s.samples), len(o.samples))
+	}
+	for i, a := range s.samples {
+		b := o.samples[i]
+		if a.t != b.t || a.st != b.st || math.Float64bits(a.v) != math.Float64bits(b.v) {
+			return fmt.Errorf("sample %d: %+v != %+v", i, a, b)
+		}
+	}
+	if len(s.histograms) != len(o.histograms) {
+		return fmt.Errorf("%d histograms != %d", len(s.histograms), len(o.histograms))
+	}
+	for i := range s.histograms {
+		if !bytes.Equal(s.histograms[i], o.histograms[i]) {
+			return fmt.Errorf("histogram %d differs", i)
+		}
+	}
+	if len(s.exemplars) != len(o.exemplars) {
+		return fmt.Errorf("%d exemplars != %d", len(s.exemplars), len(o.exemplars))
+	}
+	for i, a := range s.exemplars {
+		b := o.exemplars[i]
+		if !labels.Equal(a.Labels, b.Labels) || math.Float64bits(a.Value) != math.Float64bits(b.Value) || a.Ts != b.Ts || a.HasTs != b.HasTs {
+			return fmt.Errorf("exemplar %d: %v != %v", i, a, b)
+		}
+	}
+	if s.meta != o.meta {
+		return fmt.Errorf("metadata %q != %q", s.meta, o.meta)
+	}
+	return nil
+}
+
+func compareSeries(t *testing.T, ours, generated []fuzzSeries) {
+	t.Helper()
+	if len(ours) != len(generated) {
+		t.Fatalf("gpustore decoded %d series, the generated code %d", len(ours), len(generated))
+	}
+	for i := range ours {
+		if err := ours[i].equal(generated[i]); err != nil {
+			t.Fatalf("series %d: gpustore's != the generated code's: %v", i, err)
+		}
+	}
+}
+
+func marshalled(m interface{ Marshal() ([]byte, error) }) []byte {
+	b, err := m.Marshal()
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// oursV1 decodes a 1.0 body as the write path does.
+func oursV1(body []byte) (series []fuzzSeries, metadata [][]byte, err error) {
+	d := newV1Decoder()
+	d.reset(body)
+	var ac appendCtx
+	for d.next() {
+		s := d.series()
+		var fs fuzzSeries
+		for _, p := range s.labels {
+			fs.labels = append(fs.labels, string(p.name), string(p.value))
+		}
+		for _, smp := range s.samples {
+			if smp.st != 0 {
+				return nil, nil, fmt.Errorf("start timestamp in a 1.0 sample")
+			}
+		}
+		fs.samples = append(fs.samples, s.samples...)
+		for _, raw := range s.histograms {
+			if _, _, _, _, err := decodeHistogram(&ac, raw, false); err != nil {
+				return nil, nil, err
+			}
+			fs.histograms = append(fs.histograms, marshalled(&ac.v1hist))
+		}
+		for _, raw := range s.exemplars {
+			e, err := decodeExemplar(&ac, raw, nil)
+			if err != nil {
+				return nil, nil, err
+			}
+			fs.exemplars = append(fs.exemplars, e)
+		}
+		series = append(series, fs)
+	}
+	if err := d.err(); err != nil {
+		return nil, nil, err
+	}
+	for _, raw := range d.metadata {
+		ac.v1meta.Reset()
+		if err := ac.v1meta.Unmarshal(raw); err != nil {
+			return nil, nil, err
+		}
+		metadata = append(metadata, marshalled(&ac.v1meta))
+	}
+	return series, metadata, nil
+}
+
+func generatedV1(req *prompb.WriteRequest) (series []fuzzSeries, metadata [][]byte) {
+	var b labels.ScratchBuilder
+	for _, ts := range req.Timeseries {
+		var fs fuzzSeries
+		for _, l := range ts.Labels {
+			fs.labels = append(fs.labels, l.Name, l.Value)
+		}
+		for _, s := range ts.Samples {
+			fs.samples = append(fs.samples, sample{t: s.Timestamp, v: s.Value})
+		}
+		for i := range ts.Histograms {
+			fs.histograms = append(fs.histograms, marshalled(&ts.Histograms[i]))
+		}
+		for _, e := range ts.Exemplars {
+			fs.exemplars = append(fs.exemplars, e.ToExemplar(&b, nil))
+		}
+		series = append(series, fs)
+	}
+	for i := range req.Metadata {
+		metadata = append(metadata, marshalled(&req.Metadata[i]))
+	}
+	return series, metadata
+}
 
 func seedV1(f *testing.F) {
+	h := prompb.FromIntHistogram(1000, tsdbutil.GenerateTestHistogram(1))
+	fh := prompb.FromFloatHistogram(2000, tsdbutil.GenerateTestFloatHistogram(2))
+	withAll := v1Series([]prompb.Sample{{Timestamp: 1, Value: math.NaN()}}, "__name__", "training_step_seconds", "rank", "0")
+	withAll.Histograms = []prompb.Histogram{h, fh}
+	withAll.Exemplars = []prompb.Exemplar{{Labels: []prompb.Label{{Name: "trace_id", Value: "abc"}}, Value: 2, Timestamp: 3}}
 	for _, req := range []*prompb.WriteRequest{
 		{},
 		{Timeseries: []prompb.TimeSeries{v1Series([]prompb.Sample{{Timestamp: 1, Value: 2}}, "__name__", "a", "gpu", "0")}},
 		{Timeseries: []prompb.TimeSeries{
 			v1Series([]prompb.Sample{{Timestamp: 1, Value: 2}, {Timestamp: 3, Value: 4}}, "__name__", "DCGM_FI_DEV_GPU_TEMP", "Hostname", "n1", "UUID", "GPU-abc"),
 			v1Series(nil, "__name__", "b"),
-		}, Metadata: []prompb.MetricMetadata{{MetricFamilyName: "a", Type: prompb.MetricMetadata_GAUGE, Help: "h"}}},
+			withAll,
+		}, Metadata: []prompb.MetricMetadata{{MetricFamilyName: "a", Type: prompb.MetricMetadata_GAUGE, Help: "h", Unit: "u"}}},
 	} {
-		b, _ := req.Marshal()
-		f.Add(b)
+		f.Add(marshalled(req))
 	}
 	f.Add([]byte{0x0a, 0xff})
+	f.Add([]byte{0x0a, 0x04, 0x12, 0x02, 0x09, 0x00}) // a sample whose value has the wrong wire type
+	f.Add([]byte{0x0b, 0x0c})                         // an empty group
 }
 
 func FuzzDecodeV1(f *testing.F) {
 	seedV1(f)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		d := newV1Decoder()
-		d.reset(body)
-		var got []prompb.TimeSeries
-		for d.next() {
-			s := d.series()
-			ts := prompb.TimeSeries{}
-			for _, l := range s.labels {
-				ts.Labels = append(ts.Labels, prompb.Label{Name: string(l.name), Value: string(l.value)})
-			}
-			for _, smp := range s.samples {
-				ts.Samples = append(ts.Samples, prompb.Sample{Timestamp: smp.t, Value: smp.v})
-			}
-			got = append(got, ts)
-		}
-		var want prompb.WriteRequest
-		if err := want.Unmarshal(body); err != nil {
-			return // ours may accept more (unknown fields); it must only not panic
-		}
-		if d.err() != nil {
-			// The generated code accepted what we rejected: only acceptable
-			// for a malformed sub-message ours validates more strictly.
+		series, metadata, err := oursV1(body)
+		var req prompb.WriteRequest
+		genErr := req.Unmarshal(body)
+		checkAgreement(t, err, genErr)
+		if err != nil || genErr != nil {
 			return
 		}
-		if len(got) != len(want.Timeseries) {
-			t.Fatalf("decoded %d series, generated code %d", len(got), len(want.Timeseries))
+		wantSeries, wantMetadata := generatedV1(&req)
+		compareSeries(t, series, wantSeries)
+		if len(metadata) != len(wantMetadata) {
+			t.Fatalf("%d metadata, generated code %d", len(metadata), len(wantMetadata))
 		}
-		for i := range got {
-			if !equalV1(got[i], want.Timeseries[i]) {
-				t.Fatalf("series %d: %v != %v", i, got[i], want.Timeseries[i])
+		for i := range metadata {
+			if !bytes.Equal(metadata[i], wantMetadata[i]) {
+				t.Fatalf("metadata %d differs", i)
 			}
 		}
 	})
 }
 
-func equalV1(a, b prompb.TimeSeries) bool {
-	if len(a.Labels) != len(b.Labels) || len(a.Samples) != len(b.Samples) {
-		return false
-	}
-	for i := range a.Labels {
-		if a.Labels[i].Name != b.Labels[i].Name || a.Labels[i].Value != b.Labels[i].Value {
-			return false
+// oursV2 decodes a 2.0 body as the write path does.
+func oursV2(body []byte) ([]fuzzSeries, error) {
+	d := newV2Decoder()
+	d.reset(body)
+	var ac appendCtx
+	var out []fuzzSeries
+	for d.next() {
+		s := d.series()
+		var fs fuzzSeries
+		for _, p := range s.labels {
+			fs.labels = append(fs.labels, string(p.name), string(p.value))
 		}
-	}
-	for i := range a.Samples {
-		x, y := a.Samples[i], b.Samples[i]
-		if x.Timestamp != y.Timestamp || !(x.Value == y.Value || x.Value != x.Value && y.Value != y.Value) {
-			return false
+		fs.samples = append(fs.samples, s.samples...)
+		for _, raw := range s.histograms {
+			if _, _, _, _, err := decodeHistogram(&ac, raw, true); err != nil {
+				return nil, err
+			}
+			fs.histograms = append(fs.histograms, marshalled(&ac.v2hist))
 		}
+		for _, raw := range s.exemplars {
+			e, err := decodeExemplar(&ac, raw, d)
+			if err != nil {
+				return nil, err
+			}
+			fs.exemplars = append(fs.exemplars, e)
+		}
+		// The generated code cannot tell a metadata message of zeros from
+		// none: compare those as absent.
+		if m := s.meta; m.set && (m.typ != 0 || m.helpRef != 0 || m.unitRef != 0) {
+			fs.meta = [3]string{fmt.Sprint(m.typ), string(m.help), string(m.unit)}
+		}
+		out = append(out, fs)
 	}
-	return true
+	return out, d.err()
+}
+
+func generatedV2(req *writev2.Request) []fuzzSeries {
+	sym := func(ref uint32) string {
+		if ref == 0 && len(req.Symbols) == 0 {
+			return ""
+		}
+		return req.Symbols[ref]
+	}
+	var b labels.ScratchBuilder
+	var out []fuzzSeries
+	for _, ts := range req.Timeseries {
+		var fs fuzzSeries
+		for _, ref := range ts.LabelsRefs {
+			fs.labels = append(fs.labels, sym(ref))
+		}
+		for _, s := range ts.Samples {
+			fs.samples = append(fs.samples, sample{t: s.Timestamp, st: s.StartTimestamp, v: s.Value})
+		}
+		for i := range ts.Histograms {
+			fs.histograms = append(fs.histograms, marshalled(&ts.Histograms[i]))
+		}
+		for _, e := range ts.Exemplars {
+			b.Reset()
+			for i := 0; i+1 < len(e.LabelsRefs); i += 2 {
+				b.Add(sym(e.LabelsRefs[i]), sym(e.LabelsRefs[i+1]))
+			}
+			b.Sort()
+			fs.exemplars = append(fs.exemplars, exemplar.Exemplar{Labels: b.Labels(), Value: e.Value, Ts: e.Timestamp, HasTs: e.Timestamp != 0})
+		}
+		if m := ts.Metadata; m != (writev2.Metadata{}) {
+			fs.meta = [3]string{fmt.Sprint(int32(m.Type)), sym(m.HelpRef), sym(m.UnitRef)}
+		}
+		out = append(out, fs)
+	}
+	return out
 }
 
 func FuzzDecodeV2(f *testing.F) {
 	b := newV2Builder()
 	b.add(writev2.TimeSeries{Samples: []writev2.Sample{{Value: 1, Timestamp: 2, StartTimestamp: 1}},
-		Metadata: writev2.Metadata{Type: writev2.Metadata_METRIC_TYPE_GAUGE, HelpRef: b.ref("help")}}, "__name__", "a", "gpu", "0")
+		Metadata: writev2.Metadata{Type: writev2.Metadata_METRIC_TYPE_GAUGE, HelpRef: b.ref("help"), UnitRef: b.ref("celsius")}}, "__name__", "a", "gpu", "0")
 	b.add(writev2.TimeSeries{Samples: []writev2.Sample{{Value: 3, Timestamp: 4}}}, "__name__", "b")
-	raw, _ := b.build().Marshal()
-	f.Add(raw)
+	b.add(writev2.TimeSeries{
+		Histograms: []writev2.Histogram{writev2.FromIntHistogram(5, tsdbutil.GenerateTestHistogram(1)), writev2.FromFloatHistogram(6, tsdbutil.GenerateTestFloatHistogram(2))},
+		Exemplars:  []writev2.Exemplar{{LabelsRefs: []uint32{b.ref("trace_id"), b.ref("abc")}, Value: 1, Timestamp: 5}},
+		Metadata:   writev2.Metadata{Type: writev2.Metadata_METRIC_TYPE_HISTOGRAM},
+	}, "__name__", "step_seconds", "rank", "1")
+	f.Add(marshalled(b.build()))
 	f.Add([]byte{})
 	f.Add([]byte{0x2a, 0x02, 0x0a, 0x00})
+	f.Add([]byte{0x22, 0x00, 0x2a, 0x02, 0x08, 0x00}) // one symbol, labels_refs unpacked
 	f.Fuzz(func(t *testing.T, body []byte) {
-		d := newV2Decoder()
-		d.reset(body)
-		var got [][]labelPair
-		var samples [][]sample
-		for d.next() {
-			s := d.series()
-			got = append(got, append([]labelPair(nil), s.labels...))
-			samples = append(samples, append([]sample(nil), s.samples...))
-		}
-		var want writev2.Request
-		if err := want.Unmarshal(body); err != nil || d.err() != nil {
+		series, err := oursV2(body)
+		var req writev2.Request
+		genErr := req.Unmarshal(body)
+		checkAgreement(t, err, genErr)
+		if err != nil || genErr != nil {
 			return
 		}
-		if len(got) != len(want.Timeseries) {
-			t.Fatalf("decoded %d series, generated code %d", len(got), len(want.Timeseries))
-		}
-		for i, ts := range want.Timeseries {
-			if len(ts.LabelsRefs) != 2*len(got[i]) {
-				t.Fatalf("series %d: %d refs, %d pairs", i, len(ts.LabelsRefs), len(got[i]))
-			}
-			for j, p := range got[i] {
-				if !bytes.Equal(p.name, []byte(want.Symbols[ts.LabelsRefs[2*j]])) || !bytes.Equal(p.value, []byte(want.Symbols[ts.LabelsRefs[2*j+1]])) {
-					t.Fatalf("series %d label %d differs", i, j)
-				}
-			}
-			if len(ts.Samples) != len(samples[i]) {
-				t.Fatalf("series %d: %d samples, want %d", i, len(samples[i]), len(ts.Samples))
-			}
-			for j, s := range ts.Samples {
-				g := samples[i][j]
-				if g.t != s.Timestamp || g.st != s.StartTimestamp || !(g.v == s.Value || g.v != g.v && s.Value != s.Value) {
-					t.Fatalf("series %d sample %d: %+v != %+v", i, j, g, s)
-				}
-			}
-		}
+		compareSeries(t, series, generatedV2(&req))
 	})
 }

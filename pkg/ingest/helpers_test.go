@@ -207,3 +207,13 @@ func (ti *testIngester) stored(t testing.TB, tenant string) map[string][]float64
 var _ storage.SeriesRef
 
 func nowMs() int64 { return time.Now().UnixMilli() }
+
+// wrapAppendable replaces the appendable of a tenant's writes (to inject faults).
+func (ti *testIngester) wrapAppendable(t testing.TB, tenant string, wrap func(storage.AppendableV2) storage.AppendableV2) {
+	t.Helper()
+	st, err := ti.tenant(tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.appendable = wrap(st.appendable)
+}

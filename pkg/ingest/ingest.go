@@ -17,20 +17,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"mime"
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/golang/snappy"
 	"github.com/grafana/dskit/limiter"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
-	"github.com/prometheus/prometheus/model/metadata"
-	"github.com/prometheus/prometheus/model/timestamp"
-	"github.com/prometheus/prometheus/prompb"
 	"github.com/prometheus/prometheus/storage"
 
 	"github.com/gpustore/gpustore/pkg/hatracker"
@@ -106,12 +103,27 @@ type Ingester struct {
 
 // tenantState is what the ingester keeps per tenant next to its database.
 type tenantState struct {
-	id    string
-	db    *tenantdb.DB
-	cache *seriesCache
-	ha    *haTable
-	md    *metadataSink
-	m     *tenantMetrics
+	id string
+	db *tenantdb.DB
+	// appendable is db; tests wrap it to inject storage faults.
+	appendable storage.AppendableV2
+	cache      *seriesCache
+	ha         *haTable
+	md         *metadataSink
+	m          *tenantMetrics
+
+	// limitsGen advances when the tenant's label limits change, so cached
+	// series are validated again against the new limits on their next
+	// sample (see ApplyLimits); labelLimits are the limits it stands for.
+	limitsGen   atomic.Uint32
+	labelLimits atomic.Pointer[labelLimits]
+}
+
+// labelLimits are the limits a series is validated against when first seen.
+type labelLimits struct{ names, nameLength, valueLength int }
+
+func labelLimitsOf(l limits.Limits) labelLimits {
+	return labelLimits{l.MaxLabelNamesPerSeries, l.MaxLabelNameLength, l.MaxLabelValueLength}
 }
 
 // requestState is the pooled working memory of one request.
@@ -119,9 +131,17 @@ type requestState struct {
 	compressed, decoded []byte
 	v1                  *v1Decoder
 	v2                  *v2Decoder
-	ac                  appendCtx
-	v1meta              prompb.MetricMetadata
-	decisions           []haDecision
+	w                   writeRequest
+}
+
+// decoder starts decoding body.
+func (rs *requestState) decoder(body []byte, v2 bool) seriesDecoder {
+	if v2 {
+		rs.v2.reset(body)
+		return rs.v2
+	}
+	rs.v1.reset(body)
+	return rs.v1
 }
 
 // New returns an Ingester.
@@ -169,18 +189,28 @@ func (i *Ingester) tenant(id string) (*tenantState, error) {
 	if st, ok := i.caches[id]; ok {
 		return st, nil
 	}
-	st = &tenantState{id: id, db: db, cache: newSeriesCache(), ha: newHATable(), md: &metadataSink{set: db.Metadata.Set}, m: i.metrics.forTenant(id)}
+	st = &tenantState{id: id, db: db, appendable: db, cache: newSeriesCache(), ha: newHATable(), md: &metadataSink{set: db.Metadata.Set}, m: i.metrics.forTenant(id)}
+	ll := labelLimitsOf(i.limits.For(id))
+	st.labelLimits.Store(&ll)
 	i.caches[id] = st
 	return st, nil
 }
 
-// ResetCaches forgets every cached series; called when the limits were
-// reloaded, since a tenant's HA label names may have changed.
-func (i *Ingester) ResetCaches() {
+// ApplyLimits is called after the limits overrides were reloaded. The
+// series caches and the HA state in them are kept: the other limits are read
+// per request, and a cached reference stays right whatever the HA label
+// names (a series' key hashes exactly the labels it is stored with). A
+// tenant whose label limits changed has its cached series validated again,
+// each on its next sample, without building its labels.
+func (i *Ingester) ApplyLimits() {
 	i.mtx.RLock()
 	defer i.mtx.RUnlock()
-	for _, st := range i.caches {
-		st.cache.reset()
+	for id, st := range i.caches {
+		ll := labelLimitsOf(i.limits.For(id))
+		if *st.labelLimits.Load() != ll {
+			st.labelLimits.Store(&ll)
+			st.limitsGen.Add(1)
+		}
 	}
 }
 
@@ -202,125 +232,39 @@ func (i *Ingester) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	i.metrics.duration.WithLabelValues(proto).Observe(time.Since(start).Seconds())
 }
 
-// serve answers one write and returns the HTTP status it answered.
+// serve answers one write and returns the HTTP status it answered: the
+// transport (method, readiness, content type, tenant, body), then store.
 func (i *Ingester) serve(w http.ResponseWriter, r *http.Request, proto *string) int {
-	fail := func(status int, format string, args ...any) int {
-		msg := fmt.Sprintf(format, args...)
-		if status >= 500 {
-			i.logger.Error("remote write failed", "status", status, "err", msg)
-		} else {
-			i.logger.Debug("remote write rejected", "status", status, "err", msg)
-		}
-		http.Error(w, msg, status)
-		return status
-	}
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		return fail(http.StatusMethodNotAllowed, "remote write takes POST")
-	}
-	if err := i.ready(); err != nil {
-		return fail(http.StatusServiceUnavailable, "not ready: %v", err)
-	}
-
-	isV2, err := parseContentType(r.Header.Get("Content-Type"))
+	v2, tenantID, err := i.checkRequest(w, r)
 	if err != nil {
-		return fail(http.StatusUnsupportedMediaType, "%v", err)
+		return i.fail(w, err)
 	}
 	*proto = "1.0"
-	if isV2 {
+	if v2 {
 		*proto = "2.0"
 	}
-	if enc := r.Header.Get("Content-Encoding"); enc != "" && enc != "snappy" {
-		return fail(http.StatusUnsupportedMediaType, "unsupported Content-Encoding %q: remote write bodies are snappy-compressed", enc)
-	}
-
-	tenantID, err := i.tenants.FromRequest(r)
-	if err != nil {
-		var te *tenancy.Error
-		if errors.As(err, &te) {
-			return fail(te.Status, "%v", err)
-		}
-		return fail(http.StatusBadRequest, "%v", err)
-	}
-
 	rs := i.pool.Get().(*requestState)
 	defer i.pool.Put(rs)
-
-	body, status, err := i.readBody(r, rs)
+	body, err := i.readBody(r, rs)
 	if err != nil {
-		return fail(status, "%v", err)
+		return i.fail(w, err)
 	}
-
 	st, err := i.tenant(tenantID)
 	if err != nil {
 		if errors.Is(err, tenantdb.ErrClosed) {
-			return fail(http.StatusServiceUnavailable, "%v", err)
+			return i.fail(w, &httpError{status: http.StatusServiceUnavailable, msg: err.Error()})
 		}
-		return fail(http.StatusInternalServerError, "open tenant %q: %v", tenantID, err)
+		return i.fail(w, fmt.Errorf("open tenant %q: %w", tenantID, err))
 	}
-
-	var stats writeStats
-	lim := i.limits.For(tenantID)
-	now := i.now()
-	app := st.db.AppenderV2(r.Context())
-	wr := &writeRequest{
-		ctx: r.Context(), tenant: st, app: app, ac: &rs.ac, lim: &lim, ha: i.ha,
-		maxT: timestamp.FromTime(now.Add(maxAheadTime)), stats: &stats, decisions: rs.decisions[:0],
-	}
-	wr.exApp, _ = app.(storage.ExemplarAppenderV2)
-	var dec seriesDecoder
-	if isV2 {
-		rs.v2.reset(body)
-		dec, wr.v2 = rs.v2, rs.v2
-	} else {
-		rs.v1.reset(body)
-		dec = rs.v1
-	}
-	err = wr.run(dec)
-	rs.decisions = wr.decisions
-	if err == nil && !isV2 {
-		err = i.storeV1Metadata(rs, st)
-	}
+	stats, err := i.store(r.Context(), st, rs, body, v2)
 	if err != nil {
-		_ = app.Rollback()
-		switch {
-		case errors.Is(err, errMalformed):
-			return fail(http.StatusBadRequest, "decode remote write %s request: %v", *proto, err)
-		case errors.Is(err, errTooManySeries):
-			st.m.rejected(reasonTooManySeries).Add(float64(wr.series))
-			return fail(http.StatusBadRequest, "%v", err)
+		if errors.Is(err, errMalformed) {
+			err = fmt.Errorf("decode remote write %s request: %w", *proto, err)
 		}
-		return fail(http.StatusInternalServerError, "write to tenant %q: %v", tenantID, err)
-	}
-	// The rate limit is checked once the request's sample count is known;
-	// over it, nothing is stored and the sender is told to retry later.
-	if n := stats.samples + stats.histograms; lim.IngestionRate > 0 && n > 0 && !i.rate.AllowN(now, tenantID, n) {
-		_ = app.Rollback()
-		st.m.rejected(reasonRateLimited).Add(float64(n))
-		retry := max(1, int(math.Ceil(float64(n)/lim.IngestionRate)))
-		w.Header().Set("Retry-After", strconv.Itoa(retry))
-		return fail(lim.RateLimitStatusCode, "ingestion rate limit of %g samples/s (burst %d) for tenant %q exceeded by a request of %d samples; retry later",
-			lim.IngestionRate, lim.IngestionBurstSize, tenantID, n)
-	}
-	// Commit writes the WAL: only after it returns may the request be acknowledged.
-	if err := app.Commit(); err != nil {
-		return fail(http.StatusInternalServerError, "commit to tenant %q: %v", tenantID, err)
-	}
-	for _, d := range wr.decisions {
-		if d.dropped > 0 {
-			st.m.deduplicated(st.ha.pair(d.pair).cluster).Add(float64(d.dropped))
-		}
+		return i.fail(w, err)
 	}
 
-	st.m.samples.Add(float64(stats.samples))
-	st.m.histograms.Add(float64(stats.histograms))
-	st.m.exemplars.Add(float64(stats.exemplars))
-	st.m.newSeries.Add(float64(stats.newSeries))
-	for reason, n := range stats.rejected {
-		st.m.rejected(reason).Add(float64(n))
-	}
-
-	if isV2 {
+	if v2 {
 		// Samples dropped as duplicates of the elected replica count as
 		// written: the data is stored (from the other replica), and a lower
 		// count would make Prometheus report a failed partial write.
@@ -330,31 +274,85 @@ func (i *Ingester) serve(w http.ResponseWriter, r *http.Request, proto *string) 
 		h.Set(headerExemplarsWritten, strconv.Itoa(stats.exemplars))
 	}
 	if len(stats.rejected) > 0 {
-		return fail(http.StatusBadRequest, "%s", stats.errorSummary())
+		return i.fail(w, &httpError{status: http.StatusBadRequest, msg: stats.errorSummary()})
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return http.StatusNoContent
 }
 
-func (i *Ingester) storeV1Metadata(rs *requestState, st *tenantState) error {
-	for _, raw := range rs.v1.metadata {
-		m := &rs.v1meta
-		m.Reset()
-		if err := m.Unmarshal(raw); err != nil {
-			return fmt.Errorf("%w: metadata: %v", errMalformed, err)
-		}
-		if m.MetricFamilyName == "" {
-			continue
-		}
-		st.db.Metadata.Set(m.MetricFamilyName, metadata.Metadata{Type: metricTypeFromWire(int32(m.Type)), Help: m.Help, Unit: m.Unit})
+// checkRequest checks what a write says about itself before its body is
+// read: method, readiness, protocol version and tenant.
+func (i *Ingester) checkRequest(w http.ResponseWriter, r *http.Request) (v2 bool, tenantID string, err error) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		return false, "", &httpError{status: http.StatusMethodNotAllowed, msg: "remote write takes POST"}
 	}
-	return nil
+	if err := i.ready(); err != nil {
+		return false, "", &httpError{status: http.StatusServiceUnavailable, msg: fmt.Sprintf("not ready: %v", err)}
+	}
+	v2, err = parseContentType(r.Header.Get("Content-Type"))
+	if err != nil {
+		return false, "", &httpError{status: http.StatusUnsupportedMediaType, msg: err.Error()}
+	}
+	if enc := r.Header.Get("Content-Encoding"); enc != "" && enc != "snappy" {
+		return false, "", &httpError{status: http.StatusUnsupportedMediaType, msg: fmt.Sprintf("unsupported Content-Encoding %q: remote write bodies are snappy-compressed", enc)}
+	}
+	tenantID, err = i.tenants.FromRequest(r)
+	if err != nil {
+		status := http.StatusBadRequest
+		var te *tenancy.Error
+		if errors.As(err, &te) {
+			status = te.Status
+		}
+		return false, "", &httpError{status: status, msg: err.Error()}
+	}
+	return v2, tenantID, nil
+}
+
+// httpError is an answer other than 204 with its status.
+type httpError struct {
+	status     int
+	retryAfter int // seconds; 0: no Retry-After header
+	msg        string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+// fail answers err and returns the status: the httpError's own, 400 for what
+// will never be accepted, 503 for what may be retried soon, 500 otherwise.
+func (i *Ingester) fail(w http.ResponseWriter, err error) int {
+	status, retryAfter := http.StatusInternalServerError, 0
+	var he *httpError
+	switch {
+	case errors.As(err, &he):
+		status, retryAfter = he.status, he.retryAfter
+	case errors.Is(err, errMalformed), errors.Is(err, errTooManySeries):
+		status = http.StatusBadRequest
+	case errors.Is(err, errHAConflict):
+		status, retryAfter = http.StatusServiceUnavailable, 1
+	}
+	if status >= 500 {
+		i.logger.Error("remote write failed", "status", status, "err", err)
+	} else {
+		i.logger.Debug("remote write rejected", "status", status, "err", err)
+	}
+	if retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	http.Error(w, err.Error(), status)
+	return status
 }
 
 // readBody reads and snappy-decodes the body into the pooled buffers.
-func (i *Ingester) readBody(r *http.Request, rs *requestState) ([]byte, int, error) {
+func (i *Ingester) readBody(r *http.Request, rs *requestState) ([]byte, error) {
+	tooLarge := func(format string, args ...any) error {
+		return &httpError{status: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf(format, args...)}
+	}
+	corrupt := func(err error) error {
+		return &httpError{status: http.StatusBadRequest, msg: fmt.Sprintf("corrupt snappy body: %v", err)}
+	}
 	if r.ContentLength > i.cfg.MaxRequestBytes {
-		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("body of %d bytes exceeds the limit of %d", r.ContentLength, i.cfg.MaxRequestBytes)
+		return nil, tooLarge("body of %d bytes exceeds the limit of %d", r.ContentLength, i.cfg.MaxRequestBytes)
 	}
 	buf := rs.compressed[:0]
 	if r.ContentLength > 0 && int64(cap(buf)) < r.ContentLength {
@@ -372,28 +370,28 @@ func (i *Ingester) readBody(r *http.Request, rs *requestState) ([]byte, int, err
 		}
 		if err != nil {
 			rs.compressed = buf
-			return nil, http.StatusBadRequest, fmt.Errorf("read body: %w", err)
+			return nil, &httpError{status: http.StatusBadRequest, msg: fmt.Sprintf("read body: %v", err)}
 		}
 	}
 	rs.compressed = buf
 	if int64(len(buf)) > i.cfg.MaxRequestBytes {
-		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("body exceeds the limit of %d bytes", i.cfg.MaxRequestBytes)
+		return nil, tooLarge("body exceeds the limit of %d bytes", i.cfg.MaxRequestBytes)
 	}
 	n, err := snappy.DecodedLen(buf)
 	if err != nil {
-		return nil, http.StatusBadRequest, fmt.Errorf("corrupt snappy body: %w", err)
+		return nil, corrupt(err)
 	}
 	if int64(n) > i.cfg.MaxDecodedBytes {
-		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("decoded body of %d bytes exceeds the limit of %d", n, i.cfg.MaxDecodedBytes)
+		return nil, tooLarge("decoded body of %d bytes exceeds the limit of %d", n, i.cfg.MaxDecodedBytes)
 	}
 	if cap(rs.decoded) < n {
 		rs.decoded = make([]byte, n)
 	}
 	out, err := snappy.Decode(rs.decoded[:cap(rs.decoded)], buf)
 	if err != nil {
-		return nil, http.StatusBadRequest, fmt.Errorf("corrupt snappy body: %w", err)
+		return nil, corrupt(err)
 	}
-	return out, 0, nil
+	return out, nil
 }
 
 // parseContentType picks the protocol version. A missing type means 1.0, as

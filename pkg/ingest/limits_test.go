@@ -219,3 +219,106 @@ func waitUntil(t *testing.T, f func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A reload of the overrides file keeps the tenants' series caches and the
+// HA dedup state in them (dropping them cost a CPU spike of label builds and
+// let a replica's sample be stored right after the other's gap fill), and the
+// new limits apply, also to series the cache already knows.
+func TestOverridesReloadKeepsSeriesCacheAndHAState(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "overrides.yaml")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(file+".tmp", []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(file+".tmp", file); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("overrides:\n  default:\n    max_label_names_per_series: 10\n")
+	clock := &testClock{}
+	start := time.Now().Add(-time.Hour).UnixMilli()
+	clock.set(start)
+	ti := newTestIngester(t, haSetup(clock), func(s *testSetup) {
+		s.limits.OverridesFile = file
+		s.limits.ReloadPeriod = model.Duration(20 * time.Millisecond)
+	})
+	if err := services.StartAndAwaitRunning(t.Context(), ti.limits); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(t.Context(), ti.limits) })
+	post := func(req *prompb.WriteRequest, want int) {
+		t.Helper()
+		if resp := ti.post(t, ctV1, encodeV1(t, req)); resp.code != want {
+			t.Fatalf("status %d (%s), want %d", resp.code, resp.body, want)
+		}
+	}
+	wide := func(ms int64) *prompb.WriteRequest { // six labels, not an HA pair's
+		return &prompb.WriteRequest{Timeseries: []prompb.TimeSeries{v1Series([]prompb.Sample{{Timestamp: ms, Value: 1}},
+			"__name__", "DCGM_FI_DEV_GPU_UTIL", "Hostname", "node-1", "gpu", "0", "pod", "p", "namespace", "n", "container", "c")}}
+	}
+	post(replicaRequest("p0", start), http.StatusNoContent)
+	post(wide(start), http.StatusNoContent)
+	// p0 silent for 15 s: p1 fills the gap with its sample at t+12s.
+	clock.set(start + 15000)
+	post(replicaRequest("p1", start+12000), http.StatusNoContent)
+	st, err := ti.tenant("default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := st.cache.len()
+
+	write("overrides:\n  default:\n    max_label_names_per_series: 5\n")
+	waitUntil(t, func() bool { return ti.limits.For("default").MaxLabelNamesPerSeries == 5 })
+	ti.ApplyLimits() // what the storage role does on every reload
+
+	if n := st.cache.len(); n != cached || n == 0 {
+		t.Fatalf("series cache has %d entries after the reload, %d before", n, cached)
+	}
+	// p0 is back at t+15s, 3 s after p1's stored sample: a duplicate, unless
+	// the reload made the series forget who wrote it last.
+	post(replicaRequest("p0", start+15000), http.StatusNoContent)
+	got := ti.stored(t, "default")[`{Hostname="node-1", __name__="DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", cluster="gpu-a", gpu="0"}`]
+	if want := []float64{energy(start), energy(start + 12000)}; len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("stored %v, want %v (p0 at t, p1's gap fill at t+12s; p0's sample at t+15s is a duplicate)", got, want)
+	}
+	// The lowered label limit applies to a series the cache knows.
+	resp := ti.post(t, ctV1, encodeV1(t, wide(start+15000)))
+	if resp.code != http.StatusBadRequest || !strings.Contains(resp.body, "too_many_labels: 1") {
+		t.Fatalf("known series over the new label limit: %d %s", resp.code, resp.body)
+	}
+}
+
+// The ingestion rate is checked before anything is appended: a rejected
+// request creates no head series (which would count against
+// max_active_series until the next head GC) and keeps its answer code.
+func TestRateLimitedRequestCreatesNoHeadSeries(t *testing.T) {
+	for _, code := range []int{http.StatusServiceUnavailable, http.StatusTooManyRequests} {
+		t.Run(fmt.Sprint(code), func(t *testing.T) {
+			clock := &testClock{}
+			clock.set(time.Now().UnixMilli())
+			ti := newTestIngester(t, func(s *testSetup) {
+				l := &s.limits.Defaults
+				l.IngestionRate, l.IngestionBurstSize, l.RateLimitStatusCode, l.MaxActiveSeries = 10, 10, code, 10
+			})
+			ti.now = clock.now
+			now := clock.now().UnixMilli()
+			resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: nSeries(15, now)}))
+			if resp.code != code || resp.header.Get("Retry-After") != "2" {
+				t.Fatalf("status %d retry-after %q, want %d and 2", resp.code, resp.header.Get("Retry-After"), code)
+			}
+			if n := ti.dbs.Existing("default").Head().NumSeries(); n != 0 {
+				t.Fatalf("the rate-limited request created %d head series", n)
+			}
+			if v := rejectedCount(ti, reasonRateLimited); v != 15 {
+				t.Fatalf("rate_limited %v, want 15", v)
+			}
+			// Ten other series within the burst fit max_active_series = 10.
+			clock.set(clock.ms.Load() + 2000)
+			resp = ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: nSeries(10, now+1000, "pod", "other")}))
+			if resp.code != http.StatusNoContent {
+				t.Fatalf("next request: %d %s", resp.code, resp.body)
+			}
+		})
+	}
+}

@@ -16,8 +16,9 @@ import (
 // appender (it reports an invalid sample for an unknown reference and empty
 // labels) and re-resolved.
 //
-// For series of a Prometheus HA pair the entry also holds the dedup state:
-// the newest stored sample's timestamp and which replica sent it.
+// For series of a Prometheus HA pair the entry also holds the dedup state
+// (haState): the newest committed sample's timestamp and which replica sent
+// it, and the claims of requests in flight.
 type seriesCache struct {
 	shards [cacheShards]cacheShard
 	// epoch advances on every sweep; entries not touched for two epochs go.
@@ -33,14 +34,17 @@ type cacheShard struct {
 
 type cacheEntry struct {
 	h2  uint64
-	ref storage.SeriesRef // 0: labels not resolved yet (a deduplicated replica's series)
+	ref atomic.Uint64 // storage.SeriesRef; 0: labels not resolved yet (a deduplicated replica's series)
 
 	epoch atomic.Uint32
-	// HA dedup state: newest sample stored and the HA pair (haTable index)
-	// of the replica that sent it; 0 when no sample was stored yet.
-	lastT    atomic.Int64
-	lastPair atomic.Uint32
+	// limitsGen is the tenant's label-limits generation the series' labels
+	// were last validated under (see tenantState.limitsGen).
+	limitsGen atomic.Uint32
+	// ha is the dedup state of an HA pair's series.
+	ha haState
 }
+
+func (e *cacheEntry) seriesRef() storage.SeriesRef { return storage.SeriesRef(e.ref.Load()) }
 
 func newSeriesCache() *seriesCache {
 	c := &seriesCache{}
@@ -65,27 +69,23 @@ func (c *seriesCache) get(h1, h2 uint64) *cacheEntry {
 	return e
 }
 
-// put records ref for the label set, keeping the dedup state of a previous
-// entry of the same series, and returns the entry now in the cache.
-func (c *seriesCache) put(h1, h2 uint64, ref storage.SeriesRef) *cacheEntry {
-	sh := &c.shards[h1%cacheShards]
-	e := &cacheEntry{h2: h2, ref: ref}
-	e.epoch.Store(c.epoch.Load())
-	sh.mtx.Lock()
-	if old := sh.m[h1]; old != nil && old.h2 == h2 {
-		e.lastT.Store(old.lastT.Load())
-		e.lastPair.Store(old.lastPair.Load())
+// getOrCreate returns the entry of a label set, creating an empty one (no
+// reference yet) if there is none. An entry is never replaced while its
+// series is cached: the HA state in it is shared by concurrent requests.
+func (c *seriesCache) getOrCreate(h1, h2 uint64) *cacheEntry {
+	if e := c.get(h1, h2); e != nil {
+		return e
 	}
-	sh.m[h1] = e
-	sh.mtx.Unlock()
-	return e
-}
-
-func (c *seriesCache) drop(h1 uint64) {
 	sh := &c.shards[h1%cacheShards]
 	sh.mtx.Lock()
-	delete(sh.m, h1)
-	sh.mtx.Unlock()
+	defer sh.mtx.Unlock()
+	if e := sh.m[h1]; e != nil && e.h2 == h2 {
+		return e
+	}
+	e := &cacheEntry{h2: h2}
+	e.epoch.Store(c.epoch.Load())
+	sh.m[h1] = e // a different series with the same first hash is replaced
+	return e
 }
 
 // sweep removes entries not used since the previous sweep and starts a new
@@ -105,16 +105,6 @@ func (c *seriesCache) sweep() (removed int) {
 		sh.mtx.Unlock()
 	}
 	return removed
-}
-
-// reset empties the cache (after the HA label names of the tenant changed).
-func (c *seriesCache) reset() {
-	for i := range c.shards {
-		sh := &c.shards[i]
-		sh.mtx.Lock()
-		sh.m = map[uint64]*cacheEntry{}
-		sh.mtx.Unlock()
-	}
 }
 
 func (c *seriesCache) len() int {
