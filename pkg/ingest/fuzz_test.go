@@ -292,7 +292,7 @@ func generatedV2(req *writev2.Request) []fuzzSeries {
 			b.Sort()
 			fs.exemplars = append(fs.exemplars, exemplar.Exemplar{Labels: b.Labels(), Value: e.Value, Ts: e.Timestamp, HasTs: e.Timestamp != 0})
 		}
-		if m := ts.Metadata; m != (writev2.Metadata{}) {
+		if m := ts.Metadata; m.Type != 0 || m.HelpRef != 0 || m.UnitRef != 0 {
 			fs.meta = [3]string{fmt.Sprint(int32(m.Type)), sym(m.HelpRef), sym(m.UnitRef)}
 		}
 		out = append(out, fs)
@@ -306,7 +306,7 @@ func FuzzDecodeV2(f *testing.F) {
 		Metadata: writev2.Metadata{Type: writev2.Metadata_METRIC_TYPE_GAUGE, HelpRef: b.ref("help"), UnitRef: b.ref("celsius")}}, "__name__", "a", "gpu", "0")
 	b.add(writev2.TimeSeries{Samples: []writev2.Sample{{Value: 3, Timestamp: 4}}}, "__name__", "b")
 	b.add(writev2.TimeSeries{
-		Histograms: []writev2.Histogram{writev2.FromIntHistogram(5, tsdbutil.GenerateTestHistogram(1)), writev2.FromFloatHistogram(6, tsdbutil.GenerateTestFloatHistogram(2))},
+		Histograms: []writev2.Histogram{writev2.FromIntHistogram(0, 5, tsdbutil.GenerateTestHistogram(1)), writev2.FromFloatHistogram(0, 6, tsdbutil.GenerateTestFloatHistogram(2))},
 		Exemplars:  []writev2.Exemplar{{LabelsRefs: []uint32{b.ref("trace_id"), b.ref("abc")}, Value: 1, Timestamp: 5}},
 		Metadata:   writev2.Metadata{Type: writev2.Metadata_METRIC_TYPE_HISTOGRAM},
 	}, "__name__", "step_seconds", "rank", "1")

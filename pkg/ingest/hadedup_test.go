@@ -26,7 +26,6 @@ import (
 
 	"github.com/gpustore/gpustore/internal/logging"
 	"github.com/gpustore/gpustore/pkg/hatracker"
-	"github.com/gpustore/gpustore/pkg/limits"
 )
 
 // faultyAppendable wraps a tenant's real TSDB and injects a storage fault into

@@ -313,7 +313,7 @@ func TestStaleCachedReference(t *testing.T) {
 	}
 	for i := range st.cache.shards {
 		for _, e := range st.cache.shards[i].m {
-			e.ref = 1 << 40 // a reference the head never handed out
+			e.ref.Store(1 << 40) // a reference the head never handed out
 		}
 	}
 	s.Samples = []prompb.Sample{{Timestamp: now + 1000, Value: 2}}
@@ -327,8 +327,8 @@ func TestStaleCachedReference(t *testing.T) {
 
 func TestSeriesCacheSweep(t *testing.T) {
 	c := newSeriesCache()
-	c.put(1, 10, 100)
-	c.put(2, 20, 200)
+	c.getOrCreate(1, 10).ref.Store(100)
+	c.getOrCreate(2, 20).ref.Store(200)
 	c.sweep()
 	if c.get(1, 10) == nil {
 		t.Fatal("entry used in the previous epoch was dropped")
@@ -337,7 +337,7 @@ func TestSeriesCacheSweep(t *testing.T) {
 	if c.get(2, 20) != nil {
 		t.Fatal("entry unused for two sweeps survived")
 	}
-	if e := c.get(1, 10); e == nil || e.ref != 100 {
+	if e := c.get(1, 10); e == nil || e.ref.Load() != 100 {
 		t.Fatal("entry in use was dropped")
 	}
 	if c.get(1, 11) != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/prometheus/model/exemplar"
@@ -614,29 +615,6 @@ func decodeHistogram(ac *appendCtx, raw []byte, v2 bool) (h *histogram.Histogram
 		return nil, hp.ToFloatHistogram(), hp.Timestamp, 0, nil
 	}
 	return hp.ToIntHistogram(), nil, hp.Timestamp, 0, nil
-}
-
-// sampleRejection maps the TSDB's per-sample errors to a rejection reason.
-// Anything else is a storage fault and fails the request with a 5xx.
-func sampleRejection(err error) (string, bool) {
-	switch {
-	case errors.Is(err, storage.ErrOutOfOrderSample):
-		return reasonOutOfOrder, true
-	case errors.Is(err, storage.ErrDuplicateSampleForTimestamp):
-		return reasonDuplicate, true
-	case errors.Is(err, storage.ErrOutOfBounds), errors.Is(err, storage.ErrTooOldSample):
-		return reasonTooOld, true
-	case errors.Is(err, tenantdb.ErrMaxActiveSeries):
-		return reasonMaxSeries, true
-	case errors.Is(err, tsdb.ErrInvalidSample):
-		return reasonInvalidLabels, true
-	}
-	return "", false
-}
-
-func isHistogramValidationError(err error) bool {
-	var e histogram.Error
-	return errors.As(err, &e)
 }
 
 // sampleRejection maps the TSDB's per-sample errors to a rejection reason.
