@@ -4,13 +4,18 @@ GO        ?= go
 TOOLS_DIR ?= $(HOME)/.cache/gpustore-tools/bin
 export GPUSTORE_TOOLS_DIR := $(TOOLS_DIR)
 
-PROMETHEUS_VERSION := v0.316.0
+# Prometheus and promtool are built from go.mod (tools.go): the version gpustore imports.
+PROMETHEUS_VERSION := $(shell $(GO) list -m -f '{{.Version}}' github.com/prometheus/prometheus)
 VM_VERSION         := v1.151.0
 VERSITYGW_VERSION  := v1.8.0
 
-# Packages with concurrency, run again under the race detector.
-RACE_PKGS := ./pkg/ingest/... ./pkg/tenantdb/... ./pkg/query/... ./pkg/app/... ./pkg/rules/...
-RACE_PKGS += ./pkg/shipper/... ./pkg/bucketstore/...
+# Packages with concurrency: their tests run under the race detector, the
+# others' without it; each package's tests run once. pkg/app (wiring of the
+# modules raced here) stays out: it would add ~200 packages (the dskit ring,
+# memberlist) to the race build for no concurrency of its own.
+RACE_PKGS := ./pkg/ingest/... ./pkg/tenantdb/... ./pkg/query/... ./pkg/rules/...
+RACE_PKGS += ./pkg/shipper/... ./pkg/bucketstore/... ./pkg/hatracker/... ./pkg/limits/...
+UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./...))
 
 .PHONY: all build run test test-unit test-race fuzz tools vet bench bench-compare clean
 
@@ -28,25 +33,29 @@ run: build
 # -stdmethods=false: Prometheus' chunkenc.Iterator has Seek(int64) ValueType,
 # which vet mistakes for a malformed io.Seeker in every iterator we write.
 vet:
+	@echo "== vet $$(date +%T)"
 	$(GO) vet -stdmethods=false ./...
 
 test: tools vet test-unit test-race fuzz
 
 test-unit:
-	$(GO) test -count=1 ./...
+	@echo "== test-unit $$(date +%T)"
+	$(GO) test -count=1 $(UNIT_PKGS)
 
 test-race:
+	@echo "== test-race $$(date +%T)"
 	$(GO) test -count=1 -race $(RACE_PKGS)
 
 # A few seconds of each decoder fuzz target (longer: FUZZTIME=5m make fuzz).
 FUZZTIME ?= 10s
 fuzz:
+	@echo "== fuzz $$(date +%T)"
 	$(GO) test -run XXX -fuzz '^FuzzDecodeV1$$' -fuzztime $(FUZZTIME) ./pkg/ingest
 	$(GO) test -run XXX -fuzz '^FuzzDecodeV2$$' -fuzztime $(FUZZTIME) ./pkg/ingest
 
 # The real servers the end-to-end tests run on loopback, pinned, installed
 # once into $(TOOLS_DIR) (a stamp file per version).
-tools: $(TOOLS_DIR)/.prometheus-$(PROMETHEUS_VERSION) $(TOOLS_DIR)/.alertmanager
+tools: $(TOOLS_DIR)/.prometheus-mod-$(PROMETHEUS_VERSION) $(TOOLS_DIR)/.alertmanager
 tools: $(TOOLS_DIR)/.versitygw-$(VERSITYGW_VERSION)
 
 # versitygw: the S3 server the object-storage tests start on loopback
@@ -56,9 +65,15 @@ $(TOOLS_DIR)/.versitygw-$(VERSITYGW_VERSION):
 	GOBIN=$(TOOLS_DIR) $(GO) install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
 	touch $@
 
-$(TOOLS_DIR)/.prometheus-$(PROMETHEUS_VERSION):
+# Built inside this module, not with `go install ...@version`: the packages
+# they share with gpustore (tsdb, promql, storage/remote, the cloud SDKs the
+# config pulls in) compile once for both, and remove_all_sd leaves out the
+# service-discovery plugins (Kubernetes, AWS, Azure, ...) that the tests do
+# not use: on a fresh 2-core machine this saves a whole second build of the
+# Prometheus dependency graph.
+$(TOOLS_DIR)/.prometheus-mod-$(PROMETHEUS_VERSION):
 	mkdir -p $(TOOLS_DIR)
-	GOBIN=$(TOOLS_DIR) $(GO) install github.com/prometheus/prometheus/cmd/prometheus@$(PROMETHEUS_VERSION) github.com/prometheus/prometheus/cmd/promtool@$(PROMETHEUS_VERSION)
+	$(GO) build -tags remove_all_sd -o $(TOOLS_DIR)/ github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool
 	touch $@
 
 # Alertmanager comes from Debian (0.25): `go install` of recent versions
@@ -81,7 +96,7 @@ clean:
 # bench/RESULTS.md). VictoriaMetrics is installed once into $(TOOLS_DIR).
 # Extra flags for bench/cmd/benchcompare: make bench-compare BENCH_FLAGS='-keep'.
 BENCH_FLAGS ?=
-bench-compare: $(TOOLS_DIR)/.prometheus-$(PROMETHEUS_VERSION)
+bench-compare: $(TOOLS_DIR)/.prometheus-mod-$(PROMETHEUS_VERSION)
 	@test -f $(TOOLS_DIR)/.victoria-metrics-$(VM_VERSION) || { \
 		mkdir -p $(TOOLS_DIR) && \
 		echo "installing VictoriaMetrics $(VM_VERSION) into $(TOOLS_DIR)" && \
