@@ -32,9 +32,23 @@ type bucketBlock struct {
 	readahead int64
 	added     time.Time // when Add made it visible (zero: found by listing)
 
-	hmtx     sync.Mutex
-	header   *indexHeader
+	// header is published whole once loaded; readers never take a lock, so
+	// a slow load (one S3 read) stalls only the queries that need this block.
+	header atomic.Pointer[indexHeader]
+	// lmtx guards load: at most one load of the header at a time (the
+	// queries that need it meanwhile wait for it). It is never held across I/O.
+	lmtx     sync.Mutex
+	load     *headerLoad
 	lastUsed atomic.Int64 // unix nanoseconds of the last query that opened the header
+}
+
+// headerLoad is one load of a block's index header under way.
+type headerLoad struct {
+	done chan struct{}
+	h    *indexHeader
+	err  error
+	// abandoned: the loading query's context ended; each waiter loads again.
+	abandoned bool
 }
 
 func newBucketBlock(bkt objstore.BucketReader, cache *PageCache, readahead int64, meta *block.Meta) (*bucketBlock, error) {
@@ -61,51 +75,80 @@ func (b *bucketBlock) objectNames() []string {
 	return names
 }
 
-// indexHeader returns the block's index header, reading it on first use. A
-// failed read is not remembered: the next query tries again.
+// indexHeader returns the block's index header, reading it on first use
+// (one load at a time per block; the queries that need it meanwhile wait for
+// that load, and load again themselves if the loading query was cancelled).
+// A failed read is not remembered: the next query tries again.
 func (b *bucketBlock) indexHeader(ctx context.Context) (*indexHeader, error) {
 	b.lastUsed.Store(time.Now().UnixNano())
-	b.hmtx.Lock()
-	defer b.hmtx.Unlock()
-	if b.header != nil {
-		return b.header, nil
+	for {
+		if h := b.header.Load(); h != nil {
+			return h, nil
+		}
+		b.lmtx.Lock()
+		if h := b.header.Load(); h != nil {
+			b.lmtx.Unlock()
+			return h, nil
+		}
+		l, owner := b.load, false
+		if l == nil {
+			l, owner = &headerLoad{done: make(chan struct{})}, true
+			b.load = l
+		}
+		b.lmtx.Unlock()
+
+		if owner {
+			h, err := loadIndexHeader(ctx, b.cache, b.index, tsdb.DefaultPostingsDecoderFactory(&b.meta.BlockMeta))
+			b.lmtx.Lock()
+			if err == nil {
+				b.header.Store(h)
+			}
+			l.h, l.err, l.abandoned = h, err, err != nil && ctx.Err() != nil
+			b.load = nil
+			b.lmtx.Unlock()
+			close(l.done)
+			if err != nil {
+				return nil, b.storageErr(ctx, err)
+			}
+			return h, nil
+		}
+		select {
+		case <-l.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if l.err == nil {
+			return l.h, nil
+		}
+		if !l.abandoned {
+			return nil, b.storageErr(ctx, l.err)
+		}
 	}
-	h, err := loadIndexHeader(ctx, b.cache, b.index, tsdb.DefaultPostingsDecoderFactory(&b.meta.BlockMeta))
-	if err != nil {
-		return nil, b.storageErr(ctx, err)
-	}
-	b.header = h
-	return h, nil
 }
 
 // unloadIfIdle drops the index header if no query opened it since before.
+// Queries that hold it keep using it (a header is never changed).
 func (b *bucketBlock) unloadIfIdle(before time.Time) (freed int64) {
 	if b.lastUsed.Load() >= before.UnixNano() {
 		return 0
 	}
-	b.hmtx.Lock()
-	defer b.hmtx.Unlock()
-	if b.header == nil || b.lastUsed.Load() >= before.UnixNano() {
+	b.lmtx.Lock()
+	defer b.lmtx.Unlock()
+	h := b.header.Load()
+	if h == nil || b.lastUsed.Load() >= before.UnixNano() {
 		return 0
 	}
-	freed = b.header.bytes
-	b.header = nil
-	return freed
+	b.header.Store(nil)
+	return h.bytes
 }
 
-func (b *bucketBlock) headerLoaded() bool {
-	b.hmtx.Lock()
-	defer b.hmtx.Unlock()
-	return b.header != nil
-}
+func (b *bucketBlock) headerLoaded() bool { return b.header.Load() != nil }
 
 func (b *bucketBlock) headerBytes() int64 {
-	b.hmtx.Lock()
-	defer b.hmtx.Unlock()
-	if b.header == nil {
-		return 0
+	if h := b.header.Load(); h != nil {
+		return h.bytes
 	}
-	return b.header.bytes
+	return 0
 }
 
 // storageErr makes a bucket or decoding error a storage error of the query

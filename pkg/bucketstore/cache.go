@@ -45,10 +45,15 @@ type page struct {
 	data []byte
 }
 
+// fetch is one page being read from the bucket by the query that missed it
+// first; the other queries that miss it meanwhile wait for it.
 type fetch struct {
 	done chan struct{}
 	data []byte
 	err  error
+	// abandoned: the fetching query's context ended, so err is that query's
+	// and not the bucket's; each waiter fetches the page again itself.
+	abandoned bool
 }
 
 // NewPageCache returns a cache of pageSize-byte pages holding at most maxBytes.
@@ -172,6 +177,7 @@ func (c *PageCache) getPages(ctx context.Context, o object, first, last int64) (
 			delete(c.inflight, k)
 			if fetchErr != nil {
 				f.err = fetchErr
+				f.abandoned = ctx.Err() != nil
 			} else {
 				f.data = data[p-runFirst]
 				out[p-first] = f.data
@@ -191,10 +197,21 @@ func (c *PageCache) getPages(ctx context.Context, o object, first, last int64) (
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-		if f.err != nil {
+		switch {
+		case f.err == nil:
+			out[waitIdx[i]] = f.data
+		case f.abandoned:
+			// The query that fetched it was cancelled: its error is not
+			// this query's. Read the page again with this query's context.
+			p := first + int64(waitIdx[i])
+			again, err := c.getPages(ctx, o, p, p)
+			if err != nil {
+				return nil, err
+			}
+			out[waitIdx[i]] = again[0]
+		default:
 			return nil, f.err
 		}
-		out[waitIdx[i]] = f.data
 	}
 	return out, nil
 }
