@@ -130,7 +130,7 @@ func TestSlowHeaderLoadStallsNothingElse(t *testing.T) {
 	series := testSeries(2)
 	inner := objstore.NewInMemBucket()
 	slow := uploadBlock(t, inner, "t", writeBlock(t, dir, series, 0, 60*minute, minute))
-	other := uploadBlock(t, inner, "t", writeBlock(t, dir, series, 120*minute, 180*minute, minute))
+	uploadBlock(t, inner, "t", writeBlock(t, dir, series, 120*minute, 180*minute, minute))
 	slowIndex := "t/" + slow.ULID.String() + "/index"
 	bkt := newGatedBucket(inner, func(name string) bool { return name == slowIndex })
 	defer bkt.open()
