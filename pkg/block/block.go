@@ -214,6 +214,10 @@ func uploadFile(ctx context.Context, bkt objstore.Bucket, src, dst string) error
 // a partial block.
 var ErrNoMeta = errors.New("block has no meta.json (partial upload)")
 
+// ErrBadMeta is wrapped by ReadMeta's errors for a meta.json that was read but
+// is not valid: it will not get better by reading it again.
+var ErrBadMeta = errors.New("bad meta.json")
+
 // ReadMeta reads and checks a block's meta.json from the bucket.
 func ReadMeta(ctx context.Context, bkt objstore.BucketReader, tenant string, id ulid.ULID) (*Meta, error) {
 	rc, err := bkt.Get(ctx, ObjectName(tenant, id, MetaFilename))
@@ -230,16 +234,16 @@ func ReadMeta(ctx context.Context, bkt objstore.BucketReader, tenant string, id 
 	}
 	var m Meta
 	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, fmt.Errorf("parse meta.json of %s/%s: %w", tenant, id, err)
+		return nil, fmt.Errorf("%w: parse meta.json of %s/%s: %w", ErrBadMeta, tenant, id, err)
 	}
 	if m.ULID != id {
-		return nil, fmt.Errorf("meta.json of %s/%s names block %s", tenant, id, m.ULID)
+		return nil, fmt.Errorf("%w: meta.json of %s/%s names block %s", ErrBadMeta, tenant, id, m.ULID)
 	}
 	if m.GPUStore.Tenant != tenant {
-		return nil, fmt.Errorf("meta.json of %s/%s names tenant %q", tenant, id, m.GPUStore.Tenant)
+		return nil, fmt.Errorf("%w: meta.json of %s/%s names tenant %q", ErrBadMeta, tenant, id, m.GPUStore.Tenant)
 	}
 	if err := m.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrBadMeta, err)
 	}
 	return &m, nil
 }
