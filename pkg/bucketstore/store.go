@@ -55,6 +55,15 @@ type Config struct {
 	// when it reads a block's series or chunks in order. Beyond the cache, a
 	// query holds at most 2 × ReadaheadPages × PageSize per block it reads.
 	ReadaheadPages int64 `yaml:"readahead_pages"`
+	// BucketIndexEnabled syncs a tenant from its bucket index
+	// (<tenant>/bucket-index.json.gz, written by the compactor) when it is
+	// at most BucketIndexMaxStaleness old, instead of listing every object
+	// of the tenant.
+	BucketIndexEnabled      bool           `yaml:"bucket_index_enabled"`
+	BucketIndexMaxStaleness model.Duration `yaml:"bucket_index_max_staleness"`
+	// DeletionMarkDelay is how long a block marked for deletion stays
+	// queryable after its mark was written.
+	DeletionMarkDelay model.Duration `yaml:"deletion_mark_delay"`
 }
 
 // DefaultConfig: list every minute, 256 MiB of 32 KiB pages.
@@ -66,6 +75,10 @@ func DefaultConfig() Config {
 		IndexHeaderIdleTimeout: model.Duration(time.Hour),
 		BlockOpenConcurrency:   16,
 		ReadaheadPages:         4,
+		// The compactor rewrites the index after every pass.
+		BucketIndexEnabled:      true,
+		BucketIndexMaxStaleness: model.Duration(time.Hour),
+		DeletionMarkDelay:       model.Duration(time.Minute),
 	}
 }
 
@@ -82,6 +95,12 @@ func (c Config) Validate() error {
 	}
 	if c.ReadaheadPages < 1 {
 		return errors.New("bucket store readahead must be at least one page")
+	}
+	if c.BucketIndexEnabled && c.BucketIndexMaxStaleness <= 0 {
+		return errors.New("bucket store bucket index max staleness must be positive")
+	}
+	if c.DeletionMarkDelay < 0 {
+		return errors.New("bucket store deletion mark delay must not be negative")
 	}
 	if c.BlockOpenConcurrency < 1 {
 		return errors.New("bucket store block open concurrency must be at least 1")
@@ -100,8 +119,8 @@ type Store struct {
 	syncMtx sync.Mutex // one sync at a time
 
 	mtx     sync.RWMutex
-	tenants map[string][]*bucketBlock // sorted by MinTime
-	partial map[string]int
+	tenants map[string][]*bucketBlock // visible blocks, sorted by MinTime
+	views   map[string]*tenantView
 }
 
 // New returns a store over bkt; nothing is read before Sync.
@@ -112,7 +131,7 @@ func New(cfg Config, bkt objstore.BucketReader, logger *slog.Logger, reg prometh
 	s := &Store{
 		cfg: cfg, bkt: bkt, logger: logger,
 		cache:   NewPageCache(cfg.PageSize, cfg.CacheSize),
-		tenants: map[string][]*bucketBlock{}, partial: map[string]int{},
+		tenants: map[string][]*bucketBlock{}, views: map[string]*tenantView{},
 	}
 	s.m = newMetrics(s)
 	if reg != nil {
@@ -204,84 +223,6 @@ func (s *Store) SyncTenant(ctx context.Context, tenantID string) error {
 	s.syncMtx.Lock()
 	defer s.syncMtx.Unlock()
 	return s.syncTenant(ctx, tenantID)
-}
-
-func (s *Store) syncTenant(ctx context.Context, tenantID string) error {
-	syncStart := time.Now()
-	var ids []ulid.ULID
-	if err := s.bkt.Iter(ctx, tenantID+"/", func(name string) error {
-		if id, ok := block.ParseDir(name); ok && strings.HasSuffix(name, "/") {
-			ids = append(ids, id)
-		}
-		return nil
-	}); err != nil {
-		return fmt.Errorf("list blocks of tenant %q: %w", tenantID, err)
-	}
-	s.mtx.RLock()
-	known := map[ulid.ULID]*bucketBlock{}
-	for _, b := range s.tenants[tenantID] {
-		known[b.meta.ULID] = b
-	}
-	s.mtx.RUnlock()
-
-	var (
-		next    []*bucketBlock
-		partial int
-		errs    []error
-	)
-	listed := map[ulid.ULID]struct{}{}
-	for _, id := range ids {
-		listed[id] = struct{}{}
-		if b, ok := known[id]; ok {
-			next = append(next, b)
-			continue
-		}
-		meta, err := block.ReadMeta(ctx, s.bkt, tenantID, id)
-		if errors.Is(err, block.ErrNoMeta) {
-			partial++ // an upload in progress, or one that crashed: never read
-			continue
-		}
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		b, err := newBucketBlock(s.bkt, s.cache, s.cfg.ReadaheadPages, meta)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		next = append(next, b)
-	}
-	// Blocks added (Add) after the listing began stay until the next one.
-	s.mtx.Lock()
-	for _, b := range s.tenants[tenantID] {
-		if _, ok := listed[b.meta.ULID]; !ok && b.added.After(syncStart) {
-			next = append(next, b)
-		}
-	}
-	sortBlocks(next)
-	gone := s.tenants[tenantID]
-	s.tenants[tenantID] = next
-	s.partial[tenantID] = partial
-	s.mtx.Unlock()
-
-	// Drop the cached pages of blocks that left the bucket.
-	stay := map[*bucketBlock]struct{}{}
-	for _, b := range next {
-		stay[b] = struct{}{}
-	}
-	drop := map[string]struct{}{}
-	for _, b := range gone {
-		if _, ok := stay[b]; !ok {
-			for _, n := range b.objectNames() {
-				drop[n] = struct{}{}
-			}
-		}
-	}
-	if len(drop) > 0 {
-		s.cache.Drop(drop)
-	}
-	return errors.Join(errs...)
 }
 
 // Add makes a block just uploaded by this process's shipper visible at once,
@@ -550,11 +491,12 @@ func (q *chunkQuerier) LabelNames(ctx context.Context, hints *storage.LabelHints
 type metrics struct {
 	s             *Store
 	syncFailures  prometheus.Counter
+	tenantSyncs   *prometheus.CounterVec
 	lastSync      prometheus.Gauge
 	syncDuration  prometheus.Histogram
 	queriedBlocks prometheus.Histogram
 
-	blocks, partial, headerBytes                                     *prometheus.Desc
+	blocks, partial, hidden, headerBytes, syncSource, indexAge      *prometheus.Desc
 	cacheBytes, cacheMax, hits, misses, evictions, fetched, requests *prometheus.Desc
 }
 
@@ -564,6 +506,9 @@ func newMetrics(s *Store) *metrics {
 		syncFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpustore_bucketstore_sync_failures_total", Help: "Listings of the bucket that failed.",
 		}),
+		tenantSyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_bucketstore_tenant_syncs_total", Help: "Syncs of a tenant's blocks, by where they were learnt: the bucket index (index) or a listing of the tenant's objects (listing).",
+		}, []string{"source"}),
 		lastSync: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "gpustore_bucketstore_last_sync_timestamp_seconds", Help: "When the bucket was last listed successfully.",
 		}),
@@ -577,6 +522,9 @@ func newMetrics(s *Store) *metrics {
 		}),
 		blocks:      prometheus.NewDesc("gpustore_bucketstore_blocks", "Complete blocks of the tenant in the bucket.", []string{"tenant"}, nil),
 		partial:     prometheus.NewDesc("gpustore_bucketstore_partial_blocks", "Block directories of the tenant without meta.json (uploading or crashed), never read.", []string{"tenant"}, nil),
+		hidden:      prometheus.NewDesc("gpustore_bucketstore_hidden_blocks", "Blocks of the tenant in the bucket that queries do not read, by reason: deletion-mark, replaced (a visible compacted block holds their samples), bad-meta.", []string{"tenant", "reason"}, nil),
+		syncSource:  prometheus.NewDesc("gpustore_bucketstore_sync_source", "1 for where the tenant's last sync learnt its blocks: index (the bucket index) or listing.", []string{"tenant", "source"}, nil),
+		indexAge:    prometheus.NewDesc("gpustore_bucketstore_bucket_index_age_seconds", "Age of the bucket index the tenant's last sync used (tenants synced from the index only).", []string{"tenant"}, nil),
 		headerBytes: prometheus.NewDesc("gpustore_bucketstore_index_header_bytes", "Estimated memory of the loaded index headers.", nil, nil),
 		cacheBytes:  prometheus.NewDesc("gpustore_bucketstore_cache_bytes", "Bytes of index and chunk pages held by the cache.", nil, nil),
 		cacheMax:    prometheus.NewDesc("gpustore_bucketstore_cache_max_bytes", "The cache's configured bound.", nil, nil),
@@ -590,16 +538,18 @@ func newMetrics(s *Store) *metrics {
 
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.syncFailures.Describe(ch)
+	m.tenantSyncs.Describe(ch)
 	m.lastSync.Describe(ch)
 	m.syncDuration.Describe(ch)
 	m.queriedBlocks.Describe(ch)
-	for _, d := range []*prometheus.Desc{m.blocks, m.partial, m.headerBytes, m.cacheBytes, m.cacheMax, m.hits, m.misses, m.evictions, m.fetched, m.requests} {
+	for _, d := range []*prometheus.Desc{m.blocks, m.partial, m.hidden, m.syncSource, m.indexAge, m.headerBytes, m.cacheBytes, m.cacheMax, m.hits, m.misses, m.evictions, m.fetched, m.requests} {
 		ch <- d
 	}
 }
 
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.syncFailures.Collect(ch)
+	m.tenantSyncs.Collect(ch)
 	m.lastSync.Collect(ch)
 	m.syncDuration.Collect(ch)
 	m.queriedBlocks.Collect(ch)
@@ -607,9 +557,19 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.s.mtx.RLock()
 	for t, bs := range m.s.tenants {
 		ch <- prometheus.MustNewConstMetric(m.blocks, prometheus.GaugeValue, float64(len(bs)), t)
-		ch <- prometheus.MustNewConstMetric(m.partial, prometheus.GaugeValue, float64(m.s.partial[t]), t)
 		for _, b := range bs {
 			header += b.headerBytes()
+		}
+	}
+	now := time.Now()
+	for t, v := range m.s.views {
+		ch <- prometheus.MustNewConstMetric(m.partial, prometheus.GaugeValue, float64(len(v.index.Partial)), t)
+		for _, r := range []string{hiddenDeletionMark, hiddenReplaced, hiddenBadMeta} {
+			ch <- prometheus.MustNewConstMetric(m.hidden, prometheus.GaugeValue, float64(v.hidden[r]), t, r)
+		}
+		ch <- prometheus.MustNewConstMetric(m.syncSource, prometheus.GaugeValue, 1, t, v.source)
+		if v.source == sourceIndex {
+			ch <- prometheus.MustNewConstMetric(m.indexAge, prometheus.GaugeValue, now.Sub(v.indexUpdated).Seconds(), t)
 		}
 	}
 	m.s.mtx.RUnlock()
@@ -630,5 +590,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.CacheSize, "bucket-store.cache-size", c.CacheSize, "Bytes of bucket index and chunk pages cached in memory (the bound of the query cache).")
 	fs.Int64Var(&c.PageSize, "bucket-store.page-size", c.PageSize, "Size of a cached page and of the smallest range request, in bytes.")
 	fs.Int64Var(&c.ReadaheadPages, "bucket-store.readahead-pages", c.ReadaheadPages, "Most pages one range request reads ahead when a query reads a block in order.")
+	fs.BoolVar(&c.BucketIndexEnabled, "bucket-store.bucket-index.enabled", c.BucketIndexEnabled, "Sync a tenant's blocks from its bucket index (written by the compactor) instead of listing all its objects.")
+	fs.Var(&c.BucketIndexMaxStaleness, "bucket-store.bucket-index.max-staleness", "List the tenant's objects instead of using a bucket index older than this.")
+	fs.Var(&c.DeletionMarkDelay, "bucket-store.deletion-mark-delay", "How long a block marked for deletion stays queryable after its mark was written.")
 	fs.Var(&c.IndexHeaderIdleTimeout, "bucket-store.index-header-idle-timeout", "Drop a block's in-memory index header after this long without queries (0: never).")
 }

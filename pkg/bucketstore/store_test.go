@@ -361,8 +361,8 @@ func TestSyncSeesNewAndDeletedBlocksAndSkipsPartialOnes(t *testing.T) {
 	if n := len(s.Blocks("team-a")); n != 1 {
 		t.Fatalf("partial block listed: %d blocks", n)
 	}
-	if s.partial["team-a"] != 1 {
-		t.Fatalf("partial blocks counted: %d, want 1", s.partial["team-a"])
+	if s.partialBlocks("team-a") != 1 {
+		t.Fatalf("partial blocks counted: %d, want 1", s.partialBlocks("team-a"))
 	}
 	if got := s.Blocks("team-b"); len(got) != 1 || got[0].ULID != b.ULID {
 		t.Fatalf("team-b blocks: %v", got)
