@@ -496,7 +496,7 @@ type metrics struct {
 	syncDuration  prometheus.Histogram
 	queriedBlocks prometheus.Histogram
 
-	blocks, partial, hidden, headerBytes, syncSource, indexAge      *prometheus.Desc
+	blocks, partial, hidden, headerBytes, syncSource, indexAge       *prometheus.Desc
 	cacheBytes, cacheMax, hits, misses, evictions, fetched, requests *prometheus.Desc
 }
 
