@@ -1,0 +1,20 @@
+# syntax=docker/dockerfile:1
+# gpusim: the simulated DCGM cluster (dcgm-exporter pages, remote write,
+# backfill), for the compose stack and load tests.
+#   docker build -f deploy/docker/gpusim.Dockerfile -t gpusim .
+ARG GO_VERSION=1.26
+
+FROM golang:${GO_VERSION}-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/gpusim ./bench/cmd/gpusim
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/gpusim /usr/local/bin/gpusim
+USER 65532:65532
+# gpusim serve's default listen port (dcgm-exporter's is 9400 too).
+EXPOSE 9400
+ENTRYPOINT ["/usr/local/bin/gpusim"]
+CMD ["serve"]
