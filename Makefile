@@ -17,13 +17,22 @@ RACE_PKGS := ./pkg/ingest/... ./pkg/tenantdb/... ./pkg/query/... ./pkg/rules/...
 RACE_PKGS += ./pkg/shipper/... ./pkg/bucketstore/... ./pkg/hatracker/... ./pkg/limits/...
 UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./...))
 
-.PHONY: all build run test test-unit test-race fuzz tools vet bench bench-compare clean
+.PHONY: all build run test test-unit test-race fuzz tools vet bench bench-compare clean docker
 
 all: build
 
 build:
 	$(GO) build -o bin/gpustore ./cmd/gpustore
 	$(GO) build -o bin/gpusim ./bench/cmd/gpusim
+
+# Container images, where a container engine exists (none runs on CI: there
+# deploy/docker's test parses the Dockerfiles with BuildKit's parser).
+DOCKER ?= docker
+IMAGE_TAG ?= dev
+docker:
+	$(DOCKER) build -f deploy/docker/gpustore.Dockerfile -t gpustore:$(IMAGE_TAG) \
+		--build-arg VERSION=$(IMAGE_TAG) --build-arg REVISION=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown) .
+	$(DOCKER) build -f deploy/docker/gpusim.Dockerfile -t gpusim:$(IMAGE_TAG) .
 
 # gpustore on the embedded default (data in ./data, port 9201), fed by a
 # simulated 16-node (128-GPU) cluster in real time. Ctrl-C stops both.

@@ -2,6 +2,8 @@
 # gpusim: the simulated DCGM cluster (dcgm-exporter pages, remote write,
 # backfill), for the compose stack and load tests.
 #   docker build -f deploy/docker/gpusim.Dockerfile -t gpusim .
+
+# GO_VERSION is the Go release of go.mod's go directive (a test checks it).
 ARG GO_VERSION=1.26
 
 FROM golang:${GO_VERSION}-bookworm AS build

@@ -2,6 +2,8 @@
 # gpustore: one static binary on a distroless base, running as non-root.
 # Build from the repository root:
 #   docker build -f deploy/docker/gpustore.Dockerfile -t gpustore .
+
+# GO_VERSION is the Go release of go.mod's go directive (a test checks it).
 ARG GO_VERSION=1.26
 
 FROM golang:${GO_VERSION}-bookworm AS build
