@@ -3,18 +3,22 @@
 // dcgm-exporter reports DCGM_FI_DEV_XID_ERRORS as a gauge holding the code of
 // the last Xid the driver logged for a GPU. A number alone does not tell an
 // on-call engineer whether the GPU is broken or an application crashed, so
-// this package keeps a catalogue of the common codes: NVIDIA's mnemonic, a
-// short meaning, NVIDIA's immediate action ("resolution bucket") and the
-// priority gpustore's alerts give the code.
+// this package keeps NVIDIA's catalogue of the codes used on Ampere and newer
+// GPUs: NVIDIA's mnemonic, the GPUs it applies to, NVIDIA's immediate action
+// ("resolution bucket"), a short meaning and the priority gpustore's alerts
+// give the code.
 //
-// The mnemonics and immediate actions follow NVIDIA's published Xid catalogue
-// for Ampere and newer GPUs, "Analyzing Xid Errors with the Xid Catalog":
+// The table is data, catalog.tsv, transcribed from NVIDIA's "Analyzing Xid
+// Errors with the Xid Catalog":
 //
 //	https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html
 //
 // (the index of that documentation is https://docs.nvidia.com/deploy/xid-errors/).
-// The meanings are our own short summaries, written for an alert; the
-// catalogue is the authority when they disagree.
+// Its header records the date and what could not be confirmed. The meanings
+// are our own short summaries, written for an alert; NVIDIA's catalogue is
+// the authority when they disagree. `go generate ./pkg/rules/xid/` turns
+// the TSV into catalog_gen.go (gen/table) and then into the rule file
+// (gen/rules); tests fail while either generated file is stale.
 //
 // Prometheus alert templates cannot call Go, so the catalogue is also rendered
 // as the recording rules of deploy/rules/xid-catalog.yml (series
@@ -25,7 +29,8 @@
 // the YAML is out of date.
 package xid
 
-//go:generate go run ./gen -o ../../../deploy/rules/xid-catalog.yml
+//go:generate go run ./gen/table -in catalog.tsv -o catalog_gen.go
+//go:generate go run ./gen/rules -o ../../../deploy/rules/xid-catalog.yml
 
 import (
 	"fmt"
@@ -50,8 +55,8 @@ const (
 	ContactSupport Action = "CONTACT_SUPPORT"
 	// CheckMechanicals: check power cables and seating of the board.
 	CheckMechanicals Action = "CHECK_MECHANICALS"
-	// WorkflowXid45: NVIDIA's decision flow for Xid 45 (a side effect of
-	// another event unless it occurs alone).
+	// WorkflowXid45: NVIDIA's decision flow for Xid 45: alone, restart the
+	// Fabric Manager (RESTART_FM); with other Xids, follow those.
 	WorkflowXid45 Action = "WORKFLOW_XID_45"
 	// WorkflowXid48: NVIDIA's decision flow for uncorrectable ECC errors.
 	WorkflowXid48 Action = "WORKFLOW_XID_48"
@@ -62,6 +67,15 @@ const (
 	WorkflowNVLink5 Action = "WORKFLOW_NVLINK5_ERR"
 	// Xid154: follow the recovery action that the Xid 154 log line names.
 	Xid154 Action = "XID_154"
+	// RestartVM: restart the virtual machine the GPU is assigned to.
+	RestartVM Action = "RESTART_VM"
+	// UpdateSWFW: update the driver or firmware.
+	UpdateSWFW Action = "UPDATE_SWFW"
+	// CheckUVM: a GPU reset is needed if unified memory (UVM) was in use.
+	CheckUVM Action = "CHECK_UVM"
+	// Unconfirmed marks codes whose immediate action could not be confirmed
+	// when the table was transcribed (see catalog.tsv).
+	Unconfirmed Action = "UNCONFIRMED"
 )
 
 // Detail is a one-line instruction for the on-call, in our words.
@@ -80,7 +94,7 @@ func (a Action) Detail() string {
 	case CheckMechanicals:
 		return "check the board's auxiliary power cables and seating"
 	case WorkflowXid45:
-		return "usually the teardown of a killed job or a side effect of another Xid: handle that one; if Xid 45 recurs alone, investigate the node"
+		return "if another Xid was logged with it, handle that one (Xid 45 is the teardown it caused); if Xid 45 came alone, restart the NVIDIA Fabric Manager on the node (RESTART_FM)"
 	case WorkflowXid48:
 		return "drain the GPU; the uncorrectable ECC error is cleared only by a GPU reset or node reboot; check ECC and row-remap counters against RMA thresholds"
 	case WorkflowNVLink:
@@ -89,6 +103,14 @@ func (a Action) Detail() string {
 		return "read the Xid subcode in the kernel log and follow NVIDIA's NVLink5 workflow for it; fatal subcodes need a GPU reset"
 	case Xid154:
 		return "read the Xid 154 line in the kernel log for the new recovery action (drain, GPU reset or node reboot) and carry it out"
+	case RestartVM:
+		return "drain the GPU and restart the virtual machine it is assigned to"
+	case UpdateSWFW:
+		return "update the GPU driver or firmware on the node, then retry"
+	case CheckUVM:
+		return "if the job used unified memory (UVM), drain and reset the GPU; otherwise restart the application"
+	case Unconfirmed:
+		return "read the Xid line in the node's kernel log and look the code up in NVIDIA's Xid catalog; treat it as needing a GPU reset until decoded"
 	}
 	return "look the code up in NVIDIA's Xid catalog"
 }
@@ -120,11 +142,12 @@ func (p Priority) Severity() string {
 
 // Entry describes one Xid code.
 type Entry struct {
-	Code     int
-	Mnemonic string // NVIDIA's mnemonic
-	Meaning  string // short meaning, our words
-	Action   Action // NVIDIA's immediate action
-	Priority Priority
+	Code      int
+	Mnemonic  string   // NVIDIA's mnemonic
+	AppliesTo []string // NVIDIA's "Applies to" columns (A100, H100, B100, GB200)
+	Meaning   string   // short meaning, our words
+	Action    Action   // NVIDIA's immediate action
+	Priority  Priority
 	// Why explains a priority that differs from DefaultPriority(Action).
 	// Empty when the default applies.
 	Why string
@@ -138,11 +161,16 @@ func (e Entry) Severity() string { return e.Priority.Severity() }
 // actions that need a person but not an outage are P1, and codes that only
 // ask to restart an application or need nothing are P2, because the GPU
 // itself stays healthy and the job owner (not the on-call) acts.
+//
+// Xid 154 is P0: the driver logs it when the GPU's recovery action changes,
+// and the other Xid it accompanies (45, say) often ranks lower than the
+// reset or reboot the driver now asks for. An unconfirmed action is P0 like
+// an unknown code (UnknownPriority).
 func DefaultPriority(a Action) Priority {
 	switch a {
-	case ResetGPU, RestartBM, WorkflowXid48, WorkflowNVLink:
+	case ResetGPU, RestartBM, RestartVM, WorkflowXid48, WorkflowNVLink, Xid154, Unconfirmed:
 		return P0
-	case ContactSupport, CheckMechanicals, WorkflowNVLink5, Xid154:
+	case ContactSupport, CheckMechanicals, WorkflowNVLink5, UpdateSWFW, CheckUVM:
 		return P1
 	default:
 		return P2

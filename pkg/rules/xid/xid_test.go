@@ -3,6 +3,7 @@ package xid
 import (
 	"bytes"
 	"io/fs"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/prometheus/promql/parser"
 
 	rulepack "github.com/gpustore/gpustore/deploy/rules"
+	"github.com/gpustore/gpustore/pkg/rules/xid/xidtable"
 )
 
 // The codes the rule pack promises to decode.
@@ -41,7 +43,7 @@ func TestEntriesComplete(t *testing.T) {
 	known := map[Action]bool{
 		RestartApp: true, ResetGPU: true, RestartBM: true, Ignore: true, ContactSupport: true,
 		CheckMechanicals: true, WorkflowXid45: true, WorkflowXid48: true, WorkflowNVLink: true,
-		WorkflowNVLink5: true, Xid154: true,
+		WorkflowNVLink5: true, Xid154: true, RestartVM: true, UpdateSWFW: true, CheckUVM: true, Unconfirmed: true,
 	}
 	for _, e := range catalog {
 		if !mnemonicRE.MatchString(e.Mnemonic) {
@@ -83,12 +85,69 @@ func TestKnownNVIDIAActions(t *testing.T) {
 		13: RestartApp, 31: RestartApp, 43: Ignore, 45: WorkflowXid45, 48: WorkflowXid48,
 		63: Ignore, 64: ResetGPU, 74: WorkflowNVLink, 79: RestartBM, 94: RestartApp,
 		95: ResetGPU, 119: ResetGPU, 154: Xid154,
+		// Issue 17: codes NVIDIA classes RESTART_APP or IGNORE that the
+		// first table lacked, so they paged P0 as unknown.
+		11: RestartApp, 14: Ignore, 25: RestartApp, 37: Ignore, 39: RestartApp, 40: RestartApp, 41: RestartApp,
+		44: Ignore, 60: RestartApp, 66: Ignore, 67: Ignore, 70: RestartApp, 71: RestartApp, 72: RestartApp,
+		75: RestartApp, 76: RestartApp, 77: RestartApp, 80: RestartApp, 82: RestartApp, 83: RestartApp,
+		84: RestartApp, 85: RestartApp, 86: RestartApp, 88: RestartApp, 89: RestartApp, 93: Ignore,
+		96: RestartApp, 97: RestartApp, 98: RestartApp, 99: RestartApp, 100: RestartApp, 101: RestartApp,
+		102: RestartApp, 103: RestartApp, 104: RestartApp, 105: RestartApp, 106: Ignore, 107: Ignore,
+		141: Ignore, 157: Ignore,
+		149: WorkflowNVLink5, 150: WorkflowNVLink5,
 	}
 	for code, a := range want {
 		e, ok := Lookup(code)
 		if !ok || e.Action != a {
 			t.Errorf("Xid %d: action %q, want %q", code, e.Action, a)
 		}
+	}
+}
+
+// Issue 17 items 1 and 2: Xid 149 and 150 need a GPU reset for (almost)
+// every subcode NVIDIA decodes, and Xid 154 carries the recovery action the
+// driver asks for, so all three page P0; and none of the RESTART_APP/IGNORE
+// codes added pages above P1.
+func TestIssue17Priorities(t *testing.T) {
+	for _, code := range []int{149, 150, 154} {
+		if e, ok := Lookup(code); !ok || e.Priority != P0 {
+			t.Errorf("Xid %d: priority %q, want P0", code, e.Priority)
+		}
+	}
+	for _, e := range catalog {
+		if (e.Action == RestartApp || e.Action == Ignore) && e.Priority == P0 {
+			t.Errorf("Xid %d (%s) pages P0", e.Code, e.Action)
+		}
+	}
+	if e, _ := Lookup(45); !strings.Contains(e.Action.Detail(), "RESTART_FM") {
+		t.Errorf("Xid 45 detail %q does not name NVIDIA's RESTART_FM", e.Action.Detail())
+	}
+}
+
+// catalog_gen.go must be what gen/table makes from catalog.tsv now.
+func TestGeneratedTableUpToDate(t *testing.T) {
+	f, err := os.Open("catalog.tsv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rows, err := xidtable.Parse(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := xidtable.GoSource(rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile("catalog_gen.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("catalog_gen.go is out of date with catalog.tsv: run `go generate ./pkg/rules/xid/`")
+	}
+	if len(rows) != len(catalog) {
+		t.Fatalf("%d rows, %d entries", len(rows), len(catalog))
 	}
 }
 
