@@ -177,11 +177,13 @@ var Catalogue = []MetricDesc{
 
 	// Fields commented out in the default CSV that the source document's
 	// dashboards and rules use; enabled here as in its dcgm-metrics.csv. The
-	// retired-page fields are typed gauge as the document and facts.md ask.
+	// retired-page fields are typed counter, as dcgm-exporter's
+	// etc/default-counters.csv types them; an H100 never retires pages (it
+	// remaps rows), so they stay 0.
 	{ID: FamECCSBEVolTotal, Name: "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", Type: Counter, Help: "Total number of single-bit volatile ECC errors.", Source: SourceDCGM},
 	{ID: FamECCDBEVolTotal, Name: "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", Type: Counter, Help: "Total number of double-bit volatile ECC errors.", Source: SourceDCGM},
-	{ID: FamRetiredSBE, Name: "DCGM_FI_DEV_RETIRED_SBE", Type: Gauge, Help: "Total number of retired pages due to single-bit errors.", Source: SourceDCGM},
-	{ID: FamRetiredDBE, Name: "DCGM_FI_DEV_RETIRED_DBE", Type: Gauge, Help: "Total number of retired pages due to double-bit errors.", Source: SourceDCGM},
+	{ID: FamRetiredSBE, Name: "DCGM_FI_DEV_RETIRED_SBE", Type: Counter, Help: "Total number of retired pages due to single-bit errors.", Source: SourceDCGM},
+	{ID: FamRetiredDBE, Name: "DCGM_FI_DEV_RETIRED_DBE", Type: Counter, Help: "Total number of retired pages due to double-bit errors.", Source: SourceDCGM},
 	{ID: FamNVLinkCRCFlitErrors, Name: "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", Type: Counter, Help: "Total number of NVLink flow-control CRC errors.", Source: SourceDCGM},
 	{ID: FamClockThrottleReasons, Name: "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", Type: Gauge, Help: "Current clock throttle reasons.", Source: SourceDCGM},
 	{ID: FamFBTotal, Name: "DCGM_FI_DEV_FB_TOTAL", Type: Gauge, Help: "Framebuffer memory total (in MiB).", Unit: "MiB", Source: SourceDCGM},
@@ -276,3 +278,27 @@ var (
 	DCGMLabelNames = []string{"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"}
 	PodLabelNames  = []string{"pod", "namespace", "container"}
 )
+
+// xidMessages are the err_msg values dcgm-exporter (internal/pkg/collector/
+// xid_errors.go) prints for the codes the simulator produces.
+var xidMessages = map[int]string{
+	0:  "No Error",
+	13: "Graphics Engine Exception",
+	31: "GPU memory page fault",
+	43: "GPU stopped processing",
+	45: "Preemptive cleanup, due to previous errors -- Most likely to see when running multiple cuda",
+	48: "Double Bit ECC Error",
+	63: "ECC page retirement or row remapping recording event",
+	74: "NVLINK Error",
+	79: "GPU has fallen off the bus",
+	94: "Contained ECC error",
+	95: "Uncontained ECC error",
+}
+
+// xidMessage returns the err_msg label of an Xid code.
+func xidMessage(code int) string {
+	if m, ok := xidMessages[code]; ok {
+		return m
+	}
+	return "Xid " + itoa(code)
+}

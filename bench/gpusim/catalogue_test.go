@@ -41,8 +41,8 @@ var dcgmDefaultCounters = map[string]string{
 var dcgmExtraFields = map[string]string{
 	"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL":                 "counter",
 	"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL":                 "counter",
-	"DCGM_FI_DEV_RETIRED_SBE":                       "gauge",
-	"DCGM_FI_DEV_RETIRED_DBE":                       "gauge",
+	"DCGM_FI_DEV_RETIRED_SBE":                       "counter",
+	"DCGM_FI_DEV_RETIRED_DBE":                       "counter",
 	"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "counter",
 	"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS":            "gauge",
 	"DCGM_FI_DEV_FB_TOTAL":                          "gauge",

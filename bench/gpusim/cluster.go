@@ -90,23 +90,32 @@ const (
 	tauTemp       = 50.0 // s, die temperature time constant
 	overheatTemp  = 92.5
 	throttleCap   = 0.45 * pMax // HW power brake
-	memTotalBytes = 2164663517184.0
+	// HBM: runs a few degrees hotter or cooler than 0.88 × die + 9 °C by
+	// GPU (hbmOffset); an hbm_overheat fault drives it towards
+	// hbmOverheatTemp with its own time constant.
+	hbmOverheatTemp = 98.0
+	tauHBM          = 40.0 // s
+	memTotalBytes   = 2164663517184.0
 )
 
 var pciBusIDs = [...]string{"00000000:18:00.0", "00000000:2A:00.0", "00000000:3A:00.0", "00000000:5D:00.0", "00000000:9A:00.0", "00000000:AB:00.0", "00000000:BA:00.0", "00000000:DB:00.0"}
 
 // Clock throttle reason bits (NVML nvmlClocksThrottleReason*).
 const (
-	ThrottleGPUIdle       = 0x1
-	ThrottleAppClocks     = 0x2
-	ThrottleSWPowerCap    = 0x4
-	ThrottleHWSlowdown    = 0x8
-	ThrottleSyncBoost     = 0x10
-	ThrottleSWThermal     = 0x20
-	ThrottleHWThermal     = 0x40
-	ThrottleHWPowerBrake  = 0x80
-	throttleFaultReasons  = ThrottleHWSlowdown | ThrottleHWThermal | ThrottleHWPowerBrake
-	swThermalSlowdownTemp = 87
+	ThrottleGPUIdle      = 0x1
+	ThrottleAppClocks    = 0x2
+	ThrottleSWPowerCap   = 0x4
+	ThrottleHWSlowdown   = 0x8
+	ThrottleSyncBoost    = 0x10
+	ThrottleSWThermal    = 0x20
+	ThrottleHWThermal    = 0x40
+	ThrottleHWPowerBrake = 0x80
+	// The masks NVML reports for the two throttle faults: an external power
+	// brake asserts HW slowdown and HW power brake (0x88), a board thermal
+	// event HW slowdown and HW thermal slowdown (0x48).
+	throttlePowerBrakeMask = ThrottleHWSlowdown | ThrottleHWPowerBrake
+	throttleThermalMask    = ThrottleHWSlowdown | ThrottleHWThermal
+	swThermalSlowdownTemp  = 87
 )
 
 // Cluster is the simulated cluster. It is not safe for concurrent use.
@@ -133,6 +142,7 @@ type gpu struct {
 	labels                        []Label // static dcgm-exporter labels
 	pIdle, scale, ambient, kTherm float64
 	e0, nvl0, corrRows0, nvlScale float64
+	hbmOffset                     float64
 	sbe, pcie, crc, xid           eventProc
 }
 
@@ -151,6 +161,9 @@ type node struct {
 	instTrain   []string // per local rank: the training process' metrics port
 	uptime0     float64  // seconds the node had been up at the epoch
 	gpus        []gpu
+	xidCode     []int  // per GPU, the last Xid at the last step
+	gone        []bool // per GPU, fallen off the bus at the last step
+	upgraded    bool   // dcgm-exporter names the host label `hostname`
 	cum         nodeCum
 	set         seriesSet
 	rootPhase   float64
@@ -223,11 +236,12 @@ func (c *Cluster) newNode(i int) *node {
 				{"gpu", itoa(g)}, {"UUID", uuid}, {"pci_bus_id", pciBusIDs[g]}, {"device", "nvidia" + itoa(g)},
 				{"modelName", modelName}, {"Hostname", hn}, {"DCGM_FI_DRIVER_VERSION", driverVersion},
 			},
-			pIdle:    62 + 16*gr(1),
-			scale:    0.96 + 0.08*gr(2),
-			ambient:  24 + 5*gr(3) + 0.6*float64(g%4), // GPUs further down the airflow run warmer
-			kTherm:   0.056 + 0.01*gr(4),
-			nvlScale: 0.97 + 0.06*gr(5),
+			pIdle:     62 + 16*gr(1),
+			scale:     0.96 + 0.08*gr(2),
+			ambient:   24 + 5*gr(3) + 0.6*float64(g%4), // GPUs further down the airflow run warmer
+			kTherm:    0.056 + 0.01*gr(4),
+			nvlScale:  0.97 + 0.06*gr(5),
+			hbmOffset: -2 + 5*gr(17),
 		}
 		gp.e0 = n.uptime0 * (250 + 150*gr(6)) * 1000
 		gp.nvl0 = n.uptime0 * 2e4 * gr(7)
@@ -252,6 +266,8 @@ func (c *Cluster) newNode(i int) *node {
 		gp.xid = newEventProc(h2(id, 16), xidMean, 1, backgroundXids)
 		n.gpus = append(n.gpus, gp)
 	}
+	n.xidCode = make([]int, len(n.gpus))
+	n.gone = make([]bool, len(n.gpus))
 	return n
 }
 
@@ -404,6 +420,23 @@ func (c *Cluster) stepNode(n *node, s float64, tms int64) {
 		st.local = n.idx - j.firstNode
 		key = h2(j.id, 3)
 	}
+	if !down {
+		// Label sets also change with each GPU's Xid (err_code/err_msg), a
+		// GPU that fell off the bus, and an exporter upgrade.
+		n.upgraded = c.upgradedAt(n.idx, s)
+		if n.upgraded {
+			key = h2(key, 4)
+		}
+		for gi := range n.gpus {
+			n.xidCode[gi] = c.xidAt(n, gi, s)
+			n.gone[gi] = c.gpuGoneAt(n.idx, gi, s)
+			g := uint64(n.xidCode[gi]) << 1
+			if n.gone[gi] {
+				g |= 1
+			}
+			key = h3(key, uint64(gi), g)
+		}
+	}
 	e := &c.em
 	e.begin(&n.set, key)
 	if !down {
@@ -503,7 +536,7 @@ func (c *Cluster) meanPower(n *node, gi int, x float64) (act, base float64) {
 
 func (c *Cluster) powerFault(f *activeFault, node, gi int) bool {
 	switch f.kind {
-	case FaultThrottle:
+	case FaultThrottle, FaultThrottleThermal:
 		return f.hitsGPU(node, gi)
 	case FaultTrainingStall, FaultNodeDown:
 		return f.node/groupSize == node/groupSize
@@ -625,7 +658,9 @@ var netDevices = [...]string{"eth0", "ens9f0np0"} // management NIC, RoCE NIC
 
 func (c *Cluster) emitNode(e *emitter, n *node, st *nodeStep, s float64, tms int64) {
 	for gi := range n.gpus {
-		c.emitGPU(e, n, gi, st, s, tms)
+		if !n.gone[gi] {
+			c.emitGPU(e, n, gi, st, s, tms)
+		}
 	}
 
 	// node-exporter. Exporters other than dcgm-exporter name no node in
@@ -765,6 +800,13 @@ func (c *Cluster) emitGPU(e *emitter, n *node, gi int, st *nodeStep, s float64, 
 	gp := &n.gpus[gi]
 	if e.build {
 		e.base = append(e.base[:0], gp.labels...)
+		if n.upgraded {
+			for i := range e.base {
+				if e.base[i].Name == "Hostname" {
+					e.base[i].Name = "hostname"
+				}
+			}
+		}
 		if st.job != nil {
 			e.base = append(e.base, Label{"pod", st.job.pods[st.local]}, Label{"namespace", "training"}, Label{"container", "pytorch"})
 		}
@@ -835,17 +877,25 @@ func (c *Cluster) emitGPU(e *emitter, n *node, gi int, st *nodeStep, s float64, 
 		pcieTx, pcieRx = 1e4+1e4*u(12), 1e4+1e4*u(11)
 	}
 	if c.gpuFaultActive(FaultThrottle, n.idx, gi, s) {
-		reasons |= throttleFaultReasons
+		reasons |= throttlePowerBrakeMask
 		reasons &^= ThrottleSWPowerCap
 		sm = 1005 + 15*math.Floor(12*u(14))
 		power = math.Min(power, throttleCap*(1+0.02*nz(15)))
+	}
+	if c.gpuFaultActive(FaultThrottleThermal, n.idx, gi, s) {
+		reasons |= throttleThermalMask
+		sm = math.Min(sm, 990+15*math.Floor(12*u(14)))
 	}
 	temp := math.Round(c.gpuTemp(n, gi, s) + 0.4*nz(16))
 	if temp >= swThermalSlowdownTemp {
 		reasons |= ThrottleSWThermal
 		sm = math.Min(sm, 1590+15*math.Floor(8*u(17)))
 	}
-	memTemp := math.Round(0.88*temp + 9 + 0.5*nz(18))
+	memTemp := 0.88*temp + 9 + gp.hbmOffset
+	if w := c.hbmExcessWeight(n.idx, gi, s); w > 0 {
+		memTemp += (hbmOverheatTemp - memTemp) * w
+	}
+	memTemp = math.Round(memTemp + 0.5*nz(18))
 
 	fbUsed := 0.0
 	if st.job != nil {
@@ -863,12 +913,7 @@ func (c *Cluster) emitGPU(e *emitter, n *node, gi int, st *nodeStep, s float64, 
 	dbe := c.dbeFaultEvents(n.idx, gi, s)
 	crc, _ := gp.crc.at(s)
 	crc += c.crcFaultErrors(n.idx, gi, s)
-	_, bgCode := gp.xid.at(s)
-	xid := float64(bgCode)
-	bgAt, bgOK := gp.xid.lastTime()
-	if code, at, ok := c.xidFaultAt(n.idx, gi, s); ok && (!bgOK || at >= bgAt) {
-		xid = float64(code)
-	}
+	xid := n.xidCode[gi]
 	remapFail := 0.0
 	if c.gpuFaultActive(FaultRowRemapFailure, n.idx, gi, s) {
 		remapFail = 1
@@ -885,7 +930,9 @@ func (c *Cluster) emitGPU(e *emitter, n *node, gi int, st *nodeStep, s float64, 
 	e.add(FamMemCopyUtil, math.Round(memCopy))
 	e.add(FamEncUtil, 0)
 	e.add(FamDecUtil, 0)
-	e.add(FamXIDErrors, xid)
+	// dcgm-exporter >= 3.3.6 labels the gauge with the code and its text,
+	// so every code is a series of its own.
+	e.add(FamXIDErrors, float64(xid), Label{"err_code", itoa(xid)}, Label{"err_msg", xidMessage(xid)})
 	e.add(FamFBFree, fbTotal-fbUsed-fbReserved)
 	e.add(FamFBUsed, fbUsed)
 	e.add(FamFBReserved, fbReserved)
@@ -901,8 +948,10 @@ func (c *Cluster) emitGPU(e *emitter, n *node, gi int, st *nodeStep, s float64, 
 	e.add(FamProfPCIeRxBytes, math.Round(pcieRx))
 	e.add(FamECCSBEVolTotal, sbe)
 	e.add(FamECCDBEVolTotal, dbe)
-	e.add(FamRetiredSBE, math.Min(64, math.Floor(sbe/25)))
-	e.add(FamRetiredDBE, dbe)
+	// An H100 remaps rows instead of retiring pages: the retired-page
+	// counters stay 0 (typed counter, as dcgm-exporter's CSV does).
+	e.add(FamRetiredSBE, 0)
+	e.add(FamRetiredDBE, 0)
 	e.add(FamNVLinkCRCFlitErrors, crc)
 	e.add(FamClockThrottleReasons, float64(reasons))
 	e.add(FamFBTotal, fbTotal)

@@ -21,19 +21,34 @@ const (
 	// failure); the SW thermal slowdown bit is set above 87 °C.
 	FaultOverheat FaultKind = "overheat"
 	// FaultXid records an Xid event: DCGM_FI_DEV_XID_ERRORS takes the code
-	// and keeps it after the fault, as the real gauge does.
+	// and keeps it after the fault, as the real gauge does. Xid 79 (fallen
+	// off the bus) also makes the GPU's series disappear from 30 s after the
+	// event (one exporter collection showed the code) until the fault ends,
+	// as a node power cycle brings the GPU back.
 	FaultXid FaultKind = "xid"
 	// FaultECCDBE raises the DBE volatile counter (once at the start, then once
-	// a minute while it lasts), with retired DBE pages and uncorrectable
-	// remapped rows following.
+	// a minute while it lasts), with uncorrectable remapped rows following,
+	// and logs the Xid burst NVIDIA's catalogue describes for it: 48 (the
+	// DBE), 63 (row remap recorded), 94 (contained error) and 45 (teardown of
+	// the contexts), a second apart, so the last-Xid gauge ends on 45.
 	FaultECCDBE FaultKind = "ecc_dbe"
 	// FaultRowRemapFailure sets DCGM_FI_DEV_ROW_REMAP_FAILURE to 1.
 	FaultRowRemapFailure FaultKind = "row_remap_failure"
 	// FaultNVLinkCRCBurst makes the NVLink CRC flit error counter jump.
 	FaultNVLinkCRCBurst FaultKind = "nvlink_crc_burst"
-	// FaultThrottle sets HW slowdown, HW thermal and HW power-brake throttle
-	// bits; SM clocks and power drop.
+	// FaultThrottle is an external power brake: throttle reasons 0x88 (HW
+	// slowdown + HW power brake); SM clocks and power drop.
 	FaultThrottle FaultKind = "throttle"
+	// FaultThrottleThermal is a HW thermal slowdown: throttle reasons 0x48
+	// (HW slowdown + HW thermal slowdown); SM clocks drop.
+	FaultThrottleThermal FaultKind = "throttle_thermal"
+	// FaultHBMOverheat drives the memory (HBM) temperature towards ~98 °C with
+	// its own lag while the die stays as it was (a memory cooling fault).
+	FaultHBMOverheat FaultKind = "hbm_overheat"
+	// FaultExporterUpgrade upgrades the node's dcgm-exporter at `at` to a
+	// build that names the host label `hostname` instead of `Hostname` (the
+	// rename on dcgm-exporter's main branch). Permanent: duration is ignored.
+	FaultExporterUpgrade FaultKind = "exporter_upgrade"
 	// FaultTrainingStall hangs the job using the node (as a stuck NCCL
 	// collective does): its iteration histogram stops counting, GPUs spin at
 	// 100% utilisation with low power.
@@ -48,7 +63,7 @@ const (
 )
 
 // FaultKinds lists every kind, for flag help and validation.
-var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultTrainingStall, FaultNaNLoss, FaultNodeDown}
+var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultThrottleThermal, FaultHBMOverheat, FaultExporterUpgrade, FaultTrainingStall, FaultNaNLoss, FaultNodeDown}
 
 // DefaultFaultDuration applies when a fault gives none.
 const DefaultFaultDuration = 5 * time.Minute
@@ -239,7 +254,11 @@ func (c *Cluster) resolveFaults(faults []Fault) error {
 			gpu = -1
 		}
 		start := origin + f.At.Seconds()
-		c.faults = append(c.faults, activeFault{kind: f.Kind, start: start, end: start + d.Seconds(), node: n, gpu: gpu, code: f.Code})
+		end := start + d.Seconds()
+		if f.Kind == FaultExporterUpgrade {
+			end = math.Inf(1)
+		}
+		c.faults = append(c.faults, activeFault{kind: f.Kind, start: start, end: end, node: n, gpu: gpu, code: f.Code})
 	}
 	sort.SliceStable(c.faults, func(i, j int) bool { return c.faults[i].start < c.faults[j].start })
 	return nil
@@ -334,16 +353,89 @@ func unionLength(iv [][2]float64) float64 {
 	return total + ce - cs
 }
 
-// xidFaultAt returns the code and time of the latest xid fault on (node, gpu)
-// that started at or before s.
-func (c *Cluster) xidFaultAt(node, gpu int, s float64) (code int, at float64, ok bool) {
-	for i := range c.faults {
-		f := &c.faults[i]
-		if f.kind == FaultXid && f.hitsGPU(node, gpu) && f.start <= s && (!ok || f.start >= at) {
-			code, at, ok = f.code, f.start, true
+// dbeXidBurst is what the driver logs for an uncorrectable ECC error on an
+// Ampere or newer GPU, in order (NVIDIA's Xid catalogue): the DBE itself,
+// the row remap it triggers, the contained-error notice to the application,
+// and the teardown of the affected contexts. They come a second apart.
+var dbeXidBurst = [...]int{48, 63, 94, 45}
+
+// goneGrace is how long a GPU that fell off the bus is still exported: one
+// dcgm-exporter collection interval, in which the Xid 79 is seen.
+const goneGrace = 30.0
+
+// xidAt returns the last Xid of (node, gpu) at s: the latest of the
+// background events, xid faults and the Xid bursts of ecc_dbe faults.
+func (c *Cluster) xidAt(n *node, gi int, s float64) int {
+	gp := &n.gpus[gi]
+	code, at, ok := 0, 0.0, false
+	if s >= 0 {
+		_, code = gp.xid.at(s)
+		at, ok = gp.xid.lastTime()
+	}
+	consider := func(cd int, t float64) {
+		if t <= s && (!ok || t >= at) {
+			code, at, ok = cd, t, true
 		}
 	}
-	return
+	for i := range c.faults {
+		f := &c.faults[i]
+		if !f.hitsGPU(n.idx, gi) || f.start > s {
+			continue
+		}
+		switch f.kind {
+		case FaultXid:
+			consider(f.code, f.start)
+		case FaultECCDBE:
+			for k, cd := range dbeXidBurst {
+				consider(cd, f.start+float64(k))
+			}
+		}
+	}
+	return code
+}
+
+// gpuGoneAt reports whether (node, gpu) has fallen off the bus at s: from
+// goneGrace after an Xid 79 fault until the fault ends.
+func (c *Cluster) gpuGoneAt(node, gpu int, s float64) bool {
+	for i := range c.faults {
+		f := &c.faults[i]
+		if f.kind == FaultXid && f.code == 79 && f.hitsGPU(node, gpu) && s >= f.start+goneGrace && s < f.end {
+			return true
+		}
+	}
+	return false
+}
+
+// upgradedAt reports whether the node's dcgm-exporter names the host label
+// `hostname` at s.
+func (c *Cluster) upgradedAt(node int, s float64) bool {
+	for i := range c.faults {
+		f := &c.faults[i]
+		if f.kind == FaultExporterUpgrade && f.node == node && s >= f.start {
+			return true
+		}
+	}
+	return false
+}
+
+// hbmExcessWeight is how far (0..1) the memory temperature of (node, gpu)
+// has moved towards hbmOverheatTemp at s: a first-order lag with time
+// constant tauHBM while an hbm_overheat fault lasts, relaxing after it.
+func (c *Cluster) hbmExcessWeight(node, gpu int, s float64) float64 {
+	w := 0.0
+	for i := range c.faults {
+		f := &c.faults[i]
+		if f.kind != FaultHBMOverheat || !f.hitsGPU(node, gpu) || s < f.start {
+			continue
+		}
+		on := math.Min(s, f.end) - f.start
+		x := 1 - math.Exp(-on/tauHBM)
+		if s > f.end {
+			x *= math.Exp(-(s - f.end) / tauHBM)
+		}
+		w = math.Max(w, x)
+	}
+	return w
 }
 
 // dbeFaultEvents counts DBE events injected on (node, gpu) up to s: one at a
