@@ -58,18 +58,39 @@ func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mu.Unlock()
 }
 
-// find returns the first notified alert with that name and status.
-func (h *webhook) find(name, status string) (webhookAlert, error) {
+// find returns the first notified alert with that name and status whose
+// labels include every pair of kv.
+func (h *webhook) find(name, status string, kv ...string) (webhookAlert, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var seen []string
+next:
 	for _, a := range h.alerts {
-		if a.Labels["alertname"] == name && a.Status == status {
-			return a, nil
+		seen = append(seen, a.Labels["alertname"]+"/"+a.Labels["gpu"]+"/"+a.Status)
+		if a.Labels["alertname"] != name || a.Status != status {
+			continue
 		}
-		seen = append(seen, a.Labels["alertname"]+"/"+a.Status)
+		for i := 0; i+1 < len(kv); i += 2 {
+			if a.Labels[kv[i]] != kv[i+1] {
+				continue next
+			}
+		}
+		return a, nil
 	}
-	return webhookAlert{}, fmt.Errorf("no %s %s alert yet (seen %v)", status, name, seen)
+	return webhookAlert{}, fmt.Errorf("no %s %s %v alert yet (seen %v)", status, name, kv, seen)
+}
+
+// onGPU returns every notified alert on GPU gpu.
+func (h *webhook) onGPU(gpu string) []webhookAlert {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []webhookAlert
+	for _, a := range h.alerts {
+		if a.Labels["gpu"] == gpu {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // startAlertmanager runs the real Alertmanager on loopback (no cluster
@@ -237,7 +258,10 @@ func TestRulesAlertToRealAlertmanager(t *testing.T) {
 
 	// One simulated node (gpu-node-001, 8 H100s). Its GPU 2 has been
 	// overheating for 5 minutes and cools from start+12s; GPU 5 logs Xid 79
-	// at start+15s (after the catalogue series exist).
+	// at start+15s (after the catalogue series exist) and stays on the bus
+	// long enough for the Xid to be exported; GPU 6 has an uncorrectable ECC
+	// error at start+20s (Xid 48, 63, 94, 45 a second apart); GPU 3 is under
+	// an external power brake (throttle reasons 0x88) from start+5s.
 	start := time.Now().Truncate(time.Second)
 	simCfg := gpusim.Config{
 		Name: "gpu-cluster-e2e", Nodes: 1, Seed: 1, TargetLabels: true, XidsPerGPUYear: -1,
@@ -245,6 +269,8 @@ func TestRulesAlertToRealAlertmanager(t *testing.T) {
 		Faults: []gpusim.Fault{
 			{Kind: gpusim.FaultOverheat, At: 0, Duration: 5*time.Minute + 12*time.Second, Node: "0", GPU: 2},
 			{Kind: gpusim.FaultXid, At: 5*time.Minute + 15*time.Second, Duration: time.Minute, Node: "0", GPU: 5, Code: 79},
+			{Kind: gpusim.FaultECCDBE, At: 5*time.Minute + 20*time.Second, Duration: time.Minute, Node: "0", GPU: 6},
+			{Kind: gpusim.FaultThrottle, At: 5*time.Minute + 5*time.Second, Duration: 10 * time.Minute, Node: "0", GPU: 3},
 		},
 	}
 	// The simulator is a pure function of time: check the premise first.
@@ -369,6 +395,41 @@ func TestRulesAlertToRealAlertmanager(t *testing.T) {
 	}
 	if d := xa.Annotations["description"]; !strings.Contains(d, entry.Meaning) || !strings.Contains(d, entry.Action.Detail()) {
 		t.Errorf("GPUXidError description %q lacks the catalogue's meaning %q", d, entry.Meaning)
+	}
+
+	// The ECC DBE on GPU 6 pages P0 through GPUECCDoubleBitError, whatever
+	// Xid the last-Xid gauge ends on (45, P2, after the burst).
+	var dbe webhookAlert
+	waitFor(t, 30*time.Second, "GPUECCDoubleBitError firing at the webhook", func() error {
+		dbe, err = hook.find("GPUECCDoubleBitError", "firing", "gpu", "6")
+		return err
+	})
+	if dbe.Labels["priority"] != "P0" || dbe.Labels["severity"] != "critical" || dbe.Labels["node"] != node {
+		t.Errorf("GPUECCDoubleBitError labels %v", dbe.Labels)
+	}
+	// The power brake on GPU 3 pages GPUThrottling for hw_power_brake and
+	// hw_slowdown (0x88), P1, and not for a thermal reason.
+	for _, reason := range []string{"hw_power_brake", "hw_slowdown"} {
+		var th webhookAlert
+		waitFor(t, 30*time.Second, "GPUThrottling "+reason+" firing at the webhook", func() error {
+			th, err = hook.find("GPUThrottling", "firing", "gpu", "3", "reason", reason)
+			return err
+		})
+		if th.Labels["priority"] != "P1" || th.Labels["severity"] != "warning" {
+			t.Errorf("GPUThrottling labels %v", th.Labels)
+		}
+	}
+	for _, gpu := range []string{"3", "6"} {
+		for _, a := range hook.onGPU(gpu) {
+			name, reason, xidCode := a.Labels["alertname"], a.Labels["reason"], a.Labels["xid"]
+			switch {
+			case gpu == "3" && name == "GPUThrottling" && (reason == "hw_power_brake" || reason == "hw_slowdown"):
+			case gpu == "6" && name == "GPUECCDoubleBitError":
+			case gpu == "6" && name == "GPUXidError" && a.Labels["priority"] == string(mustLookup(t, xidCode).Priority):
+			default:
+				t.Errorf("unexpected alert on GPU %s: %v", gpu, a.Labels)
+			}
+		}
 	}
 
 	// /api/v1/rules and /api/v1/alerts, Prometheus' JSON, per tenant.
@@ -499,4 +560,18 @@ func TestRulesAlertToRealAlertmanager(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("reload after the fix: %d", resp.StatusCode)
 	}
+}
+
+// mustLookup returns the catalogue entry of an Xid code given as a label.
+func mustLookup(t *testing.T, code string) xid.Entry {
+	t.Helper()
+	var c int
+	if _, err := fmt.Sscan(code, &c); err != nil {
+		t.Fatalf("xid label %q: %v", code, err)
+	}
+	e, ok := xid.Lookup(c)
+	if !ok {
+		t.Fatalf("Xid %d not in the catalogue", c)
+	}
+	return e
 }
