@@ -14,10 +14,10 @@ VERSITYGW_VERSION  := v1.8.0
 # modules raced here) stays out: it would add ~200 packages (the dskit ring,
 # memberlist) to the race build for no concurrency of its own.
 RACE_PKGS := ./pkg/ingest/... ./pkg/tenantdb/... ./pkg/query/... ./pkg/rules/...
-RACE_PKGS += ./pkg/shipper/... ./pkg/bucketstore/... ./pkg/hatracker/... ./pkg/limits/...
+RACE_PKGS += ./pkg/shipper/... ./pkg/bucketstore/... ./pkg/hatracker/... ./pkg/limits/... ./pkg/compact/...
 UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./...))
 
-.PHONY: all build run test test-unit test-race fuzz tools vet bench bench-compare clean docker
+.PHONY: all build run test test-unit test-race fuzz tools vet bench bench-compare bench-compact clean docker
 
 all: build
 
@@ -95,6 +95,12 @@ $(TOOLS_DIR)/.alertmanager:
 
 bench:
 	$(GO) test -run XXX -bench . -benchmem ./pkg/... ./bench/...
+
+# The compactor on the week slice (16 GPUs × 7 days at 1m): compaction
+# throughput and peak heap, then the dashboard queries over 7 days and 24
+# hours on the 2h blocks and on the compacted ones (bench/RESULTS.md).
+bench-compact:
+	$(GO) test -run XXX -bench 'BenchmarkCompactWeek|BenchmarkDashboardQueries' -benchtime 3x ./pkg/compact
 
 clean:
 	rm -rf bin data

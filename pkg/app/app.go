@@ -4,12 +4,12 @@
 //
 //	server, overrides ◀── storage ◀── shipper ◀── ingest ──▶ ha-tracker ──▶ memberlist-kv
 //	bucket ◀── shipper, bucket-store;  bucket-store, storage ◀── query ◀── rules
-//	all = ingest + query + rules    (objstore.go adds the bucket modules)
+//	all = ingest + query + rules + compact    (objstore.go adds the bucket modules, compact.go the compactor)
 //
 // server listens first so /-/healthy answers during a long WAL replay;
 // storage opens the tenants' TSDBs (replaying their WALs) and on shutdown
 // drains the HTTP server before closing them, so no acknowledged write races
-// the close. Later roles (compact, downsample) join the graph here.
+// the close. Later roles (downsample) join the graph here.
 package app
 
 import (
@@ -36,6 +36,7 @@ import (
 	"github.com/gpustore/gpustore/internal/logging"
 	"github.com/gpustore/gpustore/internal/version"
 	"github.com/gpustore/gpustore/pkg/bucketstore"
+	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/hatracker"
 	"github.com/gpustore/gpustore/pkg/ingest"
 	"github.com/gpustore/gpustore/pkg/limits"
@@ -60,7 +61,7 @@ const (
 )
 
 // Targets lists what -target accepts.
-func Targets() []string { return []string{All, Ingest, Query, Rules} }
+func Targets() []string { return []string{All, Ingest, Query, Rules, Compact} }
 
 func isTarget(t string) bool { return slices.Contains(Targets(), t) }
 
@@ -104,6 +105,7 @@ type App struct {
 	Bucket      objstore.InstrumentedBucket
 	Shipper     *shipper.Shipper
 	BucketStore *bucketstore.Store
+	Compactor   *compact.Compactor
 
 	mm      *modules.Manager
 	manager *services.Manager
@@ -140,6 +142,9 @@ func New(cfg Config, logger *slog.Logger) (*App, error) {
 	}
 	a.mm = mm
 	if err := a.registerObjstoreModules(); err != nil {
+		return nil, err
+	}
+	if err := a.registerCompactModule(); err != nil {
 		return nil, err
 	}
 	return a, nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpustore/gpustore/pkg/bucket"
 	"github.com/gpustore/gpustore/pkg/bucketstore"
+	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/hatracker"
 	"github.com/gpustore/gpustore/pkg/ingest"
 	"github.com/gpustore/gpustore/pkg/limits"
@@ -44,6 +45,7 @@ type Config struct {
 	Bucket      bucket.Config      `yaml:"bucket"`
 	Shipper     shipper.Config     `yaml:"shipper"`
 	BucketStore bucketstore.Config `yaml:"bucket_store"`
+	Compact     compact.Config     `yaml:"compact"`
 }
 
 // LogConfig chooses the log level and format.
@@ -70,6 +72,7 @@ func DefaultConfig() Config {
 		Bucket:      bucket.DefaultConfig(),
 		Shipper:     shipper.DefaultConfig(),
 		BucketStore: bucketstore.DefaultConfig(),
+		Compact:     compact.DefaultConfig(),
 	}
 	// dskit sets memberlist's defaults when its flags are registered.
 	cfg.Memberlist.RegisterFlags(flag.NewFlagSet("defaults", flag.ContinueOnError))
@@ -88,7 +91,7 @@ func (c *Config) Validate() error {
 	if err := checkRoles(targets); err != nil {
 		errs = append(errs, err)
 	}
-	for _, v := range []interface{ Validate() error }{c.TSDB, c.Tenant, c.Ingest, c.Query, c.Limits, c.HA, c.Rules} {
+	for _, v := range []interface{ Validate() error }{c.TSDB, c.Tenant, c.Ingest, c.Query, c.Limits, c.HA, c.Rules, c.Compact} {
 		if err := v.Validate(); err != nil {
 			errs = append(errs, err)
 		}
@@ -122,6 +125,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.HA.RegisterFlags(fs)
 	c.Memberlist.RegisterFlagsWithPrefix(fs, "")
 	c.registerObjstoreFlags(fs)
+	c.Compact.RegisterFlags(fs)
 }
 
 // Load builds the configuration from defaults, the YAML file named by

@@ -42,6 +42,8 @@ const (
 const (
 	// SourceReceive is a block cut by a receiver's TSDB from remote-written samples.
 	SourceReceive = "receive"
+	// SourceCompactor is a block the compactor built from other blocks.
+	SourceCompactor = "compactor"
 )
 
 // ResolutionRaw is the resolution of blocks holding raw samples.

@@ -60,6 +60,9 @@ type Limits struct {
 	// removed before storage.
 	HAClusterLabel string `yaml:"ha_cluster_label"`
 	HAReplicaLabel string `yaml:"ha_replica_label"`
+	// CompactorRetentionRaw is how long the tenant's raw blocks stay in the
+	// bucket; 0 = the compactor's --compact.retention.raw.
+	CompactorRetentionRaw model.Duration `yaml:"compactor_retention_raw"`
 }
 
 // Defaults fit dcgm-exporter with Kubernetes pod labels (about 15 labels
@@ -109,8 +112,8 @@ func (l Limits) Validate() error {
 	if l.MaxLabelNamesPerSeries <= 0 || l.MaxLabelNameLength <= 0 || l.MaxLabelValueLength <= 0 {
 		errs = append(errs, errors.New("label limits must be positive"))
 	}
-	if l.OutOfOrderWindow < 0 {
-		errs = append(errs, errors.New("out_of_order_window must not be negative"))
+	if l.OutOfOrderWindow < 0 || l.CompactorRetentionRaw < 0 {
+		errs = append(errs, errors.New("out_of_order_window and compactor_retention_raw must not be negative"))
 	}
 	if l.HAClusterLabel == "" || l.HAReplicaLabel == "" || l.HAClusterLabel == l.HAReplicaLabel {
 		errs = append(errs, errors.New("ha cluster and replica labels must be set and differ"))
@@ -283,4 +286,9 @@ func (o *Overrides) MaxActiveSeries(tenant string) int { return o.For(tenant).Ma
 // OutOfOrderWindow implements tenantdb.TenantLimits.
 func (o *Overrides) OutOfOrderWindow(tenant string) time.Duration {
 	return time.Duration(o.For(tenant).OutOfOrderWindow)
+}
+
+// CompactorRetentionRaw implements compact.Limits.
+func (o *Overrides) CompactorRetentionRaw(tenant string) time.Duration {
+	return time.Duration(o.For(tenant).CompactorRetentionRaw)
 }

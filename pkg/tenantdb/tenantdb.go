@@ -47,9 +47,12 @@ type Config struct {
 // DefaultConfig returns the embedded defaults.
 func DefaultConfig() Config {
 	return Config{
-		Dir:            "./data",
-		BlockDuration:  model.Duration(2 * time.Hour),
-		Retention:      model.Duration(15 * 24 * time.Hour),
+		Dir:           "./data",
+		BlockDuration: model.Duration(2 * time.Hour),
+		// Uploaded blocks are read from the bucket (compacted there), so the
+		// local copy is only kept a few hours; a block is never deleted before
+		// its upload is confirmed (the shipper's deletion gate).
+		Retention:      model.Duration(6 * time.Hour),
 		MaxExemplars:   100000,
 		WALCompression: true,
 	}

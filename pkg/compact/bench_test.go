@@ -1,0 +1,164 @@
+package compact_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/prometheus/promql"
+	"github.com/prometheus/prometheus/storage"
+	"github.com/thanos-io/objstore"
+	"github.com/thanos-io/objstore/providers/filesystem"
+
+	"github.com/gpustore/gpustore/bench/load"
+	"github.com/gpustore/gpustore/pkg/bucketstore"
+)
+
+// benchWeek is the week slice of TestWeekCompactedQueriesUnchanged, built
+// once into $TMPDIR (blocks/, the 2h blocks as receivers cut them).
+func benchWeek(b *testing.B) (simSlice, string) {
+	sl := weekSlice()
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("gpustore-compact-bench-%dn-%s-%s", sl.Nodes, sl.Duration, sl.Interval))
+	if _, err := os.Stat(filepath.Join(dir, "complete")); err != nil {
+		_ = os.RemoveAll(dir)
+		sl.write(b, filepath.Join(dir, "blocks"))
+		if err := os.WriteFile(filepath.Join(dir, "complete"), nil, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return sl, filepath.Join(dir, "blocks")
+}
+
+func freshBucket(b *testing.B, blocks string) objstore.Bucket {
+	bkt, err := filesystem.NewBucket(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	ents, err := os.ReadDir(blocks)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, e := range ents {
+		upload(b, bkt, "bench", nil, filepath.Join(blocks, e.Name()))
+	}
+	return bkt
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkCompactWeek compacts the week slice (84 two-hour blocks of 16
+// GPUs at 1m) from a FILESYSTEM bucket to its final layout: every level,
+// download, TSDB compaction, upload, marks and deletion. It reports
+// samples/s per CPU-second and the peak Go heap while compacting.
+func BenchmarkCompactWeek(b *testing.B) {
+	_, blocks := benchWeek(b)
+	var samples, cpu float64
+	var peak atomic.Uint64
+	for b.Loop() {
+		b.StopTimer()
+		bkt := freshBucket(b, blocks)
+		c, reg := newCompactor(b, testConfig(), bkt, nil)
+		runtime.GC()
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { // sample the heap: the compactor's peak memory
+			defer wg.Done()
+			var ms runtime.MemStats
+			for {
+				runtime.ReadMemStats(&ms)
+				if ms.HeapInuse > peak.Load() {
+					peak.Store(ms.HeapInuse)
+				}
+				select {
+				case <-stop:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+		}()
+		c0 := cpuTime()
+		b.StartTimer()
+		compactUntilStable(b, c, bkt, "bench")
+		b.StopTimer()
+		cpu += (cpuTime() - c0).Seconds()
+		close(stop)
+		wg.Wait()
+		samples += counter(b, reg, "gpustore_compact_samples_total")
+		b.StartTimer()
+	}
+	b.ReportMetric(samples/cpu, "samples/cpu-s")
+	b.ReportMetric(samples/float64(b.N), "samples-written/op")
+	b.ReportMetric(float64(peak.Load())/(1<<20), "peak-heap-MiB")
+}
+
+// BenchmarkDashboardQueries runs the bench dashboard query set (bench/load)
+// over the last 7 days and the last 24 hours of the week slice, with
+// Grafana's step, from the bucket store (warm page cache) over the 2h
+// blocks as shipped and over the compacted blocks.
+func BenchmarkDashboardQueries(b *testing.B) {
+	sl, blocks := benchWeek(b)
+	raw := freshBucket(b, blocks)
+	compacted := freshBucket(b, blocks)
+	c, _ := newCompactor(b, testConfig(), compacted, nil)
+	st := compactUntilStable(b, c, compacted, "bench")
+	b.Logf("compacted: %s", st.spans())
+	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 200_000_000, Timeout: 10 * time.Minute})
+	end := sl.Start.Add(sl.Duration)
+	for _, bk := range []struct {
+		name string
+		bkt  objstore.Bucket
+	}{{"2h-blocks", raw}, {"compacted", compacted}} {
+		s, err := bucketstore.New(bucketstore.DefaultConfig(), bk.bkt, quiet(), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Sync(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		q := storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
+			if q := s.Querier("bench", mint, maxt, nil); q != nil {
+				return q, nil
+			}
+			return storage.NoopQuerier(), nil
+		})
+		for _, w := range []struct {
+			name string
+			rng  time.Duration
+		}{{"7d", 7 * day}, {"24h", day}} {
+			step := load.GrafanaStep(w.rng, time.Minute)
+			start := end.Add(-w.rng)
+			run := func(b *testing.B) {
+				for _, dq := range load.DashboardQueries("gpu-node-001") {
+					qry, err := engine.NewRangeQuery(context.Background(), q, nil, dq.Expr, start, end, step)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if r := qry.Exec(context.Background()); r.Err != nil {
+						b.Fatalf("%s: %v", dq.Expr, r.Err)
+					}
+					qry.Close()
+				}
+			}
+			b.Run(bk.name+"/"+w.name, func(b *testing.B) {
+				run(b) // warm the cache
+				for b.Loop() {
+					run(b)
+				}
+				b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N)/float64(len(load.DashboardQueries(""))), "ms/query")
+				b.ReportMetric(float64(len(s.Blocks("bench"))), "blocks")
+			})
+		}
+	}
+}

@@ -1,0 +1,148 @@
+package compact
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/prometheus/common/model"
+)
+
+// Config is the compactor's configuration (the compact section of the YAML).
+type Config struct {
+	// Interval is the wait between compaction passes over every tenant.
+	Interval model.Duration `yaml:"interval"`
+	// DataDir is the working directory blocks are downloaded to and compacted
+	// in; it is emptied at start. Empty: <storage.tsdb.path>/compact.
+	DataDir string `yaml:"data_dir"`
+	// BlockRanges are the levels, smallest first: the receivers' block
+	// duration, then each larger block the compactor builds.
+	BlockRanges DurationList `yaml:"block_ranges"`
+	// DeleteDelay is how long a block marked for deletion stays in the bucket
+	// before the compactor deletes it, so readers that still use it (running
+	// queries, bucket stores that have not synced) never lose it under them.
+	DeleteDelay model.Duration `yaml:"delete_delay"`
+	// PartialDeleteDelay: a block directory without meta.json (an upload cut
+	// short by a crash) whose objects are all older than this is deleted.
+	// It must be far longer than any upload takes.
+	PartialDeleteDelay model.Duration `yaml:"partial_delete_delay"`
+	// Retention per resolution: blocks wholly older are marked for deletion
+	// (0 keeps them forever). Raw retention can be overridden per tenant in
+	// the limits overrides file (compactor_retention_raw). The 5m and 1h
+	// resolutions are written by downsampling.
+	RetentionRaw model.Duration `yaml:"retention_raw"`
+	Retention5m  model.Duration `yaml:"retention_5m"`
+	Retention1h  model.Duration `yaml:"retention_1h"`
+	// LeaseTTL is how long a compactor's lease on a tenant lasts without
+	// renewal; LeaseSettle is the wait between writing the lease and reading
+	// it back (see BucketLease).
+	LeaseTTL    model.Duration `yaml:"lease_ttl"`
+	LeaseSettle model.Duration `yaml:"lease_settle"`
+}
+
+// Resolutions of downsampled blocks, in milliseconds (meta.json's
+// gpustore.downsample.resolution).
+const (
+	Resolution5m int64 = 5 * 60 * 1000
+	Resolution1h int64 = 60 * 60 * 1000
+)
+
+// DefaultConfig: 2h → 8h → 2d → 14d, a pass every 5 minutes, deletion 48h
+// after marking, raw data kept 30 days and downsampled data a year.
+func DefaultConfig() Config {
+	day := 24 * time.Hour
+	return Config{
+		Interval:           model.Duration(5 * time.Minute),
+		BlockRanges:        DurationList{model.Duration(2 * time.Hour), model.Duration(8 * time.Hour), model.Duration(2 * day), model.Duration(14 * day)},
+		DeleteDelay:        model.Duration(2 * day),
+		PartialDeleteDelay: model.Duration(2 * day),
+		RetentionRaw:       model.Duration(30 * day),
+		Retention5m:        model.Duration(365 * day),
+		Retention1h:        model.Duration(365 * day),
+		LeaseTTL:           model.Duration(5 * time.Minute),
+		LeaseSettle:        model.Duration(2 * time.Second),
+	}
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Interval <= 0 {
+		errs = append(errs, errors.New("compact interval must be positive"))
+	}
+	if len(c.BlockRanges) < 2 {
+		errs = append(errs, errors.New("compact block ranges need at least two levels"))
+	}
+	for i, r := range c.BlockRanges {
+		if r <= 0 {
+			errs = append(errs, fmt.Errorf("compact block range %s must be positive", r))
+		}
+		if i > 0 && (r <= c.BlockRanges[i-1] || r%c.BlockRanges[i-1] != 0) {
+			errs = append(errs, fmt.Errorf("compact block range %s must be a multiple of %s", r, c.BlockRanges[i-1]))
+		}
+	}
+	if c.DeleteDelay < 0 || c.PartialDeleteDelay <= 0 {
+		errs = append(errs, errors.New("compact delete delays must not be negative (partial: positive)"))
+	}
+	if c.RetentionRaw < 0 || c.Retention5m < 0 || c.Retention1h < 0 {
+		errs = append(errs, errors.New("compact retention must not be negative"))
+	}
+	if c.LeaseTTL <= 0 || c.LeaseSettle < 0 || c.LeaseSettle >= c.LeaseTTL/3 {
+		errs = append(errs, fmt.Errorf("compact lease: want ttl > 0 and 0 <= settle (%s) < ttl/3 (%s)", c.LeaseSettle, c.LeaseTTL/3))
+	}
+	return errors.Join(errs...)
+}
+
+// ranges returns BlockRanges in milliseconds.
+func (c Config) ranges() []int64 {
+	out := make([]int64, len(c.BlockRanges))
+	for i, r := range c.BlockRanges {
+		out[i] = time.Duration(r).Milliseconds()
+	}
+	return out
+}
+
+// RegisterFlags binds the compactor's flags.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.Var(&c.Interval, "compact.interval", "Wait between compaction passes over the bucket.")
+	fs.StringVar(&c.DataDir, "compact.data-dir", c.DataDir, "Working directory for compaction (emptied at start). Default: <storage.tsdb.path>/compact.")
+	fs.Var(&c.BlockRanges, "compact.block-ranges", "Comma-separated block levels, smallest (the receivers' block duration) first.")
+	fs.Var(&c.DeleteDelay, "compact.delete-delay", "How long a block marked for deletion stays in the bucket before it is deleted.")
+	fs.Var(&c.PartialDeleteDelay, "compact.partial-delete-delay", "Delete a block directory without meta.json (a crashed upload) once all its objects are this old.")
+	fs.Var(&c.RetentionRaw, "compact.retention.raw", "How long raw blocks stay in the bucket (0: forever); per tenant: compactor_retention_raw in the limits overrides file.")
+	fs.Var(&c.Retention5m, "compact.retention.5m", "How long 5m-resolution (downsampled) blocks stay in the bucket (0: forever).")
+	fs.Var(&c.Retention1h, "compact.retention.1h", "How long 1h-resolution (downsampled) blocks stay in the bucket (0: forever).")
+	fs.Var(&c.LeaseTTL, "compact.lease-ttl", "How long a compactor's lease on a tenant lasts without renewal.")
+	fs.Var(&c.LeaseSettle, "compact.lease-settle", "Wait between writing a tenant's lease and reading it back; must exceed how long a bucket write can lag (below lease-ttl/3).")
+}
+
+// DurationList is a comma-separated list of durations ("2h,8h,2d,14d").
+type DurationList []model.Duration
+
+// String implements flag.Value.
+func (d *DurationList) String() string {
+	if d == nil {
+		return ""
+	}
+	s := make([]string, len(*d))
+	for i, v := range *d {
+		s[i] = v.String()
+	}
+	return strings.Join(s, ",")
+}
+
+// Set implements flag.Value.
+func (d *DurationList) Set(s string) error {
+	var out DurationList
+	for _, p := range strings.Split(s, ",") {
+		v, err := model.ParseDuration(strings.TrimSpace(p))
+		if err != nil {
+			return err
+		}
+		out = append(out, v)
+	}
+	*d = out
+	return nil
+}

@@ -1,0 +1,180 @@
+package compact_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/model"
+	"github.com/thanos-io/objstore"
+
+	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/compact"
+)
+
+// Crash points: where the compactor process is killed (SIGKILL, by itself,
+// at the moment it would make the named call to the bucket).
+const (
+	crashMidUpload   = "mid-upload"   // the result's chunks are in the bucket, its index and meta.json are not
+	crashAfterUpload = "after-upload" // the result is whole, no source is marked
+	crashMidMarks    = "mid-marks"    // one source is marked, the others are not
+	crashAfterMarks  = "after-marks"  // every source is marked, nothing deleted yet
+	crashMidDelete   = "mid-delete"   // a source's meta.json is deleted, its data is not
+)
+
+// crashBucket kills the process at its crash point.
+type crashBucket struct {
+	objstore.Bucket
+	at      string
+	marks   atomic.Int64
+	deletes atomic.Int64
+}
+
+func die() {
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	time.Sleep(time.Minute)
+}
+
+func (b *crashBucket) Upload(ctx context.Context, name string, r io.Reader, opts ...objstore.ObjectUploadOption) error {
+	switch {
+	case b.at == crashMidUpload && strings.HasSuffix(name, "/"+block.IndexFilename):
+		die()
+	case strings.HasSuffix(name, "/"+block.DeletionMarkFilename):
+		n := b.marks.Add(1)
+		if b.at == crashAfterUpload || (b.at == crashMidMarks && n == 2) {
+			die()
+		}
+	}
+	return b.Bucket.Upload(ctx, name, r, opts...)
+}
+
+func (b *crashBucket) Delete(ctx context.Context, name string) error {
+	if !strings.HasSuffix(name, compact.LeaseFilename) {
+		n := b.deletes.Add(1)
+		if b.at == crashAfterMarks || (b.at == crashMidDelete && n == 2) {
+			die()
+		}
+	}
+	return b.Bucket.Delete(ctx, name)
+}
+
+// TestCompactorCrashHelper is the compactor process the crash test kills: it
+// runs only when started by TestCrashAtEveryStep.
+func TestCompactorCrashHelper(t *testing.T) {
+	at := os.Getenv("GPUSTORE_COMPACT_CRASH_AT")
+	if at == "" {
+		t.Skip("started by TestCrashAtEveryStep only")
+	}
+	bkt := &crashBucket{Bucket: openBucket(t, s3Config{addr: os.Getenv("GPUSTORE_COMPACT_S3")}), at: at}
+	cfg := crashConfig()
+	cfg.DataDir = os.Getenv("GPUSTORE_COMPACT_DIR")
+	c, err := compact.New(cfg, bkt, "", nil, quiet(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if err := c.CompactTenant(context.Background(), "crash"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Fatalf("crash point %s never reached", at)
+}
+
+func crashConfig() compact.Config {
+	cfg := testConfig()
+	cfg.LeaseTTL = model.Duration(3 * time.Second)
+	return cfg
+}
+
+// TestCrashAtEveryStep kills a compactor process (SIGKILL) at each step of a
+// compaction, then runs a new one on the same bucket and working directory:
+// queries answer as before the compaction, and in the end the bucket holds
+// exactly the blocks an uninterrupted compaction leaves: no partial upload,
+// no doubled sample, no mark or block left behind.
+func TestCrashAtEveryStep(t *testing.T) {
+	s3 := startS3(t)
+	sl := simSlice{Nodes: 1, Start: time.UnixMilli(1_767_225_600_000).UTC(), Duration: 18 * time.Hour, Interval: time.Minute, Block: 2 * time.Hour}
+	dirs := sl.write(t, t.TempDir())
+	end := sl.Start.Add(sl.Duration)
+	node := "gpu-node-001"
+
+	// The reference: the blocks as shipped, and an uninterrupted compaction.
+	ref := openBucket(t, s3)
+	var total uint64
+	for _, m := range upload(t, ref, "crash", nil, dirs...) {
+		total += m.Stats.NumSamples
+	}
+	qa, qurl := startQuery(t, s3.bucket())
+	want := answers(t, qa, qurl, "crash", sl.Start, end, node)
+
+	for _, at := range []string{crashMidUpload, crashAfterUpload, crashMidMarks, crashAfterMarks, crashMidDelete} {
+		t.Run(at, func(t *testing.T) {
+			bkt := openBucket(t, s3)
+			// Start from the shipped blocks.
+			var names []string
+			if err := bkt.Iter(context.Background(), "crash/", func(name string) error {
+				names = append(names, name)
+				return nil
+			}, objstore.WithRecursiveIter()); err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range names {
+				if err := bkt.Delete(context.Background(), n); err != nil {
+					t.Fatal(err)
+				}
+			}
+			upload(t, bkt, "crash", nil, dirs...)
+			work := t.TempDir()
+			if err := os.WriteFile(filepath.Join(work, "left-by-a-previous-run"), []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+
+			cmd := exec.Command(os.Args[0], "-test.run=^TestCompactorCrashHelper$", "-test.v")
+			cmd.Env = append(os.Environ(), "GPUSTORE_COMPACT_CRASH_AT="+at, "GPUSTORE_COMPACT_S3="+s3.addr, "GPUSTORE_COMPACT_DIR="+work)
+			out, err := cmd.CombinedOutput()
+			ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
+			if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+				t.Fatalf("compactor was not killed at %s: %v\n%s", at, err, out)
+			}
+			// In between, queries answer as before.
+			compareAnswers(t, "after the crash", want, answers(t, qa, qurl, "crash", sl.Start, end, node))
+
+			// Restart on the same working directory once the dead one's lease expired.
+			time.Sleep(time.Duration(crashConfig().LeaseTTL))
+			cfg := crashConfig()
+			cfg.DataDir = work
+			c, _ := newCompactor(t, cfg, bkt, nil)
+			if _, err := os.Stat(filepath.Join(work, "left-by-a-previous-run")); !os.IsNotExist(err) {
+				t.Fatalf("working directory not cleaned at start: %v", err)
+			}
+			st := compactUntilStable(t, c, bkt, "crash")
+			if len(st.partial) > 0 || len(st.marked) > 0 {
+				t.Fatalf("left behind: %d partial, %d marked blocks", len(st.partial), len(st.marked))
+			}
+			if st.samples() != total {
+				t.Fatalf("%d samples in the bucket, %d shipped", st.samples(), total)
+			}
+			if got := st.spans(); got != wantSpans(t) {
+				t.Fatalf("blocks %s, an uninterrupted compaction leaves %s", got, wantSpans(t))
+			}
+			compareAnswers(t, "after the restart", want, answers(t, qa, qurl, "crash", sl.Start, end, node))
+		})
+	}
+}
+
+// wantSpans is the crash test's layout after compaction: two 8h blocks and
+// the newest 2h block.
+func wantSpans(t *testing.T) string {
+	return fmt.Sprintf("%s+8h0m0s(L2) %s+8h0m0s(L2) %s+2h0m0s(L1)", "01-01T00", "01-01T08", "01-01T16")
+}

@@ -1,0 +1,96 @@
+package compact
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the compactor's gpustore_compact_* series.
+type metrics struct {
+	groups          *prometheus.GaugeVec
+	compactions     *prometheus.CounterVec
+	compactedBlocks *prometheus.CounterVec
+	samples         *prometheus.CounterVec
+	readBytes       *prometheus.CounterVec
+	writtenBytes    *prometheus.CounterVec
+	duration        prometheus.Histogram
+	passDuration    prometheus.Histogram
+	halted          *prometheus.GaugeVec
+	failures        *prometheus.CounterVec
+	noCompactBlocks *prometheus.GaugeVec
+	noCompactMarks  *prometheus.CounterVec
+	deletionMarks   *prometheus.CounterVec
+	deleted         *prometheus.CounterVec
+	lastSuccess     *prometheus.GaugeVec
+	leaseBusy       *prometheus.CounterVec
+	all             []prometheus.Collector
+}
+
+func newMetrics() *metrics {
+	t := []string{"tenant"}
+	m := &metrics{
+		groups: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpustore_compact_groups", Help: "Compaction groups (resolution + external labels) of the tenant at the last pass.",
+		}, t),
+		compactions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_compact_compactions_total", Help: "Compactions done: each turns several blocks into one.",
+		}, t),
+		compactedBlocks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_compact_blocks_compacted_total", Help: "Source blocks compacted into larger ones (then marked for deletion).",
+		}, t),
+		samples: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_compact_samples_total", Help: "Samples written into compacted blocks.",
+		}, t),
+		readBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_compact_read_bytes_total", Help: "Bytes of source blocks downloaded for compaction.",
+		}, t),
+		writtenBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_compact_written_bytes_total", Help: "Bytes of compacted blocks uploaded.",
+		}, t),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "gpustore_compact_duration_seconds", Help: "Time of one compaction: download, compact, upload, mark.",
+			Buckets: prometheus.ExponentialBuckets(0.1, 3, 10),
+		}),
+		passDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "gpustore_compact_pass_duration_seconds", Help: "Time of one tenant's pass.",
+			Buckets: prometheus.ExponentialBuckets(0.1, 3, 10),
+		}),
+		halted: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpustore_compact_halted", Help: "1 when the tenant's last pass stopped on an error (retried next pass).",
+		}, t),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_compact_pass_failures_total", Help: "Tenant passes that stopped on an error.",
+		}, t),
+		noCompactBlocks: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpustore_compact_no_compact_blocks", Help: "Blocks of the tenant with a no-compact mark (unreadable; left for queries).",
+		}, t),
+		noCompactMarks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_compact_no_compact_marks_total", Help: "No-compact marks written, by reason.",
+		}, []string{"tenant", "reason"}),
+		deletionMarks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_compact_deletion_marks_total", Help: "Deletion marks written, by reason (compacted, replaced, retention).",
+		}, []string{"tenant", "reason"}),
+		deleted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_compact_deleted_blocks_total", Help: "Block directories deleted from the bucket (marked: after the delete delay; partial: crashed uploads).",
+		}, []string{"tenant", "reason"}),
+		lastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpustore_compact_last_success_timestamp_seconds", Help: "When the tenant's last pass finished without error.",
+		}, t),
+		leaseBusy: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_compact_lease_busy_total", Help: "Passes skipped because another compactor held the tenant's lease.",
+		}, t),
+	}
+	m.all = []prometheus.Collector{m.groups, m.compactions, m.compactedBlocks, m.samples, m.readBytes, m.writtenBytes,
+		m.duration, m.passDuration, m.halted, m.failures, m.noCompactBlocks, m.noCompactMarks, m.deletionMarks,
+		m.deleted, m.lastSuccess, m.leaseBusy}
+	return m
+}
+
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range m.all {
+		c.Describe(ch)
+	}
+}
+
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range m.all {
+		c.Collect(ch)
+	}
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package compact_test
+
+const raceEnabled = false
