@@ -20,6 +20,7 @@ import (
 
 	"github.com/grafana/dskit/services"
 	"github.com/oklog/ulid/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/tsdb"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/gpustore/gpustore/bench/gpusim"
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/bucketindex"
 	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/limits"
 )
@@ -97,8 +99,54 @@ func TestWeekCompactedQueriesUnchanged(t *testing.T) {
 		t.Fatal("no compaction counted")
 	}
 
+	// The compactor's bucket index lists exactly the compacted blocks, and
+	// the bucket store syncs from it instead of listing the tenant.
+	x, err := bucketindex.Read(context.Background(), bkt, "week")
+	if err != nil {
+		t.Fatalf("bucket index after compaction: %v", err)
+	}
+	var indexed, live []string
+	for _, m := range x.Blocks {
+		indexed = append(indexed, m.ULID.String())
+	}
+	for _, m := range st.live {
+		live = append(live, m.ULID.String())
+	}
+	slices.Sort(indexed)
+	slices.Sort(live)
+	if !slices.Equal(indexed, live) || len(x.DeletionMarks) != 0 {
+		t.Fatalf("bucket index lists %v (%d deletion marks), the bucket holds %v", indexed, len(x.DeletionMarks), live)
+	}
+
 	compareAnswers(t, "7 days", week, answers(t, qa, qurl, "week", sl.Start, end, node))
 	compareAnswers(t, "24 hours", lastDay, answers(t, qa, qurl, "week", end.Add(-day), end, node))
+	if n := sourceGauge(t, qa.Registry, "week", "index"); n != 1 {
+		t.Fatalf("the bucket store's last sync of the tenant did not use the bucket index (gpustore_bucketstore_sync_source{source=\"index\"} = %v)", n)
+	}
+}
+
+// sourceGauge returns gpustore_bucketstore_sync_source for a tenant and source.
+func sourceGauge(t testing.TB, reg *prometheus.Registry, tenant, source string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "gpustore_bucketstore_sync_source" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			got := map[string]string{}
+			for _, l := range m.GetLabel() {
+				got[l.GetName()] = l.GetValue()
+			}
+			if got["tenant"] == tenant && got["source"] == source {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
 }
 
 // TestOverlappingBlocksMerged: two receivers that both hold the same series
@@ -121,6 +169,7 @@ func TestOverlappingBlocksMerged(t *testing.T) {
 	val := func(i int, ts int64) float64 { return float64(i*1000) + float64(ts/1000%997) }
 	want := map[string]map[int64]float64{}
 	writeBlock := func(tss []int64) string {
+		slices.Sort(tss) // one appender drops samples older than its series' newest
 		w, err := tsdb.NewBlockWriter(quiet(), dir, 2*hr)
 		if err != nil {
 			t.Fatal(err)

@@ -22,7 +22,8 @@
 //     compaction: overlapping samples are merged, identical ones kept once);
 //     upload the result (pkg/block.Upload: meta.json last); mark the sources
 //     for deletion; remove the working files.
-//  6. Call AfterPass (the bucket index is written there).
+//  6. Write the tenant's bucket index (pkg/bucketindex), which bucket
+//     stores sync from instead of listing the tenant.
 //
 // Every step is safe to interrupt: before the result's meta.json is
 // written, the result is a partial directory readers ignore (cleaned up by
@@ -64,6 +65,7 @@ import (
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/bucketindex"
 )
 
 // Limits gives a tenant's raw retention override (0: the configured default).
@@ -82,9 +84,6 @@ type Compactor struct {
 	dir    string
 	now    func() time.Time
 
-	// AfterPass, when set, runs after each tenant's successful pass (the
-	// bucket index is written there).
-	AfterPass func(ctx context.Context, tenant string) error
 	// MayDeleteRaw, when set, is asked before raw retention marks a block:
 	// downsampling answers false until the block's samples are downsampled.
 	MayDeleteRaw func(tenant string, meta *block.Meta) bool
@@ -93,8 +92,9 @@ type Compactor struct {
 	// when the result is written, before anything is removed.
 	afterCompact func(dir string)
 
-	mtx   sync.Mutex
-	metas map[string]map[ulid.ULID]*block.Meta // per tenant; metas never change
+	mtx     sync.Mutex
+	metas   map[string]map[ulid.ULID]*block.Meta // per tenant; metas never change
+	indexes map[string]*bucketindex.Index        // per tenant: the last index written
 }
 
 // New returns a compactor over bkt working in cfg.DataDir (or
@@ -109,8 +109,9 @@ func New(cfg Config, bkt objstore.Bucket, dataDir string, limits Limits, logger 
 	}
 	c := &Compactor{
 		cfg: cfg, bkt: bkt, limits: limits, logger: logger, dir: dir, now: time.Now,
-		lease: NewBucketLease(bkt, "", time.Duration(cfg.LeaseTTL), time.Duration(cfg.LeaseSettle)),
-		metas: map[string]map[ulid.ULID]*block.Meta{},
+		lease:   NewBucketLease(bkt, "", time.Duration(cfg.LeaseTTL), time.Duration(cfg.LeaseSettle)),
+		metas:   map[string]map[ulid.ULID]*block.Meta{},
+		indexes: map[string]*bucketindex.Index{},
 	}
 	c.m = newMetrics()
 	if reg != nil {
@@ -272,11 +273,30 @@ func (p *pass) run(ctx context.Context) error {
 		return err
 	}
 	p.updateGauges()
-	if p.c.AfterPass != nil {
-		if err := p.c.AfterPass(ctx, p.tenant); err != nil {
-			return fmt.Errorf("after pass: %w", err)
-		}
+	return p.writeIndex(ctx)
+}
+
+// writeIndex writes the tenant's bucket index, so that bucket stores learn
+// the blocks and marks from one object instead of listing the tenant and
+// reading every meta.json. Metas and marks of the previous index are reused.
+func (p *pass) writeIndex(ctx context.Context) error {
+	p.c.mtx.Lock()
+	old := p.c.indexes[p.tenant]
+	p.c.mtx.Unlock()
+	x, err := bucketindex.Update(ctx, p.c.bkt, p.tenant, old)
+	if err != nil {
+		return err
 	}
+	if err := p.held.Check(ctx); err != nil {
+		return err
+	}
+	if err := bucketindex.Write(ctx, p.c.bkt, x); err != nil {
+		return err
+	}
+	p.c.mtx.Lock()
+	p.c.indexes[p.tenant] = x
+	p.c.mtx.Unlock()
+	p.c.m.indexBlocks.WithLabelValues(p.tenant).Set(float64(len(x.Blocks)))
 	return nil
 }
 
@@ -336,24 +356,22 @@ func (p *pass) sync(ctx context.Context) error {
 		m := cache[id]
 		p.c.mtx.Unlock()
 		if m == nil {
-			raw, err := p.readObject(ctx, block.ObjectName(p.tenant, id, block.MetaFilename))
-			if err != nil {
-				return err
-			}
-			if raw == nil { // deleted since the listing
+			var err error
+			m, err = block.ReadMeta(ctx, p.c.bkt, p.tenant, id)
+			switch {
+			case errors.Is(err, block.ErrNoMeta): // deleted since the listing
 				b.hasMeta = false
 				continue
-			}
-			m, err = parseMeta(raw, p.tenant, id)
-			if err != nil {
-				// meta.json that does not parse: neither queries nor the
-				// compactor can read the block.
+			case errors.Is(err, block.ErrBadMeta):
+				// Neither queries nor the compactor can read the block.
 				if b.deletion == nil && !b.noCompact {
 					if err := p.markNoCompact(ctx, id, "meta-read-failure", err); err != nil {
 						return err
 					}
 				}
 				continue
+			case err != nil:
+				return err
 			}
 			p.c.mtx.Lock()
 			cache[id] = m
@@ -370,39 +388,6 @@ func (p *pass) sync(ctx context.Context) error {
 	}
 	p.c.mtx.Unlock()
 	return nil
-}
-
-// parseMeta parses and checks a block's meta.json; its errors are the
-// content's fault, never the bucket's.
-func parseMeta(raw []byte, tenant string, id ulid.ULID) (*block.Meta, error) {
-	var m block.Meta
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, fmt.Errorf("parse meta.json of %s/%s: %w", tenant, id, err)
-	}
-	if m.ULID != id || m.GPUStore.Tenant != tenant {
-		return nil, fmt.Errorf("meta.json of %s/%s names block %s of tenant %q", tenant, id, m.ULID, m.GPUStore.Tenant)
-	}
-	if err := m.Validate(); err != nil {
-		return nil, err
-	}
-	return &m, nil
-}
-
-// readObject returns an object's content, or nil when it does not exist.
-func (p *pass) readObject(ctx context.Context, name string) ([]byte, error) {
-	rc, err := p.c.bkt.Get(ctx, name)
-	if err != nil {
-		if p.c.bkt.IsObjNotFoundErr(err) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("get %s: %w", name, err)
-	}
-	defer rc.Close()
-	b, err := io.ReadAll(rc)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
-	}
-	return b, nil
 }
 
 // deleteMarked deletes blocks marked for deletion longer than DeleteDelay

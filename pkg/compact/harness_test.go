@@ -339,11 +339,13 @@ func compactUntilStable(t testing.TB, c *compact.Compactor, bkt objstore.Bucket,
 }
 
 // startQuery runs gpustore's query role (in process) over the bucket: the
-// real query path (PromQL engine, tenant queryable, bucket store).
+// real query path (PromQL engine, tenant queryable, bucket store). The query
+// role runs beside an ingest role with an empty TSDB, as it must (see
+// app.checkRoles): every answer comes from the bucket.
 func startQuery(t testing.TB, bc bucket.Config) (*app.App, string) {
 	t.Helper()
 	cfg := app.DefaultConfig()
-	cfg.Target = app.Query
+	cfg.Target = app.Ingest + "," + app.Query
 	cfg.Server.ListenAddress = "127.0.0.1:0"
 	cfg.TSDB.Dir = t.TempDir()
 	cfg.Bucket = bc

@@ -20,6 +20,7 @@ type metrics struct {
 	deleted         *prometheus.CounterVec
 	lastSuccess     *prometheus.GaugeVec
 	leaseBusy       *prometheus.CounterVec
+	indexBlocks     *prometheus.GaugeVec
 	all             []prometheus.Collector
 }
 
@@ -76,10 +77,13 @@ func newMetrics() *metrics {
 		leaseBusy: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpustore_compact_lease_busy_total", Help: "Passes skipped because another compactor held the tenant's lease.",
 		}, t),
+		indexBlocks: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpustore_compact_bucket_index_blocks", Help: "Blocks listed in the tenant's bucket index at its last write (marked ones included).",
+		}, t),
 	}
 	m.all = []prometheus.Collector{m.groups, m.compactions, m.compactedBlocks, m.samples, m.readBytes, m.writtenBytes,
 		m.duration, m.passDuration, m.halted, m.failures, m.noCompactBlocks, m.noCompactMarks, m.deletionMarks,
-		m.deleted, m.lastSuccess, m.leaseBusy}
+		m.deleted, m.lastSuccess, m.leaseBusy, m.indexBlocks}
 	return m
 }
 
