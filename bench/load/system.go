@@ -34,6 +34,9 @@ type System struct {
 	// Bucket is set for a system that keeps an object-store bucket inside
 	// DataDir (gpustore's embedded default, DataDir/BucketDirName).
 	Bucket bool
+	// Compacts is set for a system that compacts its bucket (gpustore):
+	// WaitCompacted waits for it before queries and disk are measured.
+	Compacts bool
 
 	cmd     *exec.Cmd
 	logFile *os.File
@@ -55,17 +58,20 @@ func (s *System) PID() int {
 	return s.cmd.Process.Pid
 }
 
-// Gpustore describes gpustore built from the tree, running the ingest and
-// query roles only: the other systems evaluate no rules, so gpustore's
-// embedded GPU rule pack stays off.
+// Gpustore describes gpustore built from the tree, running the ingest,
+// query and compact roles: the other systems evaluate no rules, so gpustore's
+// embedded GPU rule pack stays off. Like Prometheus compacting its local
+// blocks, gpustore compacts the blocks the shipper uploads to the embedded
+// FILESYSTEM bucket (<data>/bucket); the bench deletes compacted sources at
+// once (delete delay 0, a pass every 10 s, a bucket-store sync every 5 s) so
+// that queries and disk are measured on the settled store.
 func Gpustore(bin, dataDir, addr string) *System {
 	return &System{
 		Name: "gpustore", Bin: bin, DataDir: dataDir, Addr: addr,
-		Args:      []string{"-web.listen-address=" + addr, "-storage.tsdb.path=" + dataDir, "-target=ingest,query"},
+		Args: []string{"-web.listen-address=" + addr, "-storage.tsdb.path=" + dataDir, "-target=ingest,query,compact",
+			"-compact.interval=10s", "-compact.delete-delay=0s", "-bucket-store.sync-interval=5s"},
 		WritePath: "/api/v1/write", ReadyPath: "/-/ready",
-		// The shipper runs with the ingest role and uploads every block
-		// to the embedded FILESYSTEM bucket, <data>/bucket.
-		Bucket: true,
+		Bucket: true, Compacts: true,
 	}
 }
 

@@ -55,6 +55,7 @@ type options struct {
 	rounds, warmup int
 	node           string
 	idleTimeout    time.Duration
+	compactTimeout time.Duration
 	stopTimeout    time.Duration
 }
 
@@ -94,6 +95,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.warmup, "query.warmup", 1, "Unmeasured rounds before them.")
 	fs.StringVar(&o.node, "query.node", "gpu-node-003", "Node of the node-detail dashboard.")
 	fs.DurationVar(&o.idleTimeout, "idle.timeout", 60*time.Second, "Longest wait for a receiver to go idle after writing.")
+	fs.DurationVar(&o.compactTimeout, "compact.timeout", 15*time.Minute, "Longest wait for gpustore to ship and compact the backfilled week.")
 	fs.DurationVar(&o.stopTimeout, "stop.timeout", 60*time.Second, "Longest wait for a clean stop before SIGKILL.")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -428,6 +430,11 @@ func (b *bench) backfillPhase(ctx context.Context, name string, r *sysResult) (e
 	if err != nil {
 		return err
 	}
+	t0 := time.Now()
+	if err := s.WaitCompacted(ctx, b.o.compactTimeout, func(msg string) { b.log.Info("backfill: compacting", "system", name, "state", msg) }); err != nil {
+		return err
+	}
+	r.bfIdle += time.Since(t0)
 	p1, err := load.ReadProc(s.PID())
 	if err != nil {
 		return err
@@ -526,7 +533,8 @@ func (b *bench) report() string {
 		return fmt.Sprintf("%.0f (%.0f)", float64(r.hwm)/(1<<20), float64(r.rssStart)/(1<<20))
 	})
 	// Local storage and the bucket apart: gpustore's embedded bucket lies in
-	// its data directory and holds a second copy of every shipped block.
+	// its data directory; local blocks stay only until their upload is
+	// confirmed and they are past the local retention (6 h).
 	diskRows := func(what string, samples func(r *sysResult) int64, u func(r *sysResult) load.DiskUsage) {
 		row("disk bytes/sample, local TSDB, "+what, func(r *sysResult) string {
 			if samples(r) == 0 || u(r).Bytes == 0 {
@@ -605,7 +613,7 @@ func (b *bench) report() string {
 		nq, o.rounds, o.warmup)
 	sb.WriteString("  CPU: receiver utime+stime (/proc/<pid>/stat) from the first request until it idles (<0.1 core for 3 s) after the last answer (and VictoriaMetrics' force_flush).\n")
 	sb.WriteString("  peak RSS: VmHWM of the receiver after the saturation phase, divided by the distinct series written.\n")
-	sb.WriteString("  disk: allocated bytes (du) of the data directory after a clean stop (SIGTERM), divided by the samples accepted; local TSDB = WAL, head chunks and local blocks; bucket = gpustore's embedded bucket (<data>/bucket), which holds a second copy of every block the shipper uploaded.\n")
+	sb.WriteString("  disk: allocated bytes (du) of the data directory after a clean stop (SIGTERM), divided by the samples accepted; local TSDB = WAL, head chunks and local blocks; bucket = gpustore's embedded bucket (<data>/bucket): the shipped blocks, compacted (sources deleted at once in the bench); local blocks are kept 6 h past the newest sample.\n")
 	for _, r := range b.results {
 		fmt.Fprintf(&sb, "  %s disk: %s; %s.\n", r.name, r.diskIngest.String(), r.diskBF.String())
 		if r.err != nil {
