@@ -109,6 +109,8 @@ const (
 	FamNVLinkCRCFlitErrors
 	FamClockThrottleReasons
 	FamFBTotal
+	FamGPUMaxOpTemp
+	FamMemMaxOpTemp
 
 	FamNodeCPUSeconds
 	FamNodeMemAvailable
@@ -187,6 +189,12 @@ var Catalogue = []MetricDesc{
 	{ID: FamNVLinkCRCFlitErrors, Name: "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", Type: Counter, Help: "Total number of NVLink flow-control CRC errors.", Source: SourceDCGM},
 	{ID: FamClockThrottleReasons, Name: "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", Type: Gauge, Help: "Current clock throttle reasons.", Source: SourceDCGM},
 	{ID: FamFBTotal, Name: "DCGM_FI_DEV_FB_TOTAL", Type: Gauge, Help: "Framebuffer memory total (in MiB).", Unit: "MiB", Source: SourceDCGM},
+	// Not in any dcgm-exporter CSV: the model's temperature limits, which the
+	// rule pack's GPUTemperatureOverOperatingLimit and
+	// GPUMemoryTemperatureOverOperatingLimit compare with (deploy/rules
+	// README lists the CSV lines to add).
+	{ID: FamGPUMaxOpTemp, Name: "DCGM_FI_DEV_GPU_MAX_OP_TEMP", Type: Gauge, Help: "Maximum operating temperature of the GPU (in C).", Unit: "celsius", Source: SourceDCGM},
+	{ID: FamMemMaxOpTemp, Name: "DCGM_FI_DEV_MEM_MAX_OP_TEMP", Type: Gauge, Help: "Maximum operating temperature of the memory (in C).", Unit: "celsius", Source: SourceDCGM},
 
 	// node-exporter.
 	{ID: FamNodeCPUSeconds, Name: "node_cpu_seconds_total", Type: Counter, Help: "Seconds the CPUs spent in each mode.", Unit: "seconds", Source: SourceNodeExporter},

@@ -46,6 +46,8 @@ var dcgmExtraFields = map[string]string{
 	"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "counter",
 	"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS":            "gauge",
 	"DCGM_FI_DEV_FB_TOTAL":                          "gauge",
+	"DCGM_FI_DEV_GPU_MAX_OP_TEMP":                   "gauge",
+	"DCGM_FI_DEV_MEM_MAX_OP_TEMP":                   "gauge",
 }
 
 func TestCatalogueMatchesDCGMExporter(t *testing.T) {

@@ -94,8 +94,13 @@ const (
 	// GPU (hbmOffset); an hbm_overheat fault drives it towards
 	// hbmOverheatTemp with its own time constant.
 	hbmOverheatTemp = 98.0
-	tauHBM          = 40.0 // s
-	memTotalBytes   = 2164663517184.0
+	// An H100 SXM's limits as nvidia-smi -q shows them ("GPU Max Operating
+	// Temp", "Memory Max Operating Temp"); the SW thermal slowdown starts
+	// at the first (swThermalSlowdownTemp).
+	gpuMaxOpTemp  = 87.0
+	memMaxOpTemp  = 95.0
+	tauHBM        = 40.0 // s
+	memTotalBytes = 2164663517184.0
 )
 
 var pciBusIDs = [...]string{"00000000:18:00.0", "00000000:2A:00.0", "00000000:3A:00.0", "00000000:5D:00.0", "00000000:9A:00.0", "00000000:AB:00.0", "00000000:BA:00.0", "00000000:DB:00.0"}
@@ -955,6 +960,8 @@ func (c *Cluster) emitGPU(e *emitter, n *node, gi int, st *nodeStep, s float64, 
 	e.add(FamNVLinkCRCFlitErrors, crc)
 	e.add(FamClockThrottleReasons, float64(reasons))
 	e.add(FamFBTotal, fbTotal)
+	e.add(FamGPUMaxOpTemp, gpuMaxOpTemp)
+	e.add(FamMemMaxOpTemp, memMaxOpTemp)
 }
 
 // stepClusterScope emits kube-state-metrics and, with TargetLabels, `up`.
