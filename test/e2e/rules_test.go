@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -80,13 +81,14 @@ next:
 	return webhookAlert{}, fmt.Errorf("no %s %s %v alert yet (seen %v)", status, name, kv, seen)
 }
 
-// onGPU returns every notified alert on GPU gpu.
-func (h *webhook) onGPU(gpu string) []webhookAlert {
+// onGPU returns every notified alert on GPU gpu of node node ("" for any
+// GPU of the node).
+func (h *webhook) onGPU(node, gpu string) []webhookAlert {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var out []webhookAlert
 	for _, a := range h.alerts {
-		if a.Labels["gpu"] == gpu {
+		if a.Labels["node"] == node && (gpu == "" || a.Labels["gpu"] == gpu) {
 			out = append(out, a)
 		}
 	}
@@ -138,11 +140,19 @@ receivers:
 	return url
 }
 
+// shortFor lists the alerts whose `for` packCopy cuts to 3s, with the
+// shipped value the test assumes.
+var shortFor = map[string]time.Duration{
+	"GPUTemperatureHigh":                     2 * time.Minute,
+	"GPUMissing":                             time.Minute,
+	"GPUMemoryTemperatureOverOperatingLimit": time.Minute,
+}
+
 // packCopy returns the shipped rule files gpu-alerts.yml and
-// xid-catalog.yml with every group evaluated each second and
-// GPUTemperatureHigh's `for` cut from 2m to 3s. Expressions, labels and
-// annotations are the shipped ones. Their group names are the pack's, so
-// for the tenant they replace the pack's groups.
+// xid-catalog.yml with every group evaluated each second and the `for` of
+// the alerts in shortFor cut to 3s. Expressions, labels and annotations are
+// the shipped ones. Their group names are the pack's, so for the tenant they
+// replace the pack's groups.
 func packCopy(t *testing.T) map[string][]byte {
 	t.Helper()
 	out := map[string][]byte{}
@@ -155,22 +165,22 @@ func packCopy(t *testing.T) map[string][]byte {
 		if len(errs) > 0 {
 			t.Fatalf("%s: %v", name, errs)
 		}
-		shortened := false
+		shortened := 0
 		for gi := range rgs.Groups {
 			rgs.Groups[gi].Interval = model.Duration(time.Second)
 			for ri := range rgs.Groups[gi].Rules {
 				r := &rgs.Groups[gi].Rules[ri]
-				if r.Alert == "GPUTemperatureHigh" {
-					if r.For != model.Duration(2*time.Minute) {
-						t.Fatalf("shipped GPUTemperatureHigh has for: %s, the test assumes 2m", r.For)
+				if shipped, ok := shortFor[r.Alert]; ok {
+					if r.For != model.Duration(shipped) {
+						t.Fatalf("shipped %s has for: %s, the test assumes %s", r.Alert, r.For, model.Duration(shipped))
 					}
 					r.For = model.Duration(3 * time.Second)
-					shortened = true
+					shortened++
 				}
 			}
 		}
-		if name == "gpu-alerts.yml" && !shortened {
-			t.Fatal("GPUTemperatureHigh not found in gpu-alerts.yml")
+		if name == "gpu-alerts.yml" && shortened != len(shortFor) {
+			t.Fatalf("gpu-alerts.yml has %d of the alerts %v", shortened, shortFor)
 		}
 		y, err := yaml.Marshal(rgs)
 		if err != nil {
@@ -227,9 +237,12 @@ func metricsPage(t *testing.T, base string) string {
 // which evaluates the shipped GPU rules and sends alerts to a real
 // Alertmanager. An overheating GPU pages GPUTemperatureHigh with the
 // shipped rule's labels and is resolved when it cools down; an Xid 79 pages
-// GPUXidError decoded from the Xid catalogue. /api/v1/rules and
-// /api/v1/alerts answer per tenant in Prometheus' shape, and a broken rule
-// file on reload leaves the running rules alone.
+// GPUXidError decoded from the Xid catalogue, then GPUMissing when the GPU
+// falls off the bus. Each simulator fault of issue 17 (ECC DBE with its Xid
+// burst, power brake 0x88, HW thermal slowdown 0x48, HBM overheat, an
+// exporter upgrade renaming Hostname) brings its alert and no other.
+// /api/v1/rules and /api/v1/alerts answer per tenant in Prometheus' shape,
+// and a broken rule file on reload leaves the running rules alone.
 func TestRulesAlertToRealAlertmanager(t *testing.T) {
 	amBin := testbin.Need(t, "alertmanager")
 	hook := &webhook{}
@@ -254,23 +267,35 @@ func TestRulesAlertToRealAlertmanager(t *testing.T) {
 		c.Rules.TenantPollInterval = model.Duration(200 * time.Millisecond)
 		c.Rules.ExternalLabels = map[string]string{"source": "gpustore-e2e"}
 		c.Rules.Alertmanager.URLs = []string{amURL}
+		// The simulator remote-writes no staleness markers (a scraping
+		// Prometheus writes them when a series vanishes), so a vanished
+		// series would stay visible for the default 5-minute lookback.
+		// With samples every second, 15 s stands in for the markers.
+		c.Query.LookbackDelta = model.Duration(15 * time.Second)
 	})
 
-	// One simulated node (gpu-node-001, 8 H100s). Its GPU 2 has been
+	// Two simulated nodes (8 H100s each). On gpu-node-001: GPU 2 has been
 	// overheating for 5 minutes and cools from start+12s; GPU 5 logs Xid 79
-	// at start+15s (after the catalogue series exist) and stays on the bus
-	// long enough for the Xid to be exported; GPU 6 has an uncorrectable ECC
-	// error at start+20s (Xid 48, 63, 94, 45 a second apart); GPU 3 is under
-	// an external power brake (throttle reasons 0x88) from start+5s.
+	// at start+15s (after the catalogue series exist), which is exported for
+	// 30 s before the GPU falls off the bus (its series vanish) for good;
+	// GPU 6 has an uncorrectable ECC error at start+20s (Xid 48, 63, 94, 45
+	// a second apart); GPU 3 is under an external power brake (throttle
+	// reasons 0x88) and GPU 4 in a HW thermal slowdown (0x48) from start+5s;
+	// GPU 1's memory (HBM) has been overheating for 2 minutes while its die
+	// stays cool. gpu-node-002's dcgm-exporter is upgraded at start+20s to a
+	// build that names the host label `hostname`: nothing may page for it.
 	start := time.Now().Truncate(time.Second)
 	simCfg := gpusim.Config{
-		Name: "gpu-cluster-e2e", Nodes: 1, Seed: 1, TargetLabels: true, XidsPerGPUYear: -1,
+		Name: "gpu-cluster-e2e", Nodes: 2, Seed: 1, TargetLabels: true, XidsPerGPUYear: -1,
 		FaultOrigin: start.Add(-5 * time.Minute),
 		Faults: []gpusim.Fault{
 			{Kind: gpusim.FaultOverheat, At: 0, Duration: 5*time.Minute + 12*time.Second, Node: "0", GPU: 2},
-			{Kind: gpusim.FaultXid, At: 5*time.Minute + 15*time.Second, Duration: time.Minute, Node: "0", GPU: 5, Code: 79},
+			{Kind: gpusim.FaultXid, At: 5*time.Minute + 15*time.Second, Duration: time.Hour, Node: "0", GPU: 5, Code: 79},
 			{Kind: gpusim.FaultECCDBE, At: 5*time.Minute + 20*time.Second, Duration: time.Minute, Node: "0", GPU: 6},
 			{Kind: gpusim.FaultThrottle, At: 5*time.Minute + 5*time.Second, Duration: 10 * time.Minute, Node: "0", GPU: 3},
+			{Kind: gpusim.FaultThrottleThermal, At: 5*time.Minute + 5*time.Second, Duration: 10 * time.Minute, Node: "0", GPU: 4},
+			{Kind: gpusim.FaultHBMOverheat, At: 3 * time.Minute, Duration: 10 * time.Minute, Node: "0", GPU: 1},
+			{Kind: gpusim.FaultExporterUpgrade, At: 5*time.Minute + 20*time.Second, Node: "1"},
 		},
 	}
 	// The simulator is a pure function of time: check the premise first.
@@ -278,7 +303,7 @@ func TestRulesAlertToRealAlertmanager(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	node := dry.Hostnames()[0]
+	node, upgraded := dry.Hostnames()[0], dry.Hostnames()[1]
 	temp := func(at time.Time) float64 {
 		for _, s := range dry.AppendSamples(nil, at, gpusim.Replica{}) {
 			if s.Name() == "DCGM_FI_DEV_GPU_TEMP" && s.Get("gpu") == "2" {
@@ -351,7 +376,7 @@ func TestRulesAlertToRealAlertmanager(t *testing.T) {
 	// GPUTemperatureHigh reaches the webhook with the shipped rule's labels.
 	var hot webhookAlert
 	waitFor(t, 30*time.Second, "GPUTemperatureHigh firing at the webhook", func() error {
-		hot, err = hook.find("GPUTemperatureHigh", "firing")
+		hot, err = hook.find("GPUTemperatureHigh", "firing", "node", node)
 		return err
 	})
 	for k, want := range map[string]string{
@@ -379,7 +404,7 @@ func TestRulesAlertToRealAlertmanager(t *testing.T) {
 	}
 	var xa webhookAlert
 	waitFor(t, 30*time.Second, "GPUXidError firing at the webhook", func() error {
-		xa, err = hook.find("GPUXidError", "firing")
+		xa, err = hook.find("GPUXidError", "firing", "node", node, "gpu", "5")
 		return err
 	})
 	for k, want := range map[string]string{
@@ -401,7 +426,7 @@ func TestRulesAlertToRealAlertmanager(t *testing.T) {
 	// Xid the last-Xid gauge ends on (45, P2, after the burst).
 	var dbe webhookAlert
 	waitFor(t, 30*time.Second, "GPUECCDoubleBitError firing at the webhook", func() error {
-		dbe, err = hook.find("GPUECCDoubleBitError", "firing", "gpu", "6")
+		dbe, err = hook.find("GPUECCDoubleBitError", "firing", "node", node, "gpu", "6")
 		return err
 	})
 	if dbe.Labels["priority"] != "P0" || dbe.Labels["severity"] != "critical" || dbe.Labels["node"] != node {
@@ -412,24 +437,72 @@ func TestRulesAlertToRealAlertmanager(t *testing.T) {
 	for _, reason := range []string{"hw_power_brake", "hw_slowdown"} {
 		var th webhookAlert
 		waitFor(t, 30*time.Second, "GPUThrottling "+reason+" firing at the webhook", func() error {
-			th, err = hook.find("GPUThrottling", "firing", "gpu", "3", "reason", reason)
+			th, err = hook.find("GPUThrottling", "firing", "node", node, "gpu", "3", "reason", reason)
 			return err
 		})
 		if th.Labels["priority"] != "P1" || th.Labels["severity"] != "warning" {
 			t.Errorf("GPUThrottling labels %v", th.Labels)
 		}
 	}
-	for _, gpu := range []string{"3", "6"} {
-		for _, a := range hook.onGPU(gpu) {
+	// The HW thermal slowdown on GPU 4 (0x48) pages GPUThrottling for
+	// hw_thermal_slowdown and hw_slowdown, and not for a power brake.
+	for _, reason := range []string{"hw_thermal_slowdown", "hw_slowdown"} {
+		waitFor(t, 30*time.Second, "GPUThrottling "+reason+" on GPU 4 firing at the webhook", func() error {
+			_, err = hook.find("GPUThrottling", "firing", "node", node, "gpu", "4", "reason", reason)
+			return err
+		})
+	}
+	// GPU 1's hot HBM pages GPUMemoryTemperatureOverOperatingLimit (P1)
+	// against the exported DCGM_FI_DEV_MEM_MAX_OP_TEMP, and no die
+	// temperature alert.
+	var hbm webhookAlert
+	waitFor(t, 30*time.Second, "GPUMemoryTemperatureOverOperatingLimit firing at the webhook", func() error {
+		hbm, err = hook.find("GPUMemoryTemperatureOverOperatingLimit", "firing", "node", node, "gpu", "1")
+		return err
+	})
+	if hbm.Labels["priority"] != "P1" || hbm.Labels["severity"] != "warning" || hbm.Labels["UUID"] == "" {
+		t.Errorf("GPUMemoryTemperatureOverOperatingLimit labels %v", hbm.Labels)
+	}
+	// GPU 5 falls off the bus 30 s after its Xid 79: its series vanish and
+	// GPUMissing pages P0 while the node's other GPUs still report.
+	var missing webhookAlert
+	waitFor(t, 60*time.Second, "GPUMissing firing at the webhook", func() error {
+		missing, err = hook.find("GPUMissing", "firing", "node", node, "gpu", "5")
+		return err
+	})
+	if missing.Labels["priority"] != "P0" || missing.Labels["severity"] != "critical" || missing.Labels["UUID"] == "" || missing.Labels["modelName"] == "" {
+		t.Errorf("GPUMissing labels %v", missing.Labels)
+	}
+	// The upgraded exporter of the second node really names the host
+	// `hostname` now (the premise of the check below).
+	var upg struct {
+		Data struct{ Result []any }
+	}
+	getJSON(t, base, "/api/v1/query?query="+url.QueryEscape(fmt.Sprintf(`count(DCGM_FI_DEV_GPU_UTIL{hostname=%q})`, upgraded)), tenantID, &upg)
+	if len(upg.Data.Result) != 1 {
+		t.Errorf("no DCGM series of %s with label hostname after its exporter upgrade: %v", upgraded, upg.Data.Result)
+	}
+	// Each fault brought its own alerts and nothing else; GPUs 0 and 7 of
+	// the first node and every GPU of the upgraded node stay quiet (a rule
+	// keyed on Hostname would see eight GPUs go missing there).
+	for _, gpu := range []string{"0", "1", "3", "4", "5", "6", "7"} {
+		for _, a := range hook.onGPU(node, gpu) {
 			name, reason, xidCode := a.Labels["alertname"], a.Labels["reason"], a.Labels["xid"]
 			switch {
+			case gpu == "1" && name == "GPUMemoryTemperatureOverOperatingLimit":
 			case gpu == "3" && name == "GPUThrottling" && (reason == "hw_power_brake" || reason == "hw_slowdown"):
+			case gpu == "4" && name == "GPUThrottling" && (reason == "hw_thermal_slowdown" || reason == "hw_slowdown"):
+			case gpu == "5" && name == "GPUXidError" && xidCode == "79":
+			case gpu == "5" && name == "GPUMissing":
 			case gpu == "6" && name == "GPUECCDoubleBitError":
 			case gpu == "6" && name == "GPUXidError" && a.Labels["priority"] == string(mustLookup(t, xidCode).Priority):
 			default:
 				t.Errorf("unexpected alert on GPU %s: %v", gpu, a.Labels)
 			}
 		}
+	}
+	for _, a := range hook.onGPU(upgraded, "") {
+		t.Errorf("unexpected alert on %s, whose exporter was only upgraded: %v", upgraded, a.Labels)
 	}
 
 	// /api/v1/rules and /api/v1/alerts, Prometheus' JSON, per tenant.
@@ -494,8 +567,12 @@ func TestRulesAlertToRealAlertmanager(t *testing.T) {
 		lbls := a["labels"].(map[string]any)
 		firing = append(firing, fmt.Sprintf("%s/%s/%s", lbls["alertname"], lbls["gpu"], a["state"]))
 	}
-	if !slices.Contains(firing, "GPUXidError/5/firing") {
-		t.Errorf("/api/v1/alerts of %s = %v, want GPUXidError on GPU 5 firing", tenantID, firing)
+	// GPU 5's Xid alert has resolved with its vanished series; GPUMissing
+	// has taken over.
+	for _, want := range []string{"GPUMissing/5/firing", "GPUECCDoubleBitError/6/firing"} {
+		if !slices.Contains(firing, want) {
+			t.Errorf("/api/v1/alerts of %s = %v, want %s", tenantID, firing, want)
+		}
 	}
 	// Another tenant sees none of it.
 	getJSON(t, base, "/api/v1/rules", "someone-else", &rulesResp)
