@@ -17,7 +17,7 @@ RACE_PKGS := ./pkg/ingest/... ./pkg/tenantdb/... ./pkg/query/... ./pkg/rules/...
 RACE_PKGS += ./pkg/shipper/... ./pkg/bucketstore/... ./pkg/hatracker/... ./pkg/limits/... ./pkg/compact/...
 UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./...))
 
-.PHONY: all build run test test-unit test-race fuzz tools vet bench bench-compare bench-compact clean docker
+.PHONY: all build run test test-unit test-race fuzz tools vet bench bench-compare bench-compact clean docker dashboards
 
 all: build
 
@@ -33,6 +33,11 @@ docker:
 	$(DOCKER) build -f deploy/docker/gpustore.Dockerfile -t gpustore:$(IMAGE_TAG) \
 		--build-arg VERSION=$(IMAGE_TAG) --build-arg REVISION=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown) .
 	$(DOCKER) build -f deploy/docker/gpusim.Dockerfile -t gpusim:$(IMAGE_TAG) .
+
+# Grafana dashboards: generated from deploy/grafana/*.go into
+# deploy/grafana/dashboards/*.json (a test fails while they are stale).
+dashboards:
+	$(GO) generate ./deploy/grafana
 
 # gpustore on the embedded default (data in ./data, port 9201), fed by a
 # simulated 16-node (128-GPU) cluster in real time. Ctrl-C stops both.

@@ -8,6 +8,7 @@ require (
 	github.com/go-kit/log v0.2.1
 	github.com/golang/snappy v1.0.0
 	github.com/grafana/dskit v0.0.0-20260703122047-de1ec7541c44
+	github.com/grafana/grafana-foundation-sdk/go v0.0.22
 	github.com/moby/buildkit v0.32.2
 	github.com/oklog/ulid/v2 v2.1.2
 	github.com/prometheus/alertmanager v0.34.1
