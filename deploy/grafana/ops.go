@@ -51,9 +51,9 @@ func gpustoreOperations() *dashboard.DashboardBuilder {
 			q(`sum(rate(gpustore_bucketstore_cache_misses_total{`+inst+`}[$__rate_interval]))`, "misses")).Min(0)).
 		WithPanel(timeSeries("Bucket sync age", "Time since the bucket store last listed the bucket.", unitSeconds,
 			q(`time() - max(gpustore_bucketstore_last_sync_timestamp_seconds{`+inst+`} > 0)`, "since last sync")).Min(0)).
-		WithPanel(timeSeries("Compaction", "1 while the compactor is halted; hours since its last successful run.", unitCount,
-			q(`max(gpustore_compact_halted{`+inst+`})`, "halted"),
-			q(`(time() - max(gpustore_compact_last_success_timestamp_seconds{`+inst+`})) / 3600`, "hours since last success")).Min(0)).
+		WithPanel(timeSeries("Compaction", "Per tenant: 1 while its compaction passes fail (retried every pass); hours since its last successful pass.", unitCount,
+			q(`max by (tenant) (gpustore_compact_halted{`+inst+`})`, "{{tenant}} failing"),
+			q(`(time() - max by (tenant) (gpustore_compact_last_success_timestamp_seconds{`+inst+`})) / 3600`, "{{tenant}} hours since last pass")).Min(0)).
 		// A summary's quantile is NaN while a slice had no query in its
 		// window: >= 0 drops those points instead of drawing NaN.
 		WithPanel(timeSeries("Query latency", "90th percentile of PromQL evaluation time (queries and rules) over the last 10 minutes, by stage.", unitSeconds,
