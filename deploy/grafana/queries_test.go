@@ -340,4 +340,3 @@ func readsOnly(expr string, names []string) bool {
 	}
 	return n > 0
 }
-
