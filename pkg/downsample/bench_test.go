@@ -1,0 +1,171 @@
+package downsample
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/storage"
+	"github.com/prometheus/prometheus/tsdb"
+
+	"github.com/gpustore/gpustore/bench/gpusim"
+)
+
+// simBlock writes a raw block of the simulator's DCGM series: nodes × 8
+// GPUs scraped every 15 s (as dcgm-exporter behind Prometheus, replica
+// jitter 0.1 %) over [t0, t0+d], returning the block directory.
+func simBlock(tb testing.TB, dir string, nodes int, d time.Duration) (*tsdb.Block, int64) {
+	tb.Helper()
+	c, err := gpusim.New(gpusim.Config{Name: "gpu-cluster-bench", Nodes: nodes, Seed: 1})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	w, err := tsdb.NewBlockWriter(nil, dir, 2*d.Milliseconds()+2*Res1h)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer w.Close()
+	var (
+		buf     []gpusim.Series
+		refs    = map[string]storage.SeriesRef{}
+		b       labels.ScratchBuilder
+		samples int64
+	)
+	start := time.UnixMilli(t0)
+	for at := start; !at.After(start.Add(d)); at = at.Add(15 * time.Second) {
+		app := w.Appender(context.Background())
+		buf = c.AppendSamples(buf[:0], at, gpusim.Replica{Name: "p0", Jitter: 0.001})
+		for i := range buf {
+			s := &buf[i]
+			if s.Desc == nil || s.Desc.Source != gpusim.SourceDCGM {
+				continue
+			}
+			b.Reset()
+			for _, l := range s.Labels {
+				b.Add(l.Name, l.Value)
+			}
+			b.Sort()
+			ls := b.Labels()
+			key := ls.String()
+			ref, err := app.Append(refs[key], ls, s.T, s.V)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			refs[key] = ref
+			samples++
+		}
+		if err := app.Commit(); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	id, err := w.Flush(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return openBlock(tb, filepath.Join(dir, id.String())), samples
+}
+
+func dirBytes(tb testing.TB, dir string) int64 {
+	var n int64
+	err := filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && !fi.IsDir() {
+			n += fi.Size()
+		}
+		return err
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return n
+}
+
+// peakHeap samples the heap while f runs and returns the highest HeapInuse
+// above the level before f.
+func peakHeap(f func()) uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	base := ms.HeapInuse
+	var peak atomic.Uint64
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		var ms runtime.MemStats
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				runtime.ReadMemStats(&ms)
+				if ms.HeapInuse > base && ms.HeapInuse-base > peak.Load() {
+					peak.Store(ms.HeapInuse - base)
+				}
+			}
+		}
+	}()
+	f()
+	close(done)
+	return peak.Load()
+}
+
+// BenchmarkDownsampleDCGM downsamples a day of the simulator's DCGM series
+// (2 nodes, 16 GPUs, 512 series, 15 s scrape) raw → 5m → 1h and reports
+// bytes per raw sample of each block (chunks + index + meta), the size of
+// the 5m and 1h blocks relative to raw, raw samples per second on one core,
+// and the peak heap of the raw → 5m step.
+//
+//	go test ./pkg/downsample -run '^$' -bench DownsampleDCGM -benchtime 1x -cpu 1
+func BenchmarkDownsampleDCGM(b *testing.B) {
+	dir := b.TempDir()
+	day := 24 * time.Hour
+	raw, samples := simBlock(b, filepath.Join(dir, "raw"), 2, day)
+	// The sample at exactly t0+24h is in the raw block too; windows (t0, t0+24h].
+	rawBytes := dirBytes(b, raw.Dir())
+	var st Stats
+	var peak uint64
+	var id5, id1 ulid.ULID
+	var busy time.Duration
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		out := filepath.Join(dir, "out", time.Now().Format("150405.000000000"))
+		peak = max(peak, peakHeap(func() {
+			began := time.Now()
+			defer func() { busy += time.Since(began) }()
+			u, s, err := Downsample(context.Background(), []tsdb.BlockReader{raw}, Config{
+				SourceResolution: ResRaw, Resolution: Res5m, Mint: t0, Maxt: t0 + day.Milliseconds(), Dir: out,
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			st, id5 = s, u
+		}))
+		b5 := openBlock(b, filepath.Join(out, id5.String()))
+		u, _, err := Downsample(context.Background(), []tsdb.BlockReader{b5}, Config{
+			SourceResolution: Res5m, Resolution: Res1h, Mint: t0, Maxt: t0 + day.Milliseconds(), Dir: out,
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		id1 = u
+		if i == 0 {
+			b5Bytes := dirBytes(b, filepath.Join(out, id5.String()))
+			b1Bytes := dirBytes(b, filepath.Join(out, id1.String()))
+			b.ReportMetric(float64(rawBytes)/float64(samples), "raw_bytes/sample")
+			b.ReportMetric(float64(b5Bytes)/float64(samples), "5m_bytes/raw_sample")
+			b.ReportMetric(float64(b1Bytes)/float64(samples), "1h_bytes/raw_sample")
+			b.ReportMetric(100*float64(b5Bytes)/float64(rawBytes), "5m_%_of_raw")
+			b.ReportMetric(100*float64(b1Bytes)/float64(rawBytes), "1h_%_of_raw")
+			b.Logf("raw %d samples, %d series, %d bytes; 5m %d bytes (%d points); 1h %d bytes", samples, st.InSeries, rawBytes, b5Bytes, st.OutSamples, b1Bytes)
+		}
+	}
+	b.ReportMetric(float64(st.InSamples)*float64(b.N)/busy.Seconds(), "raw_samples/s")
+	b.ReportMetric(float64(peak)/(1<<20), "peak_heap_MiB")
+}
+

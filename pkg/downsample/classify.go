@@ -1,0 +1,86 @@
+package downsample
+
+import (
+	"strings"
+
+	"github.com/prometheus/common/model"
+)
+
+// Kind is how a raw series is downsampled.
+type Kind uint8
+
+const (
+	// Gauge series get count, sum, min and max per window.
+	Gauge Kind = iota
+	// Counter series get the counter aggregate (kept samples, see the package comment).
+	Counter
+)
+
+// TypeLookup returns the metadata type of a metric family, as the tenant's
+// metadata store (pkg/tenantdb) records it from remote write; ok is false
+// when nothing was sent for the family.
+type TypeLookup func(family string) (typ model.MetricType, ok bool)
+
+// dcgmCounters are the dcgm-exporter fields that are counters although their
+// names do not say so (facts.md: dcgm-exporter default-counters.csv and the
+// fields named by the source document). DCGM_FI_DEV_FB_TOTAL ends in _TOTAL
+// and is a gauge, so the suffix alone cannot decide.
+var dcgmCounters = map[string]bool{
+	"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION":          true,
+	"DCGM_FI_DEV_PCIE_REPLAY_COUNTER":               true,
+	"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL":            true,
+	"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS":       true,
+	"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS":         true,
+	"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL":                 true,
+	"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL":                 true,
+	"DCGM_FI_DEV_ECC_SBE_AGG_TOTAL":                 true,
+	"DCGM_FI_DEV_ECC_DBE_AGG_TOTAL":                 true,
+	"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": true,
+	"DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": true,
+	"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL":   true,
+	"DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": true,
+}
+
+// Classify decides how the series named name is downsampled: from its
+// family's metadata first (a histogram's or summary's _bucket/_count/_sum
+// series are counters, a summary's quantile series are gauges), then from
+// the name. hasQuantile says whether the series has a "quantile" label.
+func Classify(name string, hasQuantile bool, lookup TypeLookup) Kind {
+	if lookup != nil {
+		if typ, ok := lookup(name); ok {
+			switch typ {
+			case model.MetricTypeCounter:
+				return Counter
+			case model.MetricTypeSummary:
+				if hasQuantile {
+					return Gauge
+				}
+			case model.MetricTypeGauge, model.MetricTypeGaugeHistogram, model.MetricTypeInfo, model.MetricTypeStateset:
+				return Gauge
+			}
+		}
+		for _, suffix := range []string{"_bucket", "_count", "_sum", "_total"} {
+			fam, ok := strings.CutSuffix(name, suffix)
+			if !ok {
+				continue
+			}
+			if typ, ok := lookup(fam); ok {
+				switch typ {
+				case model.MetricTypeHistogram, model.MetricTypeSummary, model.MetricTypeCounter:
+					return Counter
+				case model.MetricTypeGaugeHistogram, model.MetricTypeGauge:
+					return Gauge
+				}
+			}
+		}
+	}
+	if dcgmCounters[name] {
+		return Counter
+	}
+	for _, suffix := range []string{"_total", "_count", "_sum", "_bucket"} {
+		if strings.HasSuffix(name, suffix) {
+			return Counter
+		}
+	}
+	return Gauge
+}

@@ -1,0 +1,455 @@
+package downsample
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/value"
+	"github.com/prometheus/prometheus/promql"
+	"github.com/prometheus/prometheus/promql/parser"
+	"github.com/prometheus/prometheus/storage"
+	"github.com/prometheus/prometheus/tsdb"
+)
+
+// The property tests write random raw series (gauges, counters with resets,
+// gaps, staleness markers, NaN, timestamps on and off window boundaries)
+// into two raw blocks, downsample them to 5m and the 5m block to 1h, and
+// run the same PromQL through Prometheus' engine over raw and over each
+// downsampled block, at every multiple of the resolution.
+
+const (
+	t0       = int64(1_767_225_600_000) // 2026-01-01T00:00:00Z, a multiple of 1h
+	span     = 6 * Res1h
+	interval = int64(15_000)
+)
+
+type rawSeries struct {
+	lset    labels.Labels
+	counter bool
+	ts      []int64
+	vs      []float64
+}
+
+// genSeries makes n gauges and n counters over [t0-10m, t0+span+10m].
+func genSeries(rng *rand.Rand, n int) []rawSeries {
+	var out []rawSeries
+	for i := range 2 * n {
+		counter := i >= n
+		name := "gauge_metric"
+		if counter {
+			name = "counter_metric_total"
+		}
+		s := rawSeries{lset: labels.FromStrings(labels.MetricName, name, "id", strconv.Itoa(i)), counter: counter}
+		// Half the series are scraped exactly on multiples of 15s (so
+		// samples sit on window ends), half with a phase and jitter.
+		aligned := i%2 == 0
+		phase := int64(0)
+		if !aligned {
+			phase = rng.Int64N(interval)
+		}
+		// A gap (absent) and the start/end of the series, at random.
+		gapFrom, gapTo := int64(math.MaxInt64), int64(math.MaxInt64)
+		if rng.IntN(2) == 0 {
+			gapFrom = t0 + rng.Int64N(span)
+			gapTo = gapFrom + rng.Int64N(2*Res1h)
+		}
+		start, end := t0-10*60_000, t0+span+10*60_000
+		if rng.IntN(4) == 0 {
+			start = t0 + rng.Int64N(span/2)
+		}
+		if rng.IntN(4) == 0 {
+			end = t0 + span/2 + rng.Int64N(span/2)
+		}
+		staleAtGap := rng.IntN(2) == 0
+		v := rng.Float64() * 100
+		integer := rng.IntN(3) == 0
+		var last int64
+		inGap := false
+		for t := start - start%interval + phase; t <= end; t += interval {
+			ts := t
+			if !aligned {
+				ts += rng.Int64N(1000) - 500
+				// A sample 1 ms after a window end is the one raw time the
+				// 1 ms shift of downsampled points moves out of its
+				// window (see the package comment); keep it off.
+				if (ts-1)%Res5m == 0 {
+					ts++
+				}
+			}
+			if ts >= gapFrom && ts < gapTo {
+				if !inGap && staleAtGap && len(s.ts) > 0 {
+					s.ts = append(s.ts, ts)
+					s.vs = append(s.vs, math.Float64frombits(value.StaleNaN))
+				}
+				inGap = true
+				continue
+			}
+			inGap = false
+			if counter {
+				v += rng.ExpFloat64() * 5
+				if rng.IntN(300) == 0 {
+					v = rng.Float64() * 3 // reset
+				}
+			} else {
+				v += rng.NormFloat64() * 3
+			}
+			x := v
+			if integer {
+				x = math.Round(v)
+			}
+			if rng.IntN(500) == 0 {
+				x = math.NaN()
+			}
+			if ts <= last {
+				continue
+			}
+			s.ts = append(s.ts, ts)
+			s.vs = append(s.vs, x)
+			last = ts
+		}
+		if rng.IntN(2) == 0 && len(s.ts) > 0 {
+			s.ts = append(s.ts, last+interval)
+			s.vs = append(s.vs, math.Float64frombits(value.StaleNaN))
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// writeRaw writes the samples of series in [mint, maxt) into a raw block.
+func writeRaw(t testing.TB, dir string, series []rawSeries, mint, maxt int64) *tsdb.Block {
+	t.Helper()
+	w, err := tsdb.NewBlockWriter(nil, dir, 4*Res1h*4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	app := w.Appender(context.Background())
+	for _, s := range series {
+		var ref storage.SeriesRef
+		for i, ts := range s.ts {
+			if ts < mint || ts >= maxt {
+				continue
+			}
+			if ref, err = app.Append(ref, s.lset, ts, s.vs[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := app.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	id, err := w.Flush(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return openBlock(t, filepath.Join(dir, id.String()))
+}
+
+func openBlock(t testing.TB, dir string) *tsdb.Block {
+	t.Helper()
+	b, err := tsdb.OpenBlock(nil, dir, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func blocksQueryable(blocks ...tsdb.BlockReader) storage.Queryable {
+	return storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
+		var qs []storage.Querier
+		for _, b := range blocks {
+			q, err := tsdb.NewBlockQuerier(b, mint, maxt)
+			if err != nil {
+				return nil, err
+			}
+			qs = append(qs, q)
+		}
+		return storage.NewMergeQuerier(qs, nil, storage.ChainedSeriesMerge), nil
+	})
+}
+
+type fixture struct {
+	series     []rawSeries
+	raw        storage.Queryable
+	ds5m, ds1h storage.Queryable
+	b5m, b1h   *tsdb.Block
+}
+
+func newFixture(t testing.TB, seed uint64, n int) *fixture {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	series := genSeries(rng, n)
+	dir := t.TempDir()
+	// Two raw blocks split off a window boundary, so the downsampler must
+	// merge sources, and the sample at exactly t0+span lives in the second.
+	split := t0 + 3*Res1h + 7*60_000 + 123
+	r1 := writeRaw(t, filepath.Join(dir, "raw"), series, t0-Res1h, split)
+	r2 := writeRaw(t, filepath.Join(dir, "raw"), series, split, t0+span+Res1h)
+
+	ctx := context.Background()
+	id5, st5, err := Downsample(ctx, []tsdb.BlockReader{r1, r2}, Config{
+		SourceResolution: ResRaw, Resolution: Res5m, Mint: t0, Maxt: t0 + span, Dir: filepath.Join(dir, "5m"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b5 := openBlock(t, filepath.Join(dir, "5m", id5.String()))
+	id1, st1, err := Downsample(ctx, []tsdb.BlockReader{b5}, Config{
+		SourceResolution: Res5m, Resolution: Res1h, Mint: t0, Maxt: t0 + span, Dir: filepath.Join(dir, "1h"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b1 := openBlock(t, filepath.Join(dir, "1h", id1.String()))
+	t.Logf("seed %d: raw→5m %+v; 5m→1h %+v", seed, st5, st1)
+	for _, b := range []*tsdb.Block{b5, b1} {
+		if m := b.Meta(); m.MinTime != t0 || m.MaxTime != t0+span {
+			t.Fatalf("downsampled block covers [%d, %d), want [%d, %d)", m.MinTime, m.MaxTime, t0, t0+span)
+		}
+	}
+	return &fixture{
+		series: series,
+		raw:    NewRawQueryable(blocksQueryable(r1, r2)),
+		ds5m:   NewQueryable(blocksQueryable(b5)),
+		ds1h:   NewQueryable(blocksQueryable(b1)),
+		b5m:    b5, b1h: b1,
+	}
+}
+
+var testEngine = promql.NewEngine(promql.EngineOpts{MaxSamples: 50_000_000, Timeout: time.Minute})
+
+// points maps a series (its labels) to its points of a range query.
+type points map[string]map[int64]float64
+
+func rangeQuery(t testing.TB, q storage.Queryable, qs string, lookback time.Duration, start, end int64, step int64) points {
+	t.Helper()
+	qry, err := testEngine.NewRangeQuery(context.Background(), q, promql.NewPrometheusQueryOpts(false, lookback, nil), qs,
+		time.UnixMilli(start), time.UnixMilli(end), time.Duration(step)*time.Millisecond)
+	if err != nil {
+		t.Fatalf("%s: %v", qs, err)
+	}
+	defer qry.Close()
+	res := qry.Exec(context.Background())
+	if res.Err != nil {
+		t.Fatalf("%s: %v", qs, res.Err)
+	}
+	m, err := res.Matrix()
+	if err != nil {
+		t.Fatalf("%s: %v", qs, err)
+	}
+	out := points{}
+	for _, s := range m {
+		ps := map[int64]float64{}
+		for _, p := range s.Floats {
+			ps[p.T] = p.F
+		}
+		out[s.Metric.String()] = ps
+	}
+	return out
+}
+
+func sameFloat(a, b, rel float64) bool {
+	if math.IsNaN(a) || math.IsNaN(b) {
+		return math.IsNaN(a) && math.IsNaN(b)
+	}
+	if a == b {
+		return true
+	}
+	return math.Abs(a-b) <= rel*math.Max(math.Abs(a), math.Abs(b))
+}
+
+// compare checks that got and want have the same series and timestamps and
+// that ok(series, t, want, got) holds for every point.
+func compare(t *testing.T, what string, want, got points, ok func(series string, ts int64, w, g float64) bool) {
+	t.Helper()
+	var keys []string
+	for k := range want {
+		keys = append(keys, k)
+	}
+	for k := range got {
+		if _, found := want[k]; !found {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	bad := 0
+	total := 0
+	for _, k := range keys {
+		w, g := want[k], got[k]
+		for ts, wv := range w {
+			total++
+			gv, found := g[ts]
+			if !found {
+				bad++
+				if bad <= 5 {
+					t.Errorf("%s: %s at %s: raw %v, downsampled has no point", what, k, time.UnixMilli(ts).UTC().Format(time.RFC3339), wv)
+				}
+				continue
+			}
+			if !ok(k, ts, wv, gv) {
+				bad++
+				if bad <= 5 {
+					t.Errorf("%s: %s at %s: raw %v, downsampled %v", what, k, time.UnixMilli(ts).UTC().Format(time.RFC3339), wv, gv)
+				}
+			}
+		}
+		for ts, gv := range g {
+			if _, found := w[ts]; !found {
+				bad++
+				if bad <= 5 {
+					t.Errorf("%s: %s at %s: downsampled %v, raw has no point", what, k, time.UnixMilli(ts).UTC().Format(time.RFC3339), gv)
+				}
+			}
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%s: %d of %d points differ", what, bad, total)
+	}
+	if total == 0 {
+		t.Errorf("%s: raw answered nothing; the test checks nothing", what)
+	}
+}
+
+func exact(_ string, _ int64, w, g float64) bool   { return sameFloat(w, g, 0) }
+func rounding(_ string, _ int64, w, g float64) bool { return sameFloat(w, g, 1e-9) }
+
+// rawIn returns the non-stale samples of s in (from, to].
+func (s *rawSeries) rawIn(from, to int64) (ts []int64, vs []float64) {
+	for i, t := range s.ts {
+		if t > from && t <= to && !value.IsStaleNaN(s.vs[i]) {
+			ts = append(ts, t)
+			vs = append(vs, s.vs[i])
+		}
+	}
+	return ts, vs
+}
+
+// counterTolerance is the stated tolerance of rate/increase over
+// downsampled data: the kept samples give the raw reset-adjusted increase
+// between the first and last sample in the range exactly, and the two
+// answers differ only in how far the engine extrapolates into the parts of
+// the range the series does not cover. Each side extrapolates by at most
+// the uncovered time, so |Δincrease| ≤ sampled rate × (uncovered time at
+// both edges); when the series covers the range (first and last sample
+// within 0.9 scrape intervals of the edges, where both extrapolate to the
+// edges) the answers are equal up to rounding.
+func counterTolerance(t *testing.T, f *fixture, rng int64, perSecond bool) func(string, int64, float64, float64) bool {
+	byLabels := map[string]*rawSeries{}
+	for i := range f.series {
+		s := &f.series[i]
+		byLabels[labels.NewBuilder(s.lset).Del(labels.MetricName).Labels().String()] = s
+	}
+	return func(k string, at int64, w, g float64) bool {
+		if sameFloat(w, g, 1e-9) {
+			return true
+		}
+		s := byLabels[k]
+		if s == nil {
+			t.Fatalf("no raw series %s", k)
+		}
+		ts, vs := s.rawIn(at-rng, at)
+		if len(ts) < 2 {
+			return false
+		}
+		uncovered := float64(ts[0]-(at-rng)) + float64(at-ts[len(ts)-1])
+		if ts[0]-(at-rng) <= interval*9/10 && at-ts[len(ts)-1] <= interval*9/10 {
+			return false // covered: must be equal
+		}
+		inc := vs[len(vs)-1] - vs[0]
+		for i := 1; i < len(vs); i++ {
+			if vs[i] < vs[i-1] {
+				inc += vs[i-1]
+			}
+		}
+		rate := inc / float64(ts[len(ts)-1]-ts[0]) // per ms
+		bound := rate * uncovered
+		if perSecond {
+			bound /= float64(rng) / 1000
+		}
+		return math.Abs(w-g) <= bound*(1+1e-9)+1e-9
+	}
+}
+
+func TestDownsampledPromQLMatchesRaw(t *testing.T) {
+	for _, seed := range []uint64{1, 2, 3} {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			f := newFixture(t, seed, 12)
+			for _, res := range []struct {
+				name string
+				res  int64
+				q    storage.Queryable
+			}{{"5m", Res5m, f.ds5m}, {"1h", Res1h, f.ds1h}} {
+				t.Run(res.name, func(t *testing.T) {
+					lb := time.Duration(res.res) * time.Millisecond
+					start, end, step := t0+2*res.res, t0+span, res.res
+					for _, mult := range []int64{1, 3} {
+						r := res.res * mult
+						rs := (time.Duration(r) * time.Millisecond).String()
+						run := func(qs string, check func(string, int64, float64, float64) bool) {
+							want := rangeQuery(t, f.raw, qs, lb, start, end, step)
+							got := rangeQuery(t, res.q, qs, lb, start, end, step)
+							compare(t, qs, want, got, check)
+						}
+						runRewritten := func(qs string, check func(string, int64, float64, float64) bool) {
+							rq, changed, err := RewriteQuery(qs)
+							if err != nil || !changed {
+								t.Fatalf("rewrite %s: %v, changed %v", qs, err, changed)
+							}
+							want := rangeQuery(t, f.raw, qs, lb, start, end, step)
+							got := rangeQuery(t, res.q, rq, lb, start, end, step)
+							compare(t, qs+" (rewritten "+rq+")", want, got, check)
+						}
+						run("resets(counter_metric_total["+rs+"])", exact)
+						run("increase(counter_metric_total["+rs+"])", counterTolerance(t, f, r, false))
+						run("rate(counter_metric_total["+rs+"])", counterTolerance(t, f, r, true))
+						run("max_over_time(counter_metric_total["+rs+"])", exact)
+						run("min_over_time(counter_metric_total["+rs+"])", exact)
+						run("max_over_time(gauge_metric["+rs+"])", exact)
+						run("min_over_time(gauge_metric["+rs+"])", exact)
+						run("sum_over_time(gauge_metric["+rs+"])", rounding)
+						runRewritten("count_over_time(gauge_metric["+rs+"])", exact)
+						runRewritten("avg_over_time(gauge_metric["+rs+"])", rounding)
+					}
+					// A plain selector reads the window's average: at the
+					// end of a window it is avg_over_time over the window
+					// on raw data, for series that are not stale there.
+					rs := (time.Duration(res.res) * time.Millisecond).String()
+					for _, agg := range []string{"avg", "max", "sum", "min"} {
+						want := rangeQuery(t, f.raw, agg+"(avg_over_time(gauge_metric["+rs+"]) and gauge_metric)", lb, start, end, step)
+						got := rangeQuery(t, res.q, agg+"(gauge_metric)", lb, start, end, step)
+						compare(t, agg+"(gauge_metric)", want, got, rounding)
+					}
+					want := rangeQuery(t, f.raw, "avg_over_time(gauge_metric["+rs+"]) and gauge_metric", lb, start, end, step)
+					got := rangeQuery(t, res.q, "gauge_metric", lb, start, end, step)
+					compare(t, "gauge_metric", dropName(want), got, rounding)
+				})
+			}
+		})
+	}
+}
+
+// dropName re-keys series as they come back from a plain selector (with
+// __name__): avg_over_time drops the name, the selector keeps it.
+func dropName(p points) points {
+	out := points{}
+	for k, v := range p {
+		ls, err := parseLabels(k)
+		if err != nil {
+			panic(err)
+		}
+		out[labels.NewBuilder(ls).Set(labels.MetricName, "gauge_metric").Labels().String()] = v
+	}
+	return out
+}
+
+func parseLabels(s string) (labels.Labels, error) { return parser.ParseMetric(s) }

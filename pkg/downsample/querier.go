@@ -1,0 +1,472 @@
+package downsample
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/prometheus/prometheus/model/histogram"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/value"
+	"github.com/prometheus/prometheus/storage"
+	"github.com/prometheus/prometheus/tsdb/chunkenc"
+	"github.com/prometheus/prometheus/util/annotations"
+)
+
+// View is how a selector reads a downsampled series. Every view answers for
+// gauges and counters; where a series lacks the view's aggregate (counters
+// store only "counter", gauges no "counter") the view falls back as listed.
+//
+//	view     gauge series           counter series
+//	avg      sum/count per window   kept samples
+//	min      min                    kept samples (exact min_over_time)
+//	max      max                    kept samples (exact max_over_time)
+//	sum      sum                    kept samples
+//	count    count                  1 per kept sample
+//	counter  sum/count per window   kept samples
+type View string
+
+// Views, also accepted as the value of an explicit AggrLabel="<view>"
+// matcher in a query (see Rewrite).
+const (
+	ViewAvg     View = "avg"
+	ViewMin     View = "min"
+	ViewMax     View = "max"
+	ViewSum     View = "sum"
+	ViewCount   View = "count"
+	ViewCounter View = "counter"
+)
+
+func parseView(s string) (View, bool) {
+	switch v := View(s); v {
+	case ViewAvg, ViewMin, ViewMax, ViewSum, ViewCount, ViewCounter:
+		return v, true
+	}
+	return "", false
+}
+
+// ViewFor picks the view for a selector from the function around it
+// (SelectHints.Func):
+//
+//   - min_over_time → min, max_over_time → max, sum_over_time → sum: each
+//     exact over whole windows (the engine folds the per-window aggregates).
+//   - count_over_time → count and avg_over_time → avg: the engine counts and
+//     averages points, not raw samples, so on their own these give the number
+//     of windows and the mean of window means. Rewrite turns them into
+//     sum_over_time over explicit count and sum views, which is exact; a
+//     query that is not rewritten gets the approximations.
+//   - rate, increase, irate, resets, delta, idelta, deriv, changes,
+//     predict_linear → counter (gauges fall back to avg): exact at window
+//     edges for counters; irate becomes the rate between a window's first
+//     and last sample.
+//   - everything else (plain selectors, aggregations of them, other
+//     functions) → avg: a plain selector at a window's end reads the
+//     window's average, i.e. avg_over_time(x[R]) on raw data.
+func ViewFor(h *storage.SelectHints) View {
+	if h == nil {
+		return ViewAvg
+	}
+	switch h.Func {
+	case "min_over_time":
+		return ViewMin
+	case "max_over_time":
+		return ViewMax
+	case "sum_over_time":
+		return ViewSum
+	case "count_over_time":
+		return ViewCount
+	case "avg_over_time":
+		return ViewAvg
+	case "rate", "increase", "irate", "resets", "delta", "idelta", "deriv", "changes", "predict_linear":
+		return ViewCounter
+	}
+	return ViewAvg
+}
+
+// explicitView removes an AggrLabel matcher from ms and returns the view it names.
+func explicitView(ms []*labels.Matcher) ([]*labels.Matcher, View, bool, error) {
+	for i, m := range ms {
+		if m.Name != AggrLabel {
+			continue
+		}
+		v, ok := parseView(m.Value)
+		if m.Type != labels.MatchEqual || !ok {
+			return nil, "", false, fmt.Errorf("%s accepts only = with avg, min, max, sum, count or counter, not %s", AggrLabel, m)
+		}
+		rest := make([]*labels.Matcher, 0, len(ms)-1)
+		rest = append(rest, ms[:i]...)
+		rest = append(rest, ms[i+1:]...)
+		return rest, v, true, nil
+	}
+	return ms, "", false, nil
+}
+
+// NewQueryable reads the downsampled blocks behind q (one resolution or
+// several) as series without AggrLabel, each through the view its selector
+// asks for (an explicit AggrLabel matcher, else ViewFor(hints)).
+func NewQueryable(q storage.Queryable) storage.Queryable { return queryable{q} }
+
+type queryable struct{ storage.Queryable }
+
+func (q queryable) Querier(mint, maxt int64) (storage.Querier, error) {
+	inner, err := q.Queryable.Querier(mint, maxt)
+	if err != nil {
+		return nil, err
+	}
+	return &querier{inner}, nil
+}
+
+type querier struct{ storage.Querier }
+
+// aggregates read per view: the view's own, then the fallback.
+var viewAggrs = map[View][]string{
+	ViewAvg:     {AggrSum, AggrCount, AggrCounter},
+	ViewCounter: {AggrSum, AggrCount, AggrCounter},
+	ViewMin:     {AggrMin, AggrCounter},
+	ViewMax:     {AggrMax, AggrCounter},
+	ViewSum:     {AggrSum, AggrCounter},
+	ViewCount:   {AggrCount, AggrCounter},
+}
+
+func (q *querier) Select(ctx context.Context, _ bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
+	ms, view, ok, err := explicitView(ms)
+	if err != nil {
+		return storage.ErrSeriesSet(err)
+	}
+	if !ok {
+		view = ViewFor(hints)
+	}
+	aggrs := viewAggrs[view]
+	sets := make([]storage.SeriesSet, len(aggrs))
+	for i, a := range aggrs {
+		sel := make([]*labels.Matcher, 0, len(ms)+1)
+		sel = append(sel, ms...)
+		sel = append(sel, labels.MustNewMatcher(labels.MatchEqual, AggrLabel, a))
+		// Each set is sorted by its labels; AggrLabel is constant within it,
+		// so it is sorted by the series' own labels too, and the sets join.
+		sets[i] = q.Querier.Select(ctx, true, hints, sel...)
+	}
+	return &joinSet{view: view, aggrs: aggrs, sets: sets}
+}
+
+func (q *querier) LabelNames(ctx context.Context, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	names, annos, err := q.Querier.LabelNames(ctx, hints, ms...)
+	out := names[:0]
+	for _, n := range names {
+		if n != AggrLabel {
+			out = append(out, n)
+		}
+	}
+	return out, annos, err
+}
+
+func (q *querier) LabelValues(ctx context.Context, name string, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	if name == AggrLabel {
+		return nil, nil, nil
+	}
+	return q.Querier.LabelValues(ctx, name, hints, ms...)
+}
+
+// joinSet merges the per-aggregate series sets of one Select by the series'
+// labels without AggrLabel and builds one series per group through the view.
+type joinSet struct {
+	view  View
+	aggrs []string
+	sets  []storage.SeriesSet
+
+	started bool
+	heads   []storage.Series
+	bases   []labels.Labels
+	cur     storage.Series
+	err     error
+	warns   annotations.Annotations
+}
+
+func (j *joinSet) advance(i int) {
+	if j.sets[i].Next() {
+		s := j.sets[i].At()
+		j.heads[i] = s
+		j.bases[i] = labels.NewBuilder(s.Labels()).Del(AggrLabel).Labels()
+		return
+	}
+	j.heads[i] = nil
+	if err := j.sets[i].Err(); err != nil && j.err == nil {
+		j.err = err
+	}
+}
+
+func (j *joinSet) Next() bool {
+	if !j.started {
+		j.started = true
+		j.heads = make([]storage.Series, len(j.sets))
+		j.bases = make([]labels.Labels, len(j.sets))
+		for i := range j.sets {
+			j.advance(i)
+		}
+	}
+	if j.err != nil {
+		return false
+	}
+	min := -1
+	for i, h := range j.heads {
+		if h != nil && (min < 0 || labels.Compare(j.bases[i], j.bases[min]) < 0) {
+			min = i
+		}
+	}
+	if min < 0 {
+		return false
+	}
+	base := j.bases[min]
+	comps := map[string]storage.Series{}
+	for i, h := range j.heads {
+		if h != nil && labels.Equal(j.bases[i], base) {
+			comps[j.aggrs[i]] = h
+			j.advance(i)
+		}
+	}
+	j.cur = buildSeries(j.view, base, comps)
+	return true
+}
+
+func (j *joinSet) At() storage.Series { return j.cur }
+func (j *joinSet) Err() error         { return j.err }
+func (j *joinSet) Warnings() annotations.Annotations {
+	for _, s := range j.sets {
+		j.warns.Merge(s.Warnings())
+	}
+	return j.warns
+}
+
+// buildSeries reads one series' aggregates through view.
+func buildSeries(view View, base labels.Labels, comps map[string]storage.Series) storage.Series {
+	sum, count, counter := comps[AggrSum], comps[AggrCount], comps[AggrCounter]
+	avg := func() storage.Series {
+		if sum != nil && count != nil {
+			return &avgSeries{lset: base, sum: sum, count: count}
+		}
+		return nil
+	}
+	var s storage.Series
+	switch view {
+	case ViewAvg:
+		if s = avg(); s == nil && counter != nil {
+			s = relabeled{base, counter}
+		}
+	case ViewCounter:
+		if counter != nil {
+			s = relabeled{base, counter}
+		} else {
+			s = avg()
+		}
+	case ViewCount:
+		if count != nil {
+			s = relabeled{base, count}
+		} else if counter != nil {
+			s = onesSeries{base, counter}
+		}
+	default:
+		if own := comps[string(view)]; own != nil {
+			s = relabeled{base, own}
+		} else if counter != nil {
+			s = relabeled{base, counter}
+		}
+	}
+	if s == nil {
+		// An incomplete set of aggregates (a sum without its count): read
+		// whatever there is rather than hide the series.
+		for _, a := range []string{AggrSum, AggrCount, AggrMin, AggrMax, AggrCounter} {
+			if c := comps[a]; c != nil {
+				return relabeled{base, c}
+			}
+		}
+	}
+	return s
+}
+
+type relabeled struct {
+	lset labels.Labels
+	storage.Series
+}
+
+func (r relabeled) Labels() labels.Labels { return r.lset }
+
+// onesSeries reads every sample of a series as 1 (staleness markers stay
+// markers): the count view of raw data and of counters.
+type onesSeries struct {
+	lset labels.Labels
+	storage.Series
+}
+
+func (o onesSeries) Labels() labels.Labels { return o.lset }
+func (o onesSeries) Iterator(it chunkenc.Iterator) chunkenc.Iterator {
+	if oi, ok := it.(*onesIterator); ok {
+		oi.it = o.Series.Iterator(oi.it)
+		return oi
+	}
+	return &onesIterator{it: o.Series.Iterator(nil)}
+}
+
+type onesIterator struct {
+	it chunkenc.Iterator
+	vt chunkenc.ValueType
+}
+
+func (o *onesIterator) conv(vt chunkenc.ValueType) chunkenc.ValueType {
+	o.vt = vt
+	if vt == chunkenc.ValNone {
+		return vt
+	}
+	return chunkenc.ValFloat
+}
+func (o *onesIterator) Next() chunkenc.ValueType        { return o.conv(o.it.Next()) }
+func (o *onesIterator) Seek(t int64) chunkenc.ValueType { return o.conv(o.it.Seek(t)) }
+func (o *onesIterator) At() (int64, float64) {
+	var stale bool
+	var t int64
+	switch o.vt {
+	case chunkenc.ValFloat:
+		var v float64
+		t, v = o.it.At()
+		stale = value.IsStaleNaN(v)
+	default:
+		var fh *histogram.FloatHistogram
+		t, fh = o.it.AtFloatHistogram(nil)
+		stale = value.IsStaleNaN(fh.Sum)
+	}
+	if stale {
+		return t, math.Float64frombits(value.StaleNaN)
+	}
+	return t, 1
+}
+func (o *onesIterator) AtHistogram(*histogram.Histogram) (int64, *histogram.Histogram) {
+	panic("onesIterator: AtHistogram on a float iterator")
+}
+func (o *onesIterator) AtFloatHistogram(*histogram.FloatHistogram) (int64, *histogram.FloatHistogram) {
+	panic("onesIterator: AtFloatHistogram on a float iterator")
+}
+func (o *onesIterator) AtT() int64  { return o.it.AtT() }
+func (o *onesIterator) AtST() int64 { return 0 }
+func (o *onesIterator) Err() error  { return o.it.Err() }
+
+// avgSeries divides a gauge's window sums by its window counts. Both have a
+// point at the same times (they are written together), staleness markers too.
+type avgSeries struct {
+	lset       labels.Labels
+	sum, count storage.Series
+}
+
+func (a *avgSeries) Labels() labels.Labels { return a.lset }
+func (a *avgSeries) Iterator(it chunkenc.Iterator) chunkenc.Iterator {
+	ai, ok := it.(*avgIterator)
+	if !ok {
+		ai = &avgIterator{}
+	}
+	ai.sum = a.sum.Iterator(ai.sum)
+	ai.count = a.count.Iterator(ai.count)
+	ai.t, ai.v = 0, 0
+	return ai
+}
+
+type avgIterator struct {
+	sum, count chunkenc.Iterator
+	t          int64
+	v          float64
+	err        error
+}
+
+// align moves both iterators to the next time they share.
+func (a *avgIterator) align(vs, vc chunkenc.ValueType) chunkenc.ValueType {
+	for vs != chunkenc.ValNone && vc != chunkenc.ValNone {
+		if vs != chunkenc.ValFloat || vc != chunkenc.ValFloat {
+			a.err = fmt.Errorf("downsampled sum/count aggregates hold histograms")
+			return chunkenc.ValNone
+		}
+		ts, tc := a.sum.AtT(), a.count.AtT()
+		switch {
+		case ts < tc:
+			vs = a.sum.Seek(tc)
+		case tc < ts:
+			vc = a.count.Seek(ts)
+		default:
+			_, s := a.sum.At()
+			_, c := a.count.At()
+			a.t = ts
+			if value.IsStaleNaN(s) || value.IsStaleNaN(c) {
+				a.v = math.Float64frombits(value.StaleNaN)
+			} else {
+				a.v = s / c
+			}
+			return chunkenc.ValFloat
+		}
+	}
+	return chunkenc.ValNone
+}
+
+func (a *avgIterator) Next() chunkenc.ValueType {
+	if a.err != nil {
+		return chunkenc.ValNone
+	}
+	return a.align(a.sum.Next(), a.count.Next())
+}
+
+func (a *avgIterator) Seek(t int64) chunkenc.ValueType {
+	if a.err != nil {
+		return chunkenc.ValNone
+	}
+	return a.align(a.sum.Seek(t), a.count.Seek(t))
+}
+func (a *avgIterator) At() (int64, float64) { return a.t, a.v }
+func (a *avgIterator) AtHistogram(*histogram.Histogram) (int64, *histogram.Histogram) {
+	panic("avgIterator: AtHistogram on a float iterator")
+}
+func (a *avgIterator) AtFloatHistogram(*histogram.FloatHistogram) (int64, *histogram.FloatHistogram) {
+	panic("avgIterator: AtFloatHistogram on a float iterator")
+}
+func (a *avgIterator) AtT() int64  { return a.t }
+func (a *avgIterator) AtST() int64 { return 0 }
+func (a *avgIterator) Err() error {
+	if a.err != nil {
+		return a.err
+	}
+	if err := a.sum.Err(); err != nil {
+		return err
+	}
+	return a.count.Err()
+}
+
+// NewRawQueryable lets raw data answer the explicit views that Rewrite puts
+// into queries, so one rewritten query reads raw and downsampled sources
+// alike: count reads every sample as 1, every other view reads the samples
+// as they are. Selects without an AggrLabel matcher pass through.
+func NewRawQueryable(q storage.Queryable) storage.Queryable { return rawQueryable{q} }
+
+type rawQueryable struct{ storage.Queryable }
+
+func (q rawQueryable) Querier(mint, maxt int64) (storage.Querier, error) {
+	inner, err := q.Queryable.Querier(mint, maxt)
+	if err != nil {
+		return nil, err
+	}
+	return rawQuerier{inner}, nil
+}
+
+type rawQuerier struct{ storage.Querier }
+
+func (q rawQuerier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
+	ms, view, ok, err := explicitView(ms)
+	if err != nil {
+		return storage.ErrSeriesSet(err)
+	}
+	ss := q.Querier.Select(ctx, sortSeries, hints, ms...)
+	if !ok || view != ViewCount {
+		return ss
+	}
+	return onesSet{ss}
+}
+
+type onesSet struct{ storage.SeriesSet }
+
+func (o onesSet) At() storage.Series {
+	s := o.SeriesSet.At()
+	return onesSeries{s.Labels(), s}
+}

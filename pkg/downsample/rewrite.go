@@ -1,0 +1,93 @@
+package downsample
+
+import (
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/promql/parser"
+)
+
+// Rewrite makes count_over_time and avg_over_time exact over downsampled
+// data. The engine counts and averages the points it is given, and a
+// downsampled series has one point per window, so the functions are
+// expressed through sums of explicit views, which NewQueryable (and
+// NewRawQueryable, for raw sources of the same query) serve:
+//
+//	count_over_time(x[r]) → sum_over_time(x{__gpustore_aggr__="count"}[r])
+//	avg_over_time(x[r])   → (sum_over_time(x{…="sum"}[r]) / sum_over_time(x{…="count"}[r]))
+//
+// Over raw data both forms give the same answer. Only range selectors are
+// rewritten: over a subquery the functions already count and average the
+// subquery's own points. Rewrite reports whether it changed anything; it
+// modifies expr in place.
+func Rewrite(expr parser.Expr) (parser.Expr, bool) {
+	changed := false
+	var walk func(e parser.Expr) parser.Expr
+	walk = func(e parser.Expr) parser.Expr {
+		switch n := e.(type) {
+		case *parser.AggregateExpr:
+			n.Expr = walk(n.Expr)
+			if n.Param != nil {
+				n.Param = walk(n.Param)
+			}
+		case *parser.BinaryExpr:
+			n.LHS, n.RHS = walk(n.LHS), walk(n.RHS)
+		case *parser.ParenExpr:
+			n.Expr = walk(n.Expr)
+		case *parser.UnaryExpr:
+			n.Expr = walk(n.Expr)
+		case *parser.SubqueryExpr:
+			n.Expr = walk(n.Expr)
+		case *parser.StepInvariantExpr:
+			n.Expr = walk(n.Expr)
+		case *parser.Call:
+			for i, a := range n.Args {
+				n.Args[i] = walk(a)
+			}
+			if len(n.Args) != 1 {
+				break
+			}
+			ms, ok := n.Args[0].(*parser.MatrixSelector)
+			if !ok {
+				break
+			}
+			switch n.Func.Name {
+			case "count_over_time":
+				changed = true
+				return sumOverTime(ms, ViewCount, n.PosRange)
+			case "avg_over_time":
+				changed = true
+				return &parser.ParenExpr{Expr: &parser.BinaryExpr{
+					Op:             parser.DIV,
+					LHS:            sumOverTime(ms, ViewSum, n.PosRange),
+					RHS:            sumOverTime(ms, ViewCount, n.PosRange),
+					VectorMatching: &parser.VectorMatching{Card: parser.CardOneToOne},
+				}, PosRange: n.PosRange}
+			}
+		}
+		return e
+	}
+	return walk(expr), changed
+}
+
+// sumOverTime is sum_over_time over a copy of ms that reads view v.
+func sumOverTime(ms *parser.MatrixSelector, v View, pos parser.PositionRange) parser.Expr {
+	vs := *ms.VectorSelector.(*parser.VectorSelector)
+	vs.LabelMatchers = append(append([]*labels.Matcher{}, vs.LabelMatchers...),
+		labels.MustNewMatcher(labels.MatchEqual, AggrLabel, string(v)))
+	vs.Series = nil
+	m := *ms
+	m.VectorSelector = &vs
+	return &parser.Call{Func: parser.Functions["sum_over_time"], Args: parser.Expressions{&m}, PosRange: pos}
+}
+
+// RewriteQuery is Rewrite on a query string.
+func RewriteQuery(qs string) (string, bool, error) {
+	expr, err := parser.ParseExpr(qs)
+	if err != nil {
+		return qs, false, err
+	}
+	expr, changed := Rewrite(expr)
+	if !changed {
+		return qs, false, nil
+	}
+	return expr.String(), true, nil
+}

@@ -1,0 +1,178 @@
+package downsample
+
+import (
+	"math"
+
+	"github.com/prometheus/prometheus/model/histogram"
+	"github.com/prometheus/prometheus/model/value"
+	"github.com/prometheus/prometheus/util/kahansum"
+)
+
+// sample is one input point at its raw time t (a downsampled input point is
+// given at its stored time + 1 ms). Exactly one of f, h, fh is used.
+type sample struct {
+	t  int64
+	f  float64
+	h  *histogram.Histogram
+	fh *histogram.FloatHistogram
+}
+
+func (s *sample) isHistogram() bool { return s.h != nil || s.fh != nil }
+
+func (s *sample) isStale() bool {
+	switch {
+	case s.h != nil:
+		return value.IsStaleNaN(s.h.Sum)
+	case s.fh != nil:
+		return value.IsStaleNaN(s.fh.Sum)
+	}
+	return value.IsStaleNaN(s.f)
+}
+
+func (s *sample) floatHistogram() *histogram.FloatHistogram {
+	if s.fh != nil {
+		return s.fh
+	}
+	return s.h.ToFloat(nil)
+}
+
+// op is how a gauge aggregate folds a window's values.
+type op uint8
+
+const (
+	opCountSamples op = iota // raw input: one per sample
+	opAdd                    // sum of values (Kahan): sum of raw values, or of 5m counts/sums
+	opMin                    // PromQL's min_over_time rule: NaN only if every value is NaN
+	opMax                    // likewise for max_over_time
+)
+
+// reducer folds the points of consecutive windows of one series into one
+// aggregate point per window, stored at the window's end - 1 ms. Staleness
+// markers are not values: they are passed on when a window's last point is
+// one (the series ended there), as a marker after the window's aggregate,
+// which then sits at the last real point's time - 1 ms rather than at the
+// window's end, so an instant query sees the series end as it does on raw data.
+type reducer struct {
+	op   op
+	res  int64
+	emit func(t int64, v float64)
+
+	w         int64 // end of the current window; valid when open
+	open      bool
+	n         int
+	v, c      float64
+	lastReal  int64
+	staleAt   int64
+	staleLast bool
+}
+
+func (r *reducer) add(t int64, v float64) {
+	if w := windowEnd(t, r.res); !r.open || w != r.w {
+		r.flush()
+		r.w, r.open = w, true
+	}
+	if value.IsStaleNaN(v) {
+		r.staleLast, r.staleAt = true, t
+		return
+	}
+	r.staleLast, r.lastReal = false, t
+	r.n++
+	switch r.op {
+	case opCountSamples:
+		r.v++
+	case opAdd:
+		r.v, r.c = kahansum.Inc(v, r.v, r.c)
+	case opMin:
+		if r.n == 1 || v < r.v || math.IsNaN(r.v) {
+			r.v = v
+		}
+	case opMax:
+		if r.n == 1 || v > r.v || math.IsNaN(r.v) {
+			r.v = v
+		}
+	}
+}
+
+// flush emits the open window and closes it.
+func (r *reducer) flush() {
+	if !r.open {
+		return
+	}
+	if r.n > 0 {
+		at := r.w
+		if r.staleLast {
+			at = r.lastReal
+		}
+		v := r.v
+		if r.op == opAdd && !math.IsInf(v, 0) {
+			v += r.c
+		}
+		r.emit(at-1, v)
+	}
+	if r.staleLast {
+		r.emit(r.staleAt-1, math.Float64frombits(value.StaleNaN))
+	}
+	r.open, r.n, r.v, r.c, r.staleLast = false, 0, 0, 0, false
+}
+
+// counterSelector keeps the points of a counter series that PromQL's counter
+// functions need: the first and last point of every window, both points of
+// every counter reset (as PromQL detects it: a float below its predecessor,
+// or a histogram whose DetectReset says so), every NaN with its neighbours,
+// and every staleness marker. Between two kept points the input is a run
+// without reset or NaN, so PromQL's reset-adjusted increase over the kept
+// points equals the one over all points, resets() counts the same resets,
+// and the run's minimum and maximum are its ends, which are kept.
+// Kept points are emitted at their raw time - 1 ms, in order.
+type counterSelector struct {
+	res  int64
+	emit func(s *sample)
+
+	prev        sample
+	hasPrev     bool
+	prevEmitted bool
+	prevW       int64
+}
+
+func (c *counterSelector) add(s sample) {
+	if s.isStale() {
+		// PromQL drops markers from range vectors, so the points around it
+		// are neighbours for reset detection; the marker itself ends the
+		// series for instant queries. Keep the pending point so output
+		// stays in time order.
+		c.flushPrev()
+		c.emit(&s)
+		return
+	}
+	w := windowEnd(s.t, c.res)
+	keep := !c.hasPrev || w != c.prevW || c.breaksRun(&s)
+	if keep {
+		c.flushPrev()
+		c.emit(&s)
+	}
+	c.prev, c.hasPrev, c.prevEmitted, c.prevW = s, true, keep, w
+}
+
+// breaksRun says whether s and the previous point may not be folded into one
+// run: a reset, a NaN, or a change between floats and histograms.
+func (c *counterSelector) breaksRun(s *sample) bool {
+	p := &c.prev
+	if p.isHistogram() != s.isHistogram() {
+		return true
+	}
+	if !s.isHistogram() {
+		return s.f < p.f || math.IsNaN(s.f) || math.IsNaN(p.f)
+	}
+	cur, prev := s.floatHistogram(), p.floatHistogram()
+	return cur.DetectReset(prev) || math.IsNaN(cur.Sum) || math.IsNaN(prev.Sum)
+}
+
+func (c *counterSelector) flushPrev() {
+	if c.hasPrev && !c.prevEmitted {
+		c.emit(&c.prev)
+		c.prevEmitted = true
+	}
+}
+
+// finish emits the last point.
+func (c *counterSelector) finish() { c.flushPrev() }
