@@ -2,6 +2,7 @@ package downsample
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -26,7 +27,7 @@ func simBlock(tb testing.TB, dir string, nodes int, d time.Duration) (*tsdb.Bloc
 	if err != nil {
 		tb.Fatal(err)
 	}
-	w, err := tsdb.NewBlockWriter(nil, dir, 2*d.Milliseconds()+2*Res1h)
+	w, err := tsdb.NewBlockWriter(slog.New(slog.DiscardHandler), dir, 2*d.Milliseconds()+2*Res1h)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -168,4 +169,3 @@ func BenchmarkDownsampleDCGM(b *testing.B) {
 	b.ReportMetric(float64(st.InSamples)*float64(b.N)/busy.Seconds(), "raw_samples/s")
 	b.ReportMetric(float64(peak)/(1<<20), "peak_heap_MiB")
 }
-

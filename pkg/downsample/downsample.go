@@ -39,7 +39,7 @@ type Config struct {
 	// Tenant is recorded in meta.json (optional).
 	Tenant string
 	// Types looks up metric types in the tenant's metadata (optional; names decide without it).
-	Types TypeLookup
+	Types  TypeLookup
 	Logger *slog.Logger
 }
 

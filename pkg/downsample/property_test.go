@@ -3,6 +3,7 @@ package downsample
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
@@ -127,7 +128,7 @@ func genSeries(rng *rand.Rand, n int) []rawSeries {
 // writeRaw writes the samples of series in [mint, maxt) into a raw block.
 func writeRaw(t testing.TB, dir string, series []rawSeries, mint, maxt int64) *tsdb.Block {
 	t.Helper()
-	w, err := tsdb.NewBlockWriter(nil, dir, 4*Res1h*4)
+	w, err := tsdb.NewBlockWriter(slog.New(slog.DiscardHandler), dir, 4*Res1h*4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +321,7 @@ func compare(t *testing.T, what string, want, got points, ok func(series string,
 	}
 }
 
-func exact(_ string, _ int64, w, g float64) bool   { return sameFloat(w, g, 0) }
+func exact(_ string, _ int64, w, g float64) bool    { return sameFloat(w, g, 0) }
 func rounding(_ string, _ int64, w, g float64) bool { return sameFloat(w, g, 1e-9) }
 
 // rawIn returns the non-stale samples of s in (from, to].
@@ -391,7 +392,7 @@ func TestDownsampledPromQLMatchesRaw(t *testing.T) {
 			}{{"5m", Res5m, f.ds5m}, {"1h", Res1h, f.ds1h}} {
 				t.Run(res.name, func(t *testing.T) {
 					lb := time.Duration(res.res) * time.Millisecond
-					start, end, step := t0+2*res.res, t0+span, res.res
+					start, end, step := t0+3*res.res, t0+span, res.res
 					for _, mult := range []int64{1, 3} {
 						r := res.res * mult
 						rs := (time.Duration(r) * time.Millisecond).String()

@@ -73,7 +73,6 @@ func sumOverTime(ms *parser.MatrixSelector, v View, pos parser.PositionRange) pa
 	vs := *ms.VectorSelector.(*parser.VectorSelector)
 	vs.LabelMatchers = append(append([]*labels.Matcher{}, vs.LabelMatchers...),
 		labels.MustNewMatcher(labels.MatchEqual, AggrLabel, string(v)))
-	vs.Series = nil
 	m := *ms
 	m.VectorSelector = &vs
 	return &parser.Call{Func: parser.Functions["sum_over_time"], Args: parser.Expressions{&m}, PosRange: pos}

@@ -142,8 +142,8 @@ func TestClassify(t *testing.T) {
 func TestRewrite(t *testing.T) {
 	for in, want := range map[string]string{
 		`count_over_time(up{job="a"}[1h])`:              `sum_over_time(up{__gpustore_aggr__="count",job="a"}[1h])`,
-		`avg(avg_over_time(x[5m] offset 1h))`:          `avg((sum_over_time(x{__gpustore_aggr__="sum"}[5m] offset 1h) / sum_over_time(x{__gpustore_aggr__="count"}[5m] offset 1h)))`,
-		`count_over_time(x[1h:5m])`:                    `count_over_time(x[1h:5m])`,
+		`avg(avg_over_time(x[5m] offset 1h))`:           `avg((sum_over_time(x{__gpustore_aggr__="sum"}[5m] offset 1h) / sum_over_time(x{__gpustore_aggr__="count"}[5m] offset 1h)))`,
+		`count_over_time(x[1h:5m])`:                     `count_over_time(x[1h:5m])`,
 		`max_over_time(x[1h]) > count_over_time(y[1h])`: `max_over_time(x[1h]) > sum_over_time(y{__gpustore_aggr__="count"}[1h])`,
 	} {
 		got, _, err := RewriteQuery(in)
