@@ -38,6 +38,12 @@ type Config struct {
 	Dir string
 	// Tenant is recorded in meta.json (optional).
 	Tenant string
+	// Sources, when set, are recorded as meta.json's compaction.sources
+	// instead of the union of every input's: the blocks whose samples the
+	// written block stands for. A raw block that only lends the sample at
+	// exactly Maxt (it starts at Maxt) is read but not a source, so that the
+	// compactor does not count it as downsampled.
+	Sources []ulid.ULID
 	// Types looks up metric types in the tenant's metadata (optional; names decide without it).
 	Types  TypeLookup
 	Logger *slog.Logger
@@ -201,6 +207,9 @@ func (cfg *Config) writeMeta(dir string, srcs []tsdb.BlockMeta) error {
 				m.Compaction.Sources = append(m.Compaction.Sources, id)
 			}
 		}
+	}
+	if len(cfg.Sources) > 0 {
+		m.Compaction.Sources = append([]ulid.ULID(nil), cfg.Sources...)
 	}
 	meta := block.Meta{BlockMeta: m, GPUStore: block.GPUStoreMeta{
 		Version:    block.MetaVersion,

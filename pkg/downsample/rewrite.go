@@ -3,6 +3,7 @@ package downsample
 import (
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
+	"github.com/prometheus/prometheus/promql/parser/posrange"
 )
 
 // Rewrite makes count_over_time and avg_over_time exact over downsampled
@@ -69,7 +70,7 @@ func Rewrite(expr parser.Expr) (parser.Expr, bool) {
 }
 
 // sumOverTime is sum_over_time over a copy of ms that reads view v.
-func sumOverTime(ms *parser.MatrixSelector, v View, pos parser.PositionRange) parser.Expr {
+func sumOverTime(ms *parser.MatrixSelector, v View, pos posrange.PositionRange) parser.Expr {
 	vs := *ms.VectorSelector.(*parser.VectorSelector)
 	vs.LabelMatchers = append(append([]*labels.Matcher{}, vs.LabelMatchers...),
 		labels.MustNewMatcher(labels.MatchEqual, AggrLabel, string(v)))
@@ -80,7 +81,7 @@ func sumOverTime(ms *parser.MatrixSelector, v View, pos parser.PositionRange) pa
 
 // RewriteQuery is Rewrite on a query string.
 func RewriteQuery(qs string) (string, bool, error) {
-	expr, err := parser.ParseExpr(qs)
+	expr, err := parser.NewParser(parser.Options{}).ParseExpr(qs)
 	if err != nil {
 		return qs, false, err
 	}

@@ -151,7 +151,7 @@ func TestRewrite(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Compare canonical forms.
-		we, err := parser.ParseExpr(want)
+		we, err := parser.NewParser(parser.Options{}).ParseExpr(want)
 		if err != nil {
 			t.Fatal(err)
 		}
