@@ -110,7 +110,8 @@ func TestSystemArgs(t *testing.T) {
 	p := Prometheus("prometheus", "/d", "/c/prometheus.yml", "127.0.0.1:2")
 	v := VictoriaMetrics("victoria-metrics", "/d", "127.0.0.1:3")
 	want := map[*System][]string{
-		g: {"-web.listen-address=127.0.0.1:1", "-storage.tsdb.path=/d", "-target=ingest,query"},
+		g: {"-web.listen-address=127.0.0.1:1", "-storage.tsdb.path=/d", "-target=ingest,query,compact",
+			"-compact.interval=10s", "-compact.delete-delay=0s", "-bucket-store.sync-interval=5s"},
 		p: {"--config.file=/c/prometheus.yml", "--web.enable-remote-write-receiver", "--storage.tsdb.path=/d", "--web.listen-address=127.0.0.1:2"},
 		v: {"-storageDataPath=/d", "-httpListenAddr=127.0.0.1:3", "-search.latencyOffset=0s"},
 	}

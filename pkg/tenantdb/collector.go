@@ -8,6 +8,7 @@ type collector struct {
 	headSeries   *prometheus.Desc
 	blocks       *prometheus.Desc
 	metaFamilies *prometheus.Desc
+	headSpan     *prometheus.Desc
 }
 
 // NewCollector returns a collector of gpustore_tsdb_* gauges per tenant.
@@ -17,6 +18,8 @@ func NewCollector(m *Manager) prometheus.Collector {
 		headSeries:   prometheus.NewDesc("gpustore_tsdb_head_series", "Active series in the tenant's TSDB head.", []string{"tenant"}, nil),
 		blocks:       prometheus.NewDesc("gpustore_tsdb_blocks", "Persisted blocks in the tenant's local TSDB.", []string{"tenant"}, nil),
 		metaFamilies: prometheus.NewDesc("gpustore_tsdb_metadata_families", "Metric families with metadata for the tenant.", []string{"tenant"}, nil),
+		headSpan: prometheus.NewDesc("gpustore_tsdb_head_span_seconds", "Time between the oldest and newest sample of the tenant's TSDB head; "+
+			"the head cuts a block once it exceeds 1.5 block durations, so a larger value means blocks are waiting to be cut.", []string{"tenant"}, nil),
 	}
 }
 
@@ -24,6 +27,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.headSeries
 	ch <- c.blocks
 	ch <- c.metaFamilies
+	ch <- c.headSpan
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -35,5 +39,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.headSeries, prometheus.GaugeValue, float64(db.Head().NumSeries()), t)
 		ch <- prometheus.MustNewConstMetric(c.blocks, prometheus.GaugeValue, float64(len(db.Blocks())), t)
 		ch <- prometheus.MustNewConstMetric(c.metaFamilies, prometheus.GaugeValue, float64(len(db.Metadata.Families())), t)
+		span := 0.0
+		if h := db.Head(); h.NumSeries() > 0 && h.MaxTime() >= h.MinTime() {
+			span = float64(h.MaxTime()-h.MinTime()) / 1000
+		}
+		ch <- prometheus.MustNewConstMetric(c.headSpan, prometheus.GaugeValue, span, t)
 	}
 }
