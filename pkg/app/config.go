@@ -119,6 +119,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Query.MaxSamples, "query.max-samples", c.Query.MaxSamples, "Maximum samples a single query may load into memory (422 above).")
 	fs.IntVar(&c.Query.MaxConcurrency, "query.max-concurrency", c.Query.MaxConcurrency, "Maximum queries executed at once; others wait.")
 	fs.Var(&c.Query.LookbackDelta, "query.lookback-delta", "How far back an instant selector looks for the latest sample.")
+	fs.StringVar(&c.Query.MaxSourceResolution, "query.max-source-resolution", c.Query.MaxSourceResolution, "Coarsest bucket data a query reads unless it asks (max_source_resolution): raw, 5m, 1h or auto (from each select's step and range).")
 	fs.Var(&c.Query.ReplicaLabels, "query.replica-label", "Comma-separated replica labels merged at query time (data not deduplicated at ingest); a request's dedup=false turns it off.")
 	c.Limits.RegisterFlags(fs)
 	c.Rules.RegisterFlags(fs)

@@ -36,6 +36,7 @@ import (
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/downsample"
 )
 
 // Config is the bucket store's configuration.
@@ -283,6 +284,18 @@ func (s *Store) unloadIdle(before time.Time) {
 	}
 }
 
+// HasDownsampled reports whether the tenant has downsampled blocks.
+func (s *Store) HasDownsampled(tenantID string) bool {
+	s.mtx.RLock()
+	defer s.mtx.RUnlock()
+	for _, b := range s.tenants[tenantID] {
+		if b.meta.GPUStore.Downsample.Resolution != block.ResolutionRaw {
+			return true
+		}
+	}
+	return false
+}
+
 // blocksFor returns the tenant's blocks overlapping [mint, maxt] that skip does not exclude.
 func (s *Store) blocksFor(tenantID string, mint, maxt int64, skip func(ulid.ULID) bool) []*bucketBlock {
 	s.mtx.RLock()
@@ -309,12 +322,17 @@ func (s *Store) Querier(tenantID string, mint, maxt int64, skip func(ulid.ULID) 
 	if len(bs) == 0 {
 		return nil
 	}
-	return &querier{base: base{s: s, blocks: bs, mint: mint, maxt: maxt}}
+	s.mtx.RLock()
+	local := localRanges(s.tenants[tenantID], skip)
+	s.mtx.RUnlock()
+	return &querier{base: base{s: s, blocks: bs, mint: mint, maxt: maxt}, localRaw: local}
 }
 
-// ChunkQuerier is Querier for chunk queries (remote read).
+// ChunkQuerier is Querier for chunk queries (remote read): raw blocks only.
 func (s *Store) ChunkQuerier(tenantID string, mint, maxt int64, skip func(ulid.ULID) bool) storage.ChunkQuerier {
-	bs := s.blocksFor(tenantID, mint, maxt, skip)
+	bs := slices.DeleteFunc(s.blocksFor(tenantID, mint, maxt, skip), func(b *bucketBlock) bool {
+		return b.meta.GPUStore.Downsample.Resolution != block.ResolutionRaw
+	})
 	if len(bs) == 0 {
 		return nil
 	}
@@ -332,9 +350,9 @@ type base struct {
 
 // selected returns the blocks overlapping the hinted range, with their index
 // headers read (several blocks at once).
-func (q *base) selected(ctx context.Context, mint, maxt int64) ([]*bucketBlock, error) {
+func (q *base) selected(ctx context.Context, blocks []*bucketBlock, mint, maxt int64) ([]*bucketBlock, error) {
 	var bs []*bucketBlock
-	for _, b := range q.blocks {
+	for _, b := range blocks {
 		if b.meta.MinTime > maxt || b.meta.MaxTime <= mint {
 			continue
 		}
@@ -387,41 +405,111 @@ func hintRange(mint, maxt int64, hints *storage.SelectHints) (int64, int64) {
 	return mint, maxt
 }
 
-type querier struct{ base }
+// querier reads each time range of a Select at the resolution its hints
+// allow (resolution.go): raw blocks as they are, downsampled blocks through
+// pkg/downsample's views.
+type querier struct {
+	base
+	localRaw []span // ranges the local TSDB serves raw
+}
 
-// open returns the merge of the TSDB's block queriers over the selected blocks.
-func (q *querier) open(ctx context.Context, mint, maxt int64) (storage.Querier, error) {
-	bs, err := q.selected(ctx, mint, maxt)
+// open returns a querier over blocks (of one resolution) for [mint, maxt],
+// through the view of their resolution; downsampled plain selectors return
+// points from `from` on (mint may be a window earlier, see Select).
+func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt, from int64) (storage.Querier, error) {
+	bs, err := q.selected(ctx, blocks, mint, maxt)
 	if err != nil {
 		return nil, err
 	}
 	qs := make([]storage.Querier, 0, len(bs))
 	for _, b := range bs {
-		bq, err := tsdb.NewBlockQuerier(newView(ctx, b, mint, maxt), q.mint, q.maxt)
+		bq, err := tsdb.NewBlockQuerier(newView(ctx, b, mint, maxt), max(q.mint, mint), min(q.maxt, maxt))
 		if err != nil {
 			for _, o := range qs {
 				_ = o.Close()
 			}
 			return nil, err
 		}
-		qs = append(qs, bq)
+		if res := b.meta.GPUStore.Downsample.Resolution; res == block.ResolutionRaw {
+			qs = append(qs, downsample.NewRawQuerier(bq))
+		} else {
+			qs = append(qs, downsample.NewQuerier(bq, res, from))
+		}
 	}
 	return storage.NewMergeQuerier(qs, nil, storage.ChainedSeriesMerge), nil
 }
 
+// Select reads each segment of the hinted range (plan) from its blocks,
+// with hints narrowed to the segment (the TSDB's block querier reads the
+// hinted range), and merges them. A plain selector's downsampled segment
+// is read from one window earlier: that window's value is what it shows
+// until the segment's first window ends.
 func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
 	mint, maxt := hintRange(q.mint, q.maxt, hints)
-	m, err := q.open(ctx, mint, maxt)
-	if err != nil {
-		return storage.ErrSeriesSet(err)
+	segs := plan(q.blocks, mint, maxt, downsample.MaxResolution(ctx, hints), q.localRaw)
+	sets := make([]storage.SeriesSet, 0, len(segs))
+	for _, sg := range segs {
+		if len(sg.blocks) == 0 {
+			continue
+		}
+		from, to := sg.from, sg.to-1
+		readFrom := from
+		if sg.res != block.ResolutionRaw && hints != nil && hints.Range == 0 {
+			readFrom = from - sg.res
+		}
+		blocks := sg.blocks
+		if readFrom < from {
+			for _, b := range q.blocks { // the block holding the window before, if another
+				if b.meta.GPUStore.Downsample.Resolution == sg.res && b.meta.MinTime < from && b.meta.MaxTime > readFrom && !slices.Contains(blocks, b) {
+					blocks = append(slices.Clip(blocks), b)
+				}
+			}
+		}
+		m, err := q.open(ctx, blocks, readFrom, to, from)
+		if err != nil {
+			return storage.ErrSeriesSet(err)
+		}
+		q.track(m.Close)
+		if sg.res != block.ResolutionRaw {
+			q.s.m.downsampledSelects.WithLabelValues(downsample.ResolutionName(sg.res)).Inc()
+		}
+		var h *storage.SelectHints
+		if hints != nil {
+			c := *hints
+			c.Start, c.End = readFrom, to
+			h = &c
+		}
+		// Always sorted: blocks' series come sorted anyway, and merging needs it.
+		sets = append(sets, m.Select(ctx, true, h, ms...))
 	}
-	q.track(m.Close)
-	// Always sorted: blocks' series come sorted anyway, and merging needs it.
-	return m.Select(ctx, true, hints, ms...)
+	var set storage.SeriesSet
+	switch len(sets) {
+	case 0:
+		return storage.EmptySeriesSet()
+	case 1:
+		set = sets[0]
+	default:
+		set = storage.NewMergeSeriesSet(sets, 0, storage.ChainedSeriesMerge)
+	}
+	if info := describe(segs); info != "" {
+		return withInfo{SeriesSet: set, info: info}
+	}
+	return set
+}
+
+// withInfo adds an info annotation to a series set.
+type withInfo struct {
+	storage.SeriesSet
+	info string
+}
+
+func (w withInfo) Warnings() annotations.Annotations {
+	a := w.SeriesSet.Warnings()
+	return a.Add(fmt.Errorf("%w: %s", annotations.PromQLInfo, w.info))
 }
 
 func (q *querier) LabelValues(ctx context.Context, name string, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	m, err := q.open(ctx, q.mint, q.maxt)
+	m, err := q.open(ctx, q.blocks, q.mint, q.maxt, q.mint)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -430,7 +518,7 @@ func (q *querier) LabelValues(ctx context.Context, name string, hints *storage.L
 }
 
 func (q *querier) LabelNames(ctx context.Context, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	m, err := q.open(ctx, q.mint, q.maxt)
+	m, err := q.open(ctx, q.blocks, q.mint, q.maxt, q.mint)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -441,7 +529,7 @@ func (q *querier) LabelNames(ctx context.Context, hints *storage.LabelHints, ms 
 type chunkQuerier struct{ base }
 
 func (q *chunkQuerier) open(ctx context.Context, mint, maxt int64) (storage.ChunkQuerier, error) {
-	bs, err := q.selected(ctx, mint, maxt)
+	bs, err := q.selected(ctx, q.blocks, mint, maxt)
 	if err != nil {
 		return nil, err
 	}
@@ -495,6 +583,8 @@ type metrics struct {
 	lastSync      prometheus.Gauge
 	syncDuration  prometheus.Histogram
 	queriedBlocks prometheus.Histogram
+	// Selects reading downsampled blocks, by resolution.
+	downsampledSelects *prometheus.CounterVec
 
 	blocks, partial, hidden, headerBytes, syncSource, indexAge       *prometheus.Desc
 	cacheBytes, cacheMax, hits, misses, evictions, fetched, requests *prometheus.Desc
@@ -520,6 +610,9 @@ func newMetrics(s *Store) *metrics {
 			Name: "gpustore_bucketstore_queried_blocks", Help: "Bucket blocks read by one select.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
 		}),
+		downsampledSelects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_bucketstore_downsampled_selects_total", Help: "Time ranges of selects read from downsampled blocks, by resolution.",
+		}, []string{"resolution"}),
 		blocks:      prometheus.NewDesc("gpustore_bucketstore_blocks", "Complete blocks of the tenant in the bucket.", []string{"tenant"}, nil),
 		partial:     prometheus.NewDesc("gpustore_bucketstore_partial_blocks", "Block directories of the tenant without meta.json (uploading or crashed), never read.", []string{"tenant"}, nil),
 		hidden:      prometheus.NewDesc("gpustore_bucketstore_hidden_blocks", "Blocks of the tenant in the bucket that queries do not read, by reason: deletion-mark, replaced (a visible compacted block holds their samples), bad-meta.", []string{"tenant", "reason"}, nil),
@@ -542,6 +635,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.lastSync.Describe(ch)
 	m.syncDuration.Describe(ch)
 	m.queriedBlocks.Describe(ch)
+	m.downsampledSelects.Describe(ch)
 	for _, d := range []*prometheus.Desc{m.blocks, m.partial, m.hidden, m.syncSource, m.indexAge, m.headerBytes, m.cacheBytes, m.cacheMax, m.hits, m.misses, m.evictions, m.fetched, m.requests} {
 		ch <- d
 	}
@@ -553,6 +647,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.lastSync.Collect(ch)
 	m.syncDuration.Collect(ch)
 	m.queriedBlocks.Collect(ch)
+	m.downsampledSelects.Collect(ch)
 	var header int64
 	m.s.mtx.RLock()
 	for t, bs := range m.s.tenants {

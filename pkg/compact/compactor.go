@@ -15,14 +15,17 @@
 //     compaction.sources) another complete block holds: the result of a
 //     compaction that crashed before marking its sources, or a duplicate
 //     result of two compactors that raced.
-//  4. Mark for deletion the blocks wholly past their resolution's retention.
+//  4. Mark for deletion the blocks wholly past their resolution's retention
+//     (a raw block only once its samples are downsampled to 5m).
 //  5. Per group (resolution + external labels), repeatedly: Plan; download
 //     the planned blocks into the working directory; compact them with
 //     tsdb.LeveledCompactor and the compacting chunk-series merger (vertical
 //     compaction: overlapping samples are merged, identical ones kept once);
 //     upload the result (pkg/block.Upload: meta.json last); mark the sources
 //     for deletion; remove the working files.
-//  6. Write the tenant's bucket index (pkg/bucketindex), which bucket
+//  6. Downsample (downsample.go): raw blocks to 5m and 5m blocks to 1h,
+//     once each is finished; raw retention waits for the 5m data.
+//  7. Write the tenant's bucket index (pkg/bucketindex), which bucket
 //     stores sync from instead of listing the tenant.
 //
 // Every step is safe to interrupt: before the result's meta.json is
@@ -66,6 +69,7 @@ import (
 
 	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/bucketindex"
+	"github.com/gpustore/gpustore/pkg/downsample"
 )
 
 // Limits gives a tenant's raw retention override (0: the configured default).
@@ -84,10 +88,6 @@ type Compactor struct {
 	dir    string
 	now    func() time.Time
 
-	// MayDeleteRaw, when set, is asked before raw retention marks a block:
-	// downsampling answers false until the block's samples are downsampled.
-	MayDeleteRaw func(tenant string, meta *block.Meta) bool
-
 	// afterCompact is a test hook: called with the plan's working directory
 	// when the result is written, before anything is removed.
 	afterCompact func(dir string)
@@ -95,6 +95,7 @@ type Compactor struct {
 	mtx     sync.Mutex
 	metas   map[string]map[ulid.ULID]*block.Meta // per tenant; metas never change
 	indexes map[string]*bucketindex.Index        // per tenant: the last index written
+	empty   map[ulid.ULID]struct{}               // blocks whose downsampling wrote nothing
 }
 
 // New returns a compactor over bkt working in cfg.DataDir (or
@@ -112,6 +113,7 @@ func New(cfg Config, bkt objstore.Bucket, dataDir string, limits Limits, logger 
 		lease:   NewBucketLease(bkt, "", time.Duration(cfg.LeaseTTL), time.Duration(cfg.LeaseSettle)),
 		metas:   map[string]map[ulid.ULID]*block.Meta{},
 		indexes: map[string]*bucketindex.Index{},
+		empty:   map[ulid.ULID]struct{}{},
 	}
 	c.m = newMetrics()
 	if reg != nil {
@@ -270,6 +272,9 @@ func (p *pass) run(ctx context.Context) error {
 		return err
 	}
 	if err := p.compactGroups(ctx); err != nil {
+		return err
+	}
+	if err := p.downsampleAll(ctx); err != nil {
 		return err
 	}
 	p.updateGauges()
@@ -473,8 +478,9 @@ func (p *pass) deleteBlock(ctx context.Context, b *blockState) error {
 }
 
 // markReplaced marks for deletion each complete block whose sources another
-// complete, unmarked block holds (with more sources, or the same sources and
-// a smaller ULID: of two identical results the older stays).
+// complete, unmarked block of its group (resolution and labels) holds (with
+// more sources, or the same sources and a smaller ULID: of two identical
+// results the older stays).
 func (p *pass) markReplaced(ctx context.Context) error {
 	bySource := map[ulid.ULID][]*blockState{}
 	for _, b := range p.blocks {
@@ -493,6 +499,9 @@ func (p *pass) markReplaced(ctx context.Context) error {
 		for _, a := range bySource[src[0]] {
 			if a == b || !a.live() {
 				continue
+			}
+			if GroupKey(a.meta) != GroupKey(b.meta) {
+				continue // a downsampled block has its raw block's sources, and replaces nothing
 			}
 			as := sources(a.meta)
 			if len(as) < len(src) || (len(as) == len(src) && a.id.Compare(b.id) > 0) || !containsAll(as, src) {
@@ -539,9 +548,9 @@ func (p *pass) retention(res int64) time.Duration {
 			}
 		}
 		return time.Duration(p.c.cfg.RetentionRaw)
-	case Resolution5m:
+	case downsample.Res5m:
 		return time.Duration(p.c.cfg.Retention5m)
-	case Resolution1h:
+	case downsample.Res1h:
 		return time.Duration(p.c.cfg.Retention1h)
 	}
 	return 0
@@ -561,7 +570,7 @@ func (p *pass) applyRetention(ctx context.Context) error {
 		if r <= 0 || b.meta.MaxTime > now.Add(-r).UnixMilli() {
 			continue
 		}
-		if res == block.ResolutionRaw && p.c.MayDeleteRaw != nil && !p.c.MayDeleteRaw(p.tenant, b.meta) {
+		if res == block.ResolutionRaw && !p.mayDeleteRaw(b.meta) {
 			continue
 		}
 		if err := p.markDeleted(ctx, b, "retention", fmt.Sprintf("retention %s", shortDuration(r))); err != nil {

@@ -40,14 +40,9 @@ type Config struct {
 	// it back (see BucketLease).
 	LeaseTTL    model.Duration `yaml:"lease_ttl"`
 	LeaseSettle model.Duration `yaml:"lease_settle"`
+	// Downsample writes 5m and 1h blocks (pkg/downsample) in each pass.
+	Downsample bool `yaml:"downsample"`
 }
-
-// Resolutions of downsampled blocks, in milliseconds (meta.json's
-// gpustore.downsample.resolution).
-const (
-	Resolution5m int64 = 5 * 60 * 1000
-	Resolution1h int64 = 60 * 60 * 1000
-)
 
 // DefaultConfig: 2h → 8h → 2d → 14d, a pass every 5 minutes, deletion 48h
 // after marking, raw data kept 30 days and downsampled data a year.
@@ -63,6 +58,7 @@ func DefaultConfig() Config {
 		Retention1h:        model.Duration(365 * day),
 		LeaseTTL:           model.Duration(5 * time.Minute),
 		LeaseSettle:        model.Duration(2 * time.Second),
+		Downsample:         true,
 	}
 }
 
@@ -115,6 +111,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&c.Retention5m, "compact.retention.5m", "How long 5m-resolution (downsampled) blocks stay in the bucket (0: forever).")
 	fs.Var(&c.Retention1h, "compact.retention.1h", "How long 1h-resolution (downsampled) blocks stay in the bucket (0: forever).")
 	fs.Var(&c.LeaseTTL, "compact.lease-ttl", "How long a compactor's lease on a tenant lasts without renewal.")
+	fs.BoolVar(&c.Downsample, "compact.downsample", c.Downsample, "Downsample finished blocks to 5m and 1h resolution (raw retention then waits for the 5m data).")
 	fs.Var(&c.LeaseSettle, "compact.lease-settle", "Wait between writing a tenant's lease and reading it back; must exceed how long a bucket write can lag (below lease-ttl/3).")
 }
 

@@ -123,6 +123,9 @@ func testConfig() compact.Config {
 	cfg.LeaseSettle = model.Duration(50 * time.Millisecond)
 	cfg.LeaseTTL = model.Duration(10 * time.Second)
 	cfg.RetentionRaw = 0
+	// The compaction tests count blocks and samples of one resolution;
+	// downsampling has its own tests (downsample_test.go).
+	cfg.Downsample = false
 	return cfg
 }
 

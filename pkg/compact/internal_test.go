@@ -77,6 +77,7 @@ func TestWorkingDirectoryBounded(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.LeaseSettle = 0
 	cfg.RetentionRaw = 0 // the blocks are from 2026-01-01: keep them whatever today is
+	cfg.Downsample = false
 	c, err := New(cfg, bkt, t.TempDir(), nil, quietLogger(), nil)
 	if err != nil {
 		t.Fatal(err)

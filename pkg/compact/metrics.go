@@ -21,7 +21,12 @@ type metrics struct {
 	lastSuccess     *prometheus.GaugeVec
 	leaseBusy       *prometheus.CounterVec
 	indexBlocks     *prometheus.GaugeVec
-	all             []prometheus.Collector
+
+	downsampled        *prometheus.CounterVec
+	downsampleSamples  *prometheus.CounterVec
+	downsampleBytes    *prometheus.CounterVec
+	downsampleDuration prometheus.Histogram
+	all                []prometheus.Collector
 }
 
 func newMetrics() *metrics {
@@ -80,10 +85,24 @@ func newMetrics() *metrics {
 		indexBlocks: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gpustore_compact_bucket_index_blocks", Help: "Blocks listed in the tenant's bucket index at its last write (marked ones included).",
 		}, t),
+		downsampled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_downsample_blocks_total", Help: "Downsampled blocks written, by resolution.",
+		}, []string{"tenant", "resolution"}),
+		downsampleSamples: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_downsample_samples_total", Help: "Samples read from the source blocks (direction=read) and written to downsampled blocks (direction=written).",
+		}, []string{"tenant", "direction"}),
+		downsampleBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_downsample_written_bytes_total", Help: "Bytes of downsampled blocks uploaded, by resolution.",
+		}, []string{"tenant", "resolution"}),
+		downsampleDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "gpustore_downsample_duration_seconds", Help: "Time of one downsampling: download, downsample, upload.",
+			Buckets: prometheus.ExponentialBuckets(0.1, 3, 10),
+		}),
 	}
 	m.all = []prometheus.Collector{m.groups, m.compactions, m.compactedBlocks, m.samples, m.readBytes, m.writtenBytes,
 		m.duration, m.passDuration, m.halted, m.failures, m.noCompactBlocks, m.noCompactMarks, m.deletionMarks,
-		m.deleted, m.lastSuccess, m.leaseBusy, m.indexBlocks}
+		m.deleted, m.lastSuccess, m.leaseBusy, m.indexBlocks,
+		m.downsampled, m.downsampleSamples, m.downsampleBytes, m.downsampleDuration}
 	return m
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/prometheus/tsdb"
 
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/downsample"
 )
 
 var testRanges = []int64{
@@ -88,7 +89,7 @@ func TestPlan(t *testing.T) {
 func TestGroupKey(t *testing.T) {
 	a := &block.Meta{GPUStore: block.GPUStoreMeta{Labels: map[string]string{"b": "2", "a": "1"}}}
 	b := &block.Meta{GPUStore: block.GPUStoreMeta{Labels: map[string]string{"a": "1", "b": "2"}}}
-	c := &block.Meta{GPUStore: block.GPUStoreMeta{Labels: map[string]string{"a": "1", "b": "2"}, Downsample: block.Downsample{Resolution: Resolution5m}}}
+	c := &block.Meta{GPUStore: block.GPUStoreMeta{Labels: map[string]string{"a": "1", "b": "2"}, Downsample: block.Downsample{Resolution: downsample.Res5m}}}
 	d := &block.Meta{GPUStore: block.GPUStoreMeta{Labels: map[string]string{"a": "1,b=2"}}}
 	if GroupKey(a) != GroupKey(b) {
 		t.Fatal("label order changes the group")

@@ -113,10 +113,14 @@ func (q queryable) Querier(mint, maxt int64) (storage.Querier, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &querier{inner}, nil
+	return &querier{Querier: inner, from: math.MinInt64}, nil
 }
 
-type querier struct{ storage.Querier }
+type querier struct {
+	storage.Querier
+	res  int64 // the blocks' resolution, for plain selectors' fill (0: no fill)
+	from int64 // plain selectors' points before it are read but not returned
+}
 
 // aggregates read per view: the view's own, then the fallback.
 var viewAggrs = map[View][]string{
@@ -146,7 +150,11 @@ func (q *querier) Select(ctx context.Context, _ bool, hints *storage.SelectHints
 		// so it is sorted by the series' own labels too, and the sets join.
 		sets[i] = q.Querier.Select(ctx, true, hints, sel...)
 	}
-	return &joinSet{view: view, aggrs: aggrs, sets: sets}
+	fill := int64(0)
+	if plainSelect(hints) {
+		fill = q.res
+	}
+	return &joinSet{view: view, aggrs: aggrs, sets: sets, fill: fill, from: q.from}
 }
 
 func (q *querier) LabelNames(ctx context.Context, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
@@ -170,6 +178,8 @@ func (q *querier) LabelValues(ctx context.Context, name string, hints *storage.L
 // joinSet merges the per-aggregate series sets of one Select by the series'
 // labels without AggrLabel and builds one series per group through the view.
 type joinSet struct {
+	fill  int64 // repeat points for plain selectors over gaps up to this long (0: no fill)
+	from  int64 // and return them from here on
 	view  View
 	aggrs []string
 	sets  []storage.SeriesSet
@@ -225,6 +235,9 @@ func (j *joinSet) Next() bool {
 		}
 	}
 	j.cur = buildSeries(j.view, base, comps)
+	if j.fill > 0 {
+		j.cur = filledSeries{Series: j.cur, res: j.fill, from: j.from}
+	}
 	return true
 }
 
@@ -470,3 +483,14 @@ func (o onesSet) At() storage.Series {
 	s := o.SeriesSet.At()
 	return onesSeries{s.Labels(), s}
 }
+
+// NewQuerier is NewQueryable's querier over one querier of downsampled
+// blocks of resolution res; plain selectors see each window's value
+// repeated until the next window (fill.go), from time from on (the caller
+// reads one window earlier, whose point fills the start).
+func NewQuerier(q storage.Querier, res, from int64) storage.Querier {
+	return &querier{Querier: q, res: res, from: from}
+}
+
+// NewRawQuerier is NewRawQueryable's querier over one querier of raw data.
+func NewRawQuerier(q storage.Querier) storage.Querier { return rawQuerier{q} }

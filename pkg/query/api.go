@@ -20,6 +20,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/grafana/dskit/flagext"
@@ -37,6 +38,7 @@ import (
 	"github.com/prometheus/prometheus/tsdb"
 	v1 "github.com/prometheus/prometheus/web/api/v1"
 
+	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
@@ -51,17 +53,25 @@ type Config struct {
 	// was not deduplicated at ingest; series differing only in them are
 	// merged at query time unless the request says dedup=false.
 	ReplicaLabels flagext.StringSliceCSV `yaml:"replica_labels"`
+	// MaxSourceResolution is the coarsest resolution of bucket data a query
+	// reads when it does not say (max_source_resolution): raw, 5m, 1h or
+	// auto (each select from its step and range, pkg/downsample).
+	MaxSourceResolution string `yaml:"max_source_resolution"`
 }
 
 // DefaultConfig returns Prometheus' own defaults.
 func DefaultConfig() Config {
-	return Config{Timeout: model.Duration(2 * time.Minute), MaxSamples: 50_000_000, MaxConcurrency: 20, LookbackDelta: model.Duration(5 * time.Minute), ReplicaLabels: flagext.StringSliceCSV{"__replica__"}}
+	return Config{Timeout: model.Duration(2 * time.Minute), MaxSamples: 50_000_000, MaxConcurrency: 20, LookbackDelta: model.Duration(5 * time.Minute), ReplicaLabels: flagext.StringSliceCSV{"__replica__"},
+		MaxSourceResolution: "auto"}
 }
 
 // Validate checks the configuration.
 func (c Config) Validate() error {
 	if c.Timeout <= 0 || c.MaxSamples <= 0 || c.MaxConcurrency <= 0 || c.LookbackDelta <= 0 {
 		return errors.New("query timeout, max samples, max concurrency and lookback delta must be positive")
+	}
+	if _, err := downsample.ParseMaxSourceResolution(c.MaxSourceResolution); err != nil {
+		return err
 	}
 	return nil
 }
@@ -199,7 +209,7 @@ func timeoutIs503[N any](_ N, err error) (int, bool) {
 // The write endpoints registered by pkg/ingest are more specific patterns and
 // take precedence.
 func (a *API) RegisterRoutes(mux *http.ServeMux) {
-	mux.Handle("/api/v1/", a.tenant(a.dedup(a.router)))
+	mux.Handle("/api/v1/", a.tenant(a.dedup(a.resolution(a.router))))
 	mux.Handle("/api/v1/metadata", a.tenant(http.HandlerFunc(a.metadata)))
 }
 
@@ -241,6 +251,53 @@ func (a *API) dedup(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// resolution puts the request's max_source_resolution (or the configured
+// default) into its context for the bucket store's selects, and, for
+// PromQL queries of a tenant with downsampled blocks, rewrites
+// count_over_time and avg_over_time into sums of explicit aggregates
+// (downsample.Rewrite), which read downsampled and raw data alike. Queries of
+// tenants without downsampled data run as written.
+func (a *API) resolution(next http.Handler) http.Handler {
+	def, _ := downsample.ParseMaxSourceResolution(a.opts.Config.MaxSourceResolution) // validated
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		res := def
+		if v := r.FormValue("max_source_resolution"); v != "" {
+			var err error
+			if res, err = downsample.ParseMaxSourceResolution(v); err != nil {
+				writeError(w, http.StatusBadRequest, "bad_data", err)
+				return
+			}
+		}
+		ctx := downsample.WithMaxSourceResolution(r.Context(), res)
+		if p := r.URL.Path; (strings.HasSuffix(p, "/query") || strings.HasSuffix(p, "/query_range")) && a.downsampled(ctx) {
+			if rq, changed, err := downsample.RewriteQuery(r.FormValue("query")); err == nil && changed {
+				r.Form.Set("query", rq) // FormValue parsed the form; the API reads r.Form
+			}
+		}
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// downsampledSource is a Source that may hold downsampled blocks.
+type downsampledSource interface {
+	HasDownsampled(tenant string) bool
+}
+
+// downsampled reports whether any source holds downsampled blocks of the
+// request's tenant.
+func (a *API) downsampled(ctx context.Context) bool {
+	id, err := tenant.TenantID(ctx)
+	if err != nil {
+		return false
+	}
+	for _, s := range a.opts.Sources {
+		if d, ok := s.(downsampledSource); ok && d.HasDownsampled(id) {
+			return true
+		}
+	}
+	return false
 }
 
 // metadata answers /api/v1/metadata like Prometheus: {metric: [{type, help, unit}]}.

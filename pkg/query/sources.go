@@ -6,6 +6,7 @@ import (
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/prometheus/storage"
 
+	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
@@ -58,7 +59,9 @@ func openQuerier(dbs *tenantdb.Manager, sources []Source, tenantID string, mint,
 		if err != nil {
 			return nil, fmt.Errorf("open querier of tenant %q: %w", tenantID, err)
 		}
-		qs = append(qs, q)
+		// Raw data answers the explicit aggregates of rewritten queries
+		// (see API.resolution) as downsampled data does.
+		qs = append(qs, downsample.NewRawQuerier(q))
 		local = localBlocks(db)
 	}
 	for _, src := range sources {

@@ -62,7 +62,7 @@ func TestCompactorRunsAlone(t *testing.T) {
 		addr := freePort(t)
 		var log bytes.Buffer
 		cmd := exec.Command(bin, "-target=compact", "-objstore.config-file="+cfgFile, "-storage.tsdb.path="+filepath.Join(dir, "data"),
-			"-web.listen-address="+addr, "-compact.interval=1s", "-compact.delete-delay=3s", "-compact.lease-ttl=3s", "-compact.lease-settle=200ms", "-compact.partial-delete-delay=2s", "-compact.retention.raw=0", "-log.level=info")
+			"-web.listen-address="+addr, "-compact.interval=1s", "-compact.delete-delay=3s", "-compact.lease-ttl=3s", "-compact.lease-settle=200ms", "-compact.partial-delete-delay=2s", "-compact.retention.raw=0", "-compact.downsample=false", "-log.level=info")
 		cmd.Stdout, cmd.Stderr = &log, &log
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

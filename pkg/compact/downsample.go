@@ -1,0 +1,245 @@
+package compact
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/prometheus/prometheus/tsdb"
+
+	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/downsample"
+)
+
+// The downsampling step of a pass: raw → 5m and 5m → 1h, with pkg/downsample
+// writing ordinary TSDB blocks that the rest of the pass (compaction,
+// retention, the bucket index) treats like raw ones, in their own groups.
+//
+// A block is downsampled once every one of its compaction sources is a
+// source of a live block of the next resolution in the same group ("covered").
+// Coverage is by sources, not time, so a raw block that vertical compaction
+// grew with late samples is downsampled again; the two overlapping results
+// are merged by the next compaction of the coarser group, the newer (more
+// sources) replacing the older.
+//
+// Only finished blocks are downsampled: a block of the group starts at or
+// after the block's end (the receivers have moved on), which also guarantees
+// that the raw sample at exactly the block's end, which belongs to the 5m
+// window ending there, is in the bucket. There is no minimum block length
+// (unlike Thanos' 40 h): every raw sample is downsampled before raw retention
+// may delete it (mayDeleteRaw).
+
+// downsampleSteps are the resolutions written, each from the previous one.
+var downsampleSteps = []struct{ from, to int64 }{
+	{block.ResolutionRaw, downsample.Res5m},
+	{downsample.Res5m, downsample.Res1h},
+}
+
+// downsampleAll runs both steps over every group until nothing is left.
+func (p *pass) downsampleAll(ctx context.Context) error {
+	if !p.c.cfg.Downsample {
+		return nil
+	}
+	for _, step := range downsampleSteps {
+		for _, m := range p.toDownsample(step.from, step.to) {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := p.downsampleBlock(ctx, m, step.to); err != nil {
+				return fmt.Errorf("downsample block %s to %s: %w", m.ULID, downsample.ResolutionName(step.to), err)
+			}
+		}
+	}
+	return nil
+}
+
+// covered returns the sources of the live blocks of resolution res with the
+// labels of m's group.
+func (p *pass) covered(labelsKey string, res int64) map[ulid.ULID]struct{} {
+	out := map[ulid.ULID]struct{}{}
+	for _, b := range p.blocks {
+		if b.live() && b.meta.GPUStore.Downsample.Resolution == res && labelsOf(b.meta) == labelsKey {
+			for _, s := range sources(b.meta) {
+				out[s] = struct{}{}
+			}
+		}
+	}
+	return out
+}
+
+func (p *pass) isCovered(m *block.Meta, cov map[ulid.ULID]struct{}) bool {
+	p.c.mtx.Lock()
+	_, empty := p.c.empty[m.ULID]
+	p.c.mtx.Unlock()
+	if empty {
+		return true
+	}
+	for _, s := range sources(m) {
+		if _, ok := cov[s]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// labelsOf is the group key without the resolution.
+func labelsOf(m *block.Meta) string {
+	c := *m
+	c.GPUStore.Downsample.Resolution = 0
+	return GroupKey(&c)
+}
+
+// toDownsample returns the finished, compactable blocks of resolution from
+// that are not covered at resolution to, oldest first.
+func (p *pass) toDownsample(from, to int64) []*block.Meta {
+	var out []*block.Meta
+	for _, metas := range p.groups() {
+		if metas[0].GPUStore.Downsample.Resolution != from {
+			continue
+		}
+		cov := p.covered(labelsOf(metas[0]), to)
+		for _, m := range metas {
+			if p.isCovered(m, cov) {
+				continue
+			}
+			finished := false
+			for _, o := range metas {
+				finished = finished || o.MinTime >= m.MaxTime
+			}
+			if finished {
+				out = append(out, m)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b *block.Meta) int {
+		if a.MinTime != b.MinTime {
+			return int(a.MinTime - b.MinTime)
+		}
+		return a.ULID.Compare(b.ULID)
+	})
+	return out
+}
+
+// downsampleBlock writes the block of resolution res that stands for m's
+// samples and uploads it. It reads every live block of m's group that holds
+// samples of the windows m touches (raw: (mint, maxt], the sample at maxt
+// sitting in the next block), so that windows split between blocks are
+// whole.
+func (p *pass) downsampleBlock(ctx context.Context, m *block.Meta, res int64) error {
+	start := time.Now()
+	mint := floorDiv(m.MinTime, res) * res
+	maxt := -floorDiv(-m.MaxTime, res) * res
+	lo, hi := mint+1, maxt+1 // raw samples in (mint, maxt]
+	if m.GPUStore.Downsample.Resolution != block.ResolutionRaw {
+		lo, hi = mint, maxt // downsampled points are stored 1 ms before the time they stand for
+	}
+	var inputs []*block.Meta
+	key := GroupKey(m)
+	for _, b := range p.blocks {
+		if b.live() && !b.noCompact && GroupKey(b.meta) == key && b.meta.MinTime < hi && b.meta.MaxTime > lo {
+			inputs = append(inputs, b.meta)
+		}
+	}
+	log := p.logger.With("block", m.ULID, "resolution", downsample.ResolutionName(res),
+		"mint", time.UnixMilli(mint).UTC().Format(time.RFC3339), "maxt", time.UnixMilli(maxt).UTC().Format(time.RFC3339), "inputs", len(inputs))
+	log.Info("downsampling")
+
+	work := filepath.Join(p.c.dir, p.tenant)
+	if err := os.RemoveAll(work); err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	readers := make([]tsdb.BlockReader, 0, len(inputs))
+	defer func() {
+		for _, r := range readers {
+			_ = r.(*tsdb.Block).Close()
+		}
+	}()
+	for _, in := range inputs {
+		dir := filepath.Join(work, in.ULID.String())
+		if err := p.download(ctx, in, dir); err != nil {
+			return err
+		}
+		b, err := tsdb.OpenBlock(nil, dir, nil, nil)
+		if err != nil {
+			return fmt.Errorf("open %s: %w", in.ULID, err)
+		}
+		readers = append(readers, b)
+	}
+	out := filepath.Join(work, "out")
+	id, st, err := downsample.Downsample(ctx, readers, downsample.Config{
+		SourceResolution: m.GPUStore.Downsample.Resolution, Resolution: res,
+		Mint: mint, Maxt: maxt, Dir: out, Tenant: p.tenant, Sources: sources(m),
+		Logger: p.logger,
+	})
+	if err != nil {
+		return err
+	}
+	p.c.m.downsampleSamples.WithLabelValues(p.tenant, "read").Add(float64(st.InSamples))
+	if id == (ulid.ULID{}) {
+		// No sample in m's windows (a block holding only a sample at its
+		// very start, which belongs to the window before): nothing is lost
+		// without a block. Remembered so that m is not read again each pass.
+		log.Info("nothing to downsample: no sample in the block's windows")
+		p.c.mtx.Lock()
+		p.c.empty[m.ULID] = struct{}{}
+		p.c.mtx.Unlock()
+		return nil
+	}
+	dir := filepath.Join(out, id.String())
+	bm, err := block.ReadLocalMeta(dir)
+	if err != nil {
+		return err
+	}
+	meta := block.Meta{BlockMeta: bm, GPUStore: block.GPUStoreMeta{
+		Version:    block.MetaVersion,
+		Tenant:     p.tenant,
+		Labels:     m.GPUStore.Labels,
+		Downsample: block.Downsample{Resolution: res},
+		Source:     downsample.Source,
+	}}
+	if meta.GPUStore.Labels == nil {
+		meta.GPUStore.Labels = map[string]string{}
+	}
+	if err := p.held.Check(ctx); err != nil {
+		return err
+	}
+	if err := block.Upload(ctx, p.c.bkt, dir, meta); err != nil {
+		return fmt.Errorf("upload downsampled block %s: %w", id, err)
+	}
+	files, err := block.LocalFiles(dir)
+	if err != nil {
+		return err
+	}
+	meta.GPUStore.Files = files
+	var outBytes int64
+	for _, f := range files {
+		outBytes += f.SizeBytes
+	}
+	p.blocks[id] = &blockState{id: id, meta: &meta, hasMeta: true}
+	p.c.mtx.Lock()
+	p.c.metas[p.tenant][id] = &meta
+	p.c.mtx.Unlock()
+	resName := downsample.ResolutionName(res)
+	p.c.m.downsampled.WithLabelValues(p.tenant, resName).Inc()
+	p.c.m.downsampleSamples.WithLabelValues(p.tenant, "written").Add(float64(st.OutSamples))
+	p.c.m.downsampleBytes.WithLabelValues(p.tenant, resName).Add(float64(outBytes))
+	p.c.m.downsampleDuration.Observe(time.Since(start).Seconds())
+	log.Info("downsampled", "result", id, "in_samples", st.InSamples, "out_samples", st.OutSamples,
+		"bytes", outBytes, "duration", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// mayDeleteRaw: with downsampling on, raw retention deletes a raw block only
+// once its samples are in the bucket at 5m (so that no time range is left
+// without data).
+func (p *pass) mayDeleteRaw(m *block.Meta) bool {
+	if !p.c.cfg.Downsample {
+		return true
+	}
+	return p.isCovered(m, p.covered(labelsOf(m), downsample.Res5m))
+}

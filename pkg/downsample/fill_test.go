@@ -1,0 +1,71 @@
+package downsample
+
+import (
+	"math"
+	"testing"
+
+	"github.com/prometheus/prometheus/model/histogram"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/value"
+	"github.com/prometheus/prometheus/storage"
+	"github.com/prometheus/prometheus/tsdb/chunkenc"
+	"github.com/prometheus/prometheus/tsdb/chunks"
+)
+
+// TestFillRepeatsWindowsForPlainSelectors: 1h points are repeated every 4
+// minutes until the next window, not across a missing window, not after a
+// staleness marker; Seek lands on the repeated points.
+func TestFillRepeatsWindowsForPlainSelectors(t *testing.T) {
+	const m = 60_000
+	s := storage.NewListSeries(labels.FromStrings("a", "b"), []chunks.Sample{
+		fSample{60*m - 1, 1}, fSample{120*m - 1, 2}, // adjacent windows: filled
+		fSample{240*m - 1, 3}, // a window missing before it: not filled
+		fSample{300*m - 1, math.Float64frombits(value.StaleNaN)}, fSample{360*m - 1, 5},
+	})
+	it := filledSeries{Series: s, res: Res1h, from: math.MinInt64}.Iterator(nil)
+	var ts []int64
+	for it.Next() == chunkenc.ValFloat {
+		tt, _ := it.At()
+		ts = append(ts, tt)
+	}
+	want := []int64{60*m - 1}
+	for k := int64(1); 60*m-1+k*fillEvery < 120*m-1; k++ {
+		want = append(want, 60*m-1+k*fillEvery)
+	}
+	want = append(want, 120*m-1, 240*m-1)
+	for k := int64(1); 240*m-1+k*fillEvery < 300*m-1; k++ {
+		want = append(want, 240*m-1+k*fillEvery)
+	}
+	want = append(want, 300*m-1, 360*m-1)
+	if len(ts) != len(want) {
+		t.Fatalf("times %v\nwant %v", ts, want)
+	}
+	for i := range ts {
+		if ts[i] != want[i] {
+			t.Fatalf("times %v\nwant %v", ts, want)
+		}
+	}
+	it = filledSeries{Series: s, res: Res1h, from: math.MinInt64}.Iterator(nil)
+	if it.Seek(100*m) != chunkenc.ValFloat {
+		t.Fatal("seek into a filled window found nothing")
+	}
+	if tt, v := it.At(); tt < 100*m || tt >= 120*m || v != 1 {
+		t.Fatalf("seek(100m) = %d, %v; want a repeat of the first window's 1 before 120m", tt, v)
+	}
+	if it.Seek(400*m) != chunkenc.ValNone || it.Next() != chunkenc.ValNone {
+		t.Fatal("seek past the end did not end the iterator")
+	}
+}
+
+type fSample struct {
+	t int64
+	f float64
+}
+
+func (s fSample) T() int64                      { return s.t }
+func (s fSample) ST() int64                     { return 0 }
+func (s fSample) F() float64                    { return s.f }
+func (s fSample) H() *histogram.Histogram       { return nil }
+func (s fSample) FH() *histogram.FloatHistogram { return nil }
+func (s fSample) Type() chunkenc.ValueType      { return chunkenc.ValFloat }
+func (s fSample) Copy() chunks.Sample           { return s }

@@ -1,0 +1,73 @@
+package downsample
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/prometheus/prometheus/storage"
+)
+
+// Auto is the max source resolution that lets each Select pick its own from
+// its hints (MaxResolution).
+const Auto int64 = -1
+
+// ParseMaxSourceResolution parses a max_source_resolution value: raw, 5m,
+// 1h or auto (Thanos' parameter).
+func ParseMaxSourceResolution(s string) (int64, error) {
+	if s == "auto" || s == "" {
+		return Auto, nil
+	}
+	r, err := ParseResolution(s)
+	if err != nil {
+		return 0, fmt.Errorf("max_source_resolution: %w (or auto)", err)
+	}
+	return r, nil
+}
+
+type maxResKey struct{}
+
+// WithMaxSourceResolution records a request's max_source_resolution for
+// the Selects of its queries.
+func WithMaxSourceResolution(ctx context.Context, res int64) context.Context {
+	return context.WithValue(ctx, maxResKey{}, res)
+}
+
+// MaxSourceResolution is the request's max_source_resolution (Auto when
+// none was set).
+func MaxSourceResolution(ctx context.Context) int64 {
+	if r, ok := ctx.Value(maxResKey{}).(int64); ok {
+		return r
+	}
+	return Auto
+}
+
+// MaxResolution is the coarsest resolution a Select may read. An explicit
+// max_source_resolution wins. Auto picks the coarsest resolution that is no
+// coarser than the query's step (Grafana asks for a few hundred points per
+// panel, so a 7-day panel's ~40 min step reads 5m data and a year's ~35 h
+// step 1h data) nor than the function's range (so that every range holds
+// whole windows: rate(x[5m]) reads at most 5m data). Selects without a step
+// (instant queries, series and label lookups) read raw.
+//
+// This is the most a Select may read, not what it gets: where no block of
+// that resolution covers a time range, finer data answers, and where only
+// coarser data is left (raw past its retention) coarser data does, so an
+// answer is never empty where any data exists.
+func MaxResolution(ctx context.Context, h *storage.SelectHints) int64 {
+	if r := MaxSourceResolution(ctx); r != Auto {
+		return r
+	}
+	if h == nil || h.Step <= 0 {
+		return ResRaw
+	}
+	limit := h.Step
+	if h.Range > 0 {
+		limit = min(limit, h.Range)
+	}
+	for _, r := range []int64{Res1h, Res5m} {
+		if r <= limit {
+			return r
+		}
+	}
+	return ResRaw
+}
