@@ -103,9 +103,10 @@ bench:
 
 # The compactor on the week slice (16 GPUs × 7 days at 1m): compaction
 # throughput and peak heap, then the dashboard queries over 7 days and 24
-# hours on the 2h blocks and on the compacted ones (bench/RESULTS.md).
+# hours on the 2h blocks, the compacted and the downsampled ones; the
+# cluster overview over 30 days, raw against downsampled (bench/RESULTS.md).
 bench-compact:
-	$(GO) test -run XXX -bench 'BenchmarkCompactWeek|BenchmarkDashboardQueries' -benchtime 3x ./pkg/compact
+	$(GO) test -run XXX -bench 'BenchmarkCompactWeek|BenchmarkDashboardQueries|BenchmarkLongRangeOverview' -benchtime 3x -timeout 60m ./pkg/compact
 
 clean:
 	rm -rf bin data

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -200,6 +201,7 @@ func (u DiskUsage) Local() int64 { return u.Bytes - u.Bucket }
 func DirUsage(dir string) (DiskUsage, error) {
 	u := DiskUsage{Parts: map[string]int64{}}
 	seen := map[[2]uint64]bool{}
+	resolutions := map[string]string{} // bucket block directory → part name
 	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) { // a file removed under us (compaction)
@@ -232,8 +234,11 @@ func DirUsage(dir string) (DiskUsage, error) {
 		rel, _ := filepath.Rel(dir, path)
 		if rel != "." {
 			part := partOf(rel)
-			u.Parts[part] += alloc
 			if part == BucketDirName {
+				part = bucketPart(dir, rel, resolutions)
+			}
+			u.Parts[part] += alloc
+			if strings.HasPrefix(part, BucketDirName) {
 				u.Bucket += alloc
 			}
 		}
@@ -243,6 +248,40 @@ func DirUsage(dir string) (DiskUsage, error) {
 		return u, fmt.Errorf("disk usage of %s: %w", dir, err)
 	}
 	return u, nil
+}
+
+// bucketPart names the part of a file in gpustore's bucket: "bucket" for raw
+// blocks and everything else, "bucket 5m" and "bucket 1h" for downsampled
+// blocks (their meta.json's gpustore.downsample.resolution).
+func bucketPart(dir, rel string, cache map[string]string) string {
+	parts := strings.Split(filepath.ToSlash(rel), "/")
+	if len(parts) < 4 { // bucket/<tenant>/<ULID>/<file>
+		return BucketDirName
+	}
+	blockDir := filepath.Join(dir, parts[0], parts[1], parts[2])
+	if p, ok := cache[blockDir]; ok {
+		return p
+	}
+	p := BucketDirName
+	if raw, err := os.ReadFile(filepath.Join(blockDir, "meta.json")); err == nil {
+		var m struct {
+			GPUStore struct {
+				Downsample struct {
+					Resolution int64 `json:"resolution"`
+				} `json:"downsample"`
+			} `json:"gpustore"`
+		}
+		if json.Unmarshal(raw, &m) == nil {
+			switch m.GPUStore.Downsample.Resolution {
+			case 5 * 60 * 1000:
+				p = BucketDirName + " 5m"
+			case 60 * 60 * 1000:
+				p = BucketDirName + " 1h"
+			}
+		}
+	}
+	cache[blockDir] = p
+	return p
 }
 
 // partOf classifies a path relative to a data directory. gpustore's bucket

@@ -17,8 +17,10 @@ import (
 	"github.com/thanos-io/objstore"
 	"github.com/thanos-io/objstore/providers/filesystem"
 
+	"github.com/gpustore/gpustore/bench/gpusim"
 	"github.com/gpustore/gpustore/bench/load"
 	"github.com/gpustore/gpustore/pkg/bucketstore"
+	"github.com/gpustore/gpustore/pkg/downsample"
 )
 
 // benchWeek is the week slice of TestWeekCompactedQueriesUnchanged, built
@@ -114,12 +116,20 @@ func BenchmarkDashboardQueries(b *testing.B) {
 	c, _ := newCompactor(b, testConfig(), compacted, nil)
 	st := compactUntilStable(b, c, compacted, "bench")
 	b.Logf("compacted: %s", st.spans())
+	// The same, downsampled too: Grafana's 7-day step reads 5m data
+	// (auto resolution), the 24-hour one raw.
+	downsampled := freshBucket(b, blocks)
+	dcfg := testConfig()
+	dcfg.Downsample = true
+	dc, _ := newCompactor(b, dcfg, downsampled, nil)
+	st = compactUntilStable(b, dc, downsampled, "bench")
+	b.Logf("downsampled: %s", st.spans())
 	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 200_000_000, Timeout: 10 * time.Minute})
 	end := sl.Start.Add(sl.Duration)
 	for _, bk := range []struct {
 		name string
 		bkt  objstore.Bucket
-	}{{"2h-blocks", raw}, {"compacted", compacted}} {
+	}{{"2h-blocks", raw}, {"compacted", compacted}, {"downsampled", downsampled}} {
 		s, err := bucketstore.New(bucketstore.DefaultConfig(), bk.bkt, quiet(), nil)
 		if err != nil {
 			b.Fatal(err)
@@ -160,5 +170,77 @@ func BenchmarkDashboardQueries(b *testing.B) {
 				b.ReportMetric(float64(len(s.Blocks("bench"))), "blocks")
 			})
 		}
+	}
+}
+
+// BenchmarkLongRangeOverview runs the cluster-overview panels (bench/load)
+// over 30 days of one simulated node at 1m, compacted and downsampled, with
+// Grafana's step (≈ 3 h: auto resolution reads 1h data, rate(x[5m]) 5m
+// data), against the same blocks read raw (max_source_resolution=raw).
+func BenchmarkLongRangeOverview(b *testing.B) {
+	ms := (14 * day).Milliseconds()
+	start := time.UnixMilli((gpusim.DefaultEpoch.UnixMilli() + ms - 1) / ms * ms).UTC()
+	sl := simSlice{Nodes: 1, Start: start, Duration: 30 * day, Interval: time.Minute, Block: 2 * time.Hour}
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("gpustore-compact-bench-%dn-%s-%s", sl.Nodes, sl.Duration, sl.Interval))
+	if _, err := os.Stat(filepath.Join(dir, "complete")); err != nil {
+		_ = os.RemoveAll(dir)
+		sl.write(b, filepath.Join(dir, "blocks"))
+		if err := os.WriteFile(filepath.Join(dir, "complete"), nil, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	bkt := freshBucket(b, filepath.Join(dir, "blocks"))
+	cfg := testConfig()
+	cfg.Downsample = true
+	c, _ := newCompactor(b, cfg, bkt, nil)
+	t0 := time.Now()
+	st := compactUntilStable(b, c, bkt, "bench")
+	_, bytes := byResolution(st)
+	b.Logf("compacted and downsampled in %s: raw %d bytes, 5m %d, 1h %d", time.Since(t0).Round(time.Second),
+		bytes[0], bytes[downsample.Res5m], bytes[downsample.Res1h])
+	s, err := bucketstore.New(bucketstore.DefaultConfig(), bkt, quiet(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Sync(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	q := storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
+		if q := s.Querier("bench", mint, maxt, nil); q != nil {
+			return q, nil
+		}
+		return storage.NoopQuerier(), nil
+	})
+	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 500_000_000, Timeout: 10 * time.Minute})
+	end := sl.Start.Add(sl.Duration)
+	step := load.GrafanaStep(sl.Duration, time.Minute)
+	var overview []load.Query
+	for _, dq := range load.DashboardQueries("gpu-node-001") {
+		if dq.Dashboard == "cluster overview" {
+			overview = append(overview, dq)
+		}
+	}
+	for _, res := range []string{"raw", "auto"} {
+		r, _ := downsample.ParseMaxSourceResolution(res)
+		ctx := downsample.WithMaxSourceResolution(context.Background(), r)
+		run := func(b *testing.B) {
+			for _, dq := range overview {
+				qry, err := engine.NewRangeQuery(ctx, q, nil, dq.Expr, end.Add(-sl.Duration), end, step)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if r := qry.Exec(ctx); r.Err != nil {
+					b.Fatalf("%s: %v", dq.Expr, r.Err)
+				}
+				qry.Close()
+			}
+		}
+		b.Run(res, func(b *testing.B) {
+			run(b) // warm the cache
+			for b.Loop() {
+				run(b)
+			}
+			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N)/float64(len(overview)), "ms/query")
+		})
 	}
 }
