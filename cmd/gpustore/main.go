@@ -55,7 +55,7 @@ func run(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	// SIGHUP re-reads the rule files (as POST /-/reload does); registered
+	// SIGHUP re-reads the web config and the rule files (as POST /-/reload does); registered
 	// before start-up so that an early SIGHUP does not kill the process.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -65,7 +65,7 @@ func run(args []string) int {
 			if err := a.Reload(); err != nil {
 				logger.Error("reload failed", "err", err)
 			} else {
-				logger.Info("reloaded rule files")
+				logger.Info("reloaded web config and rule files")
 			}
 		}
 	}()

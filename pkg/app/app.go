@@ -169,7 +169,9 @@ func (a *App) ready() error {
 }
 
 func (a *App) initServer() (services.Service, error) {
-	s, err := server.New(a.Cfg.Server, a.Logger.With("component", "server"), a.Registry, a.ready)
+	s, err := server.New(a.Cfg.Server, server.Deps{
+		Logger: a.Logger.With("component", "server"), Registry: a.Registry, Ready: a.ready, Tenants: a.Cfg.Tenant,
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -268,9 +270,10 @@ func (a *App) initIngest() (services.Service, error) {
 		return nil, err
 	}
 	a.Ingester = ing
-	ing.RegisterRoutes(a.Server.Mux)
+	ing.RegisterRoutes(a.Server.Writes)
 	if a.HA != nil {
 		a.Server.Mux.Handle("/ha-tracker", a.HA.Handler())
+		a.Server.AdminOnly("/ha-tracker") // lists every tenant's elections
 	}
 	// Series that stopped arriving leave the cache after two sweep periods.
 	sweep := time.Duration(a.Cfg.TSDB.BlockDuration)
@@ -302,6 +305,7 @@ func (a *App) initQuery() (services.Service, error) {
 	}
 	a.API = api
 	api.RegisterRoutes(a.Server.Mux)
+	a.Server.AdminOnly("/api/v1/status/self_metrics") // every tenant's metrics
 	return services.NewIdleService(nil, nil), nil
 }
 

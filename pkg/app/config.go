@@ -96,6 +96,15 @@ func (c *Config) Validate() error {
 			errs = append(errs, err)
 		}
 	}
+	if err := c.Server.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Server.WriteTimeout > 0 && c.Server.WriteTimeout <= c.Query.Timeout {
+		errs = append(errs, fmt.Errorf("server.write_timeout (%s) must exceed query.timeout (%s), or long queries are cut off", c.Server.WriteTimeout, c.Query.Timeout))
+	}
+	if len(c.Tenant.Auth) > 0 && c.Server.WebConfigFile == "" {
+		errs = append(errs, errors.New("tenants.auth needs --web.config.file: without it no request has an identity"))
+	}
 	errs = append(errs, c.validateObjstore()...)
 	return errors.Join(errs...)
 }
@@ -108,6 +117,12 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Log.Format, "log.format", c.Log.Format, "Log format: logfmt or json.")
 	fs.StringVar(&c.Server.ListenAddress, "web.listen-address", c.Server.ListenAddress, "Address for the HTTP API (remote write, query, /metrics).")
 	fs.Var(&c.Server.ShutdownTimeout, "web.shutdown-timeout", "How long in-flight requests may take to finish on shutdown.")
+	fs.StringVar(&c.Server.WebConfigFile, "web.config.file", c.Server.WebConfigFile, "Prometheus web configuration file (exporter-toolkit format): TLS, client certificates, basic auth, headers. Re-read on SIGHUP and POST /-/reload.")
+	fs.Var(&c.Server.ReadHeaderTimeout, "web.read-header-timeout", "How long a client may take to send a request's headers.")
+	fs.Var(&c.Server.ReadTimeout, "web.read-timeout", "How long a client may take to send a whole request.")
+	fs.Var(&c.Server.WriteTimeout, "web.write-timeout", "How long a request may take from its headers to the end of its answer; must exceed query.timeout.")
+	fs.Var(&c.Server.IdleTimeout, "web.idle-timeout", "How long a keep-alive connection may stay idle.")
+	fs.IntVar(&c.Server.MaxConcurrentWritesPerTenant, "web.max-concurrent-writes-per-tenant", c.Server.MaxConcurrentWritesPerTenant, "Remote-write requests in progress per tenant; beyond it 503 with Retry-After (0: no bound).")
 	fs.StringVar(&c.TSDB.Dir, "storage.tsdb.path", c.TSDB.Dir, "Data directory; each tenant's TSDB lives in <path>/tenants/<tenant>.")
 	fs.Var(&c.TSDB.BlockDuration, "storage.tsdb.block-duration", "Duration of a head block (2h in production; minutes in tests).")
 	fs.Var(&c.TSDB.Retention, "storage.tsdb.retention.time", "How long local blocks are kept.")

@@ -39,7 +39,7 @@ func (a *App) initRules() (services.Service, error) {
 		return nil, err
 	}
 	a.Ruler = r
-	a.Server.Mux.HandleFunc("/-/reload", r.ServeReload)
+	a.Server.OnReload("rules", r.Reload) // SIGHUP and POST /-/reload
 	return r, nil
 }
 
@@ -54,11 +54,11 @@ func (a *App) rulesRetriever(ctx context.Context) v1.RulesRetriever {
 	return a.Ruler.RulesRetriever(ctx)
 }
 
-// Reload re-reads what can change without a restart: the rule files (SIGHUP,
-// POST /-/reload).
+// Reload re-reads what can change without a restart (SIGHUP; POST /-/reload
+// does the same): the web config file, then the rule files.
 func (a *App) Reload() error {
-	if a.Ruler == nil {
-		return errors.New("nothing to reload: the rules role is not running")
+	if a.Server == nil {
+		return errors.New("nothing to reload: not started")
 	}
-	return a.Ruler.Reload()
+	return a.Server.Reload()
 }

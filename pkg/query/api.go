@@ -211,6 +211,8 @@ func timeoutIs503[N any](_ N, err error) (int, bool) {
 func (a *API) RegisterRoutes(mux *http.ServeMux) {
 	mux.Handle("/api/v1/", a.tenant(a.dedup(a.resolution(a.router))))
 	mux.Handle("/api/v1/metadata", a.tenant(http.HandlerFunc(a.metadata)))
+	mux.Handle("/api/v1/status/tsdb", a.tenant(http.HandlerFunc(a.tsdbStatus)))
+	mux.Handle("/api/v1/status/tsdb/blocks", a.tenant(http.HandlerFunc(a.tsdbBlocks)))
 }
 
 // tenant puts the request's tenant into its context (dskit's user package,

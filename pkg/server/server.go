@@ -1,74 +1,204 @@
 // Package server is gpustore's HTTP server: one listener for every role's
-// endpoints, plus /metrics, /-/healthy and /-/ready.
+// endpoints, plus /metrics, /-/healthy, /-/ready and /-/reload.
+//
+// Every request except the probes (/-/healthy, /-/ready) passes the web
+// configuration (--web.config.file: TLS, basic auth, headers; pkg/auth).
+// Process-wide routes (/metrics, /-/reload and those marked with AdminOnly)
+// additionally need an identity that tenants.auth lets act for every tenant.
+// Write routes (Writes) are limited per tenant in concurrency, so one tenant's
+// burst of slow requests cannot take every connection and goroutine.
 package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/grafana/dskit/services"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/model"
+
+	"github.com/gpustore/gpustore/pkg/auth"
+	"github.com/gpustore/gpustore/pkg/tenancy"
 )
 
 // Config is the HTTP server's configuration.
 type Config struct {
 	ListenAddress string `yaml:"listen_address"`
+	// WebConfigFile is a Prometheus web configuration file (exporter-toolkit
+	// format): TLS, basic auth, headers. Empty: plain HTTP, no auth.
+	WebConfigFile string `yaml:"web_config_file"`
 	// ShutdownTimeout bounds how long in-flight requests may finish on shutdown.
 	ShutdownTimeout model.Duration `yaml:"shutdown_timeout"`
-	ReadTimeout     model.Duration `yaml:"read_timeout"`
+	// ReadHeaderTimeout bounds the wait for a request's headers, so a client
+	// that sends them byte by byte (slowloris) cannot hold a connection.
+	ReadHeaderTimeout model.Duration `yaml:"read_header_timeout"`
+	// ReadTimeout bounds reading a whole request, body included.
+	ReadTimeout model.Duration `yaml:"read_timeout"`
+	// WriteTimeout bounds a request from its headers to the end of its
+	// answer; it must exceed query.timeout or long queries are cut off.
+	WriteTimeout model.Duration `yaml:"write_timeout"`
+	// IdleTimeout closes keep-alive connections idle this long.
+	IdleTimeout model.Duration `yaml:"idle_timeout"`
+	// MaxConcurrentWritesPerTenant bounds one tenant's remote-write requests
+	// in progress; beyond it the answer is 503 with Retry-After (0: no bound).
+	MaxConcurrentWritesPerTenant int `yaml:"max_concurrent_writes_per_tenant"`
 }
 
-// DefaultConfig listens on :9201, gpustore's port.
+// DefaultConfig listens on :9201, gpustore's port. The timeouts leave room
+// for a query running into query.timeout (2m) and for a 16 MiB write over a
+// slow link; the write bound is twice what a Prometheus HA pair with the
+// default 50 shards each can have open.
 func DefaultConfig() Config {
-	return Config{ListenAddress: ":9201", ShutdownTimeout: model.Duration(30 * time.Second), ReadTimeout: model.Duration(5 * time.Minute)}
+	return Config{
+		ListenAddress:                ":9201",
+		ShutdownTimeout:              model.Duration(30 * time.Second),
+		ReadHeaderTimeout:            model.Duration(15 * time.Second),
+		ReadTimeout:                  model.Duration(5 * time.Minute),
+		WriteTimeout:                 model.Duration(5 * time.Minute),
+		IdleTimeout:                  model.Duration(2 * time.Minute),
+		MaxConcurrentWritesPerTenant: 200,
+	}
 }
 
-// Server owns the listener and the mux the roles register their routes on.
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if c.ReadHeaderTimeout < 0 || c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.IdleTimeout < 0 {
+		return errors.New("server timeouts must not be negative (0: none)")
+	}
+	if c.MaxConcurrentWritesPerTenant < 0 {
+		return errors.New("server.max_concurrent_writes_per_tenant must not be negative (0: no bound)")
+	}
+	return nil
+}
+
+// Deps are what the server works with.
+type Deps struct {
+	Logger   *slog.Logger
+	Registry *prometheus.Registry
+	// Ready reports whether every role runs (/-/ready).
+	Ready func() error
+	// Tenants resolves a request's tenant (per-tenant write limit) and says
+	// which identities may use process-wide routes.
+	Tenants tenancy.Config
+}
+
+// Server owns the listener and the muxes the roles register their routes on.
 type Server struct {
 	services.Service
+	// Mux serves every route except the probes and the writes.
 	Mux *http.ServeMux
+	// Writes serves the remote-write routes, limited per tenant.
+	Writes *http.ServeMux
 
-	cfg    Config
-	logger *slog.Logger
-	srv    *http.Server
-	lis    net.Listener
+	cfg     Config
+	deps    Deps
+	logger  *slog.Logger
+	srv     *http.Server
+	lis     net.Listener
+	web     *auth.WebConfig // nil without --web.config.file
+	handler http.Handler
+
+	adminMtx sync.RWMutex
+	admin    map[string]bool
+
+	reloadMtx sync.Mutex
+	reloaders []reloader
+
+	writes *writeLimiter
 
 	drainOnce sync.Once
 	drainErr  error
 }
 
-// New listens at once, so a port conflict fails start-up before any data is
-// opened, and so tests learn the port of ":0".
-func New(cfg Config, logger *slog.Logger, gatherer prometheus.Gatherer, ready func() error) (*Server, error) {
-	lis, err := net.Listen("tcp", cfg.ListenAddress)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", cfg.ListenAddress, err)
+type reloader struct {
+	name string
+	f    func() error
+}
+
+// New listens at once, so a port conflict or a bad web config fails start-up
+// before any data is opened, and so tests learn the port of ":0".
+func New(cfg Config, d Deps) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{EnableOpenMetrics: true}))
-	mux.HandleFunc("/-/healthy", func(w http.ResponseWriter, _ *http.Request) {
-		w.WriteHeader(http.StatusOK)
+	s := &Server{
+		Mux: http.NewServeMux(), Writes: http.NewServeMux(),
+		cfg: cfg, deps: d, logger: d.Logger,
+		admin:  map[string]bool{"/metrics": true, "/-/reload": true},
+		writes: newWriteLimiter(cfg.MaxConcurrentWritesPerTenant, d.Tenants, d.Registry),
+	}
+	if cfg.WebConfigFile != "" {
+		w, err := auth.Load(cfg.WebConfigFile, d.Logger, d.Registry)
+		if err != nil {
+			return nil, err
+		}
+		s.web = w
+	}
+	s.Mux.Handle("/metrics", promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{EnableOpenMetrics: true}))
+	s.Mux.HandleFunc("/-/reload", s.serveReload)
+
+	var routed http.Handler = http.HandlerFunc(s.route)
+	if s.web != nil {
+		routed = s.web.Middleware(routed)
+	}
+	probes := http.NewServeMux()
+	probes.HandleFunc("/-/healthy", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("gpustore is Healthy.\n"))
 	})
-	mux.HandleFunc("/-/ready", func(w http.ResponseWriter, _ *http.Request) {
-		if err := ready(); err != nil {
+	probes.HandleFunc("/-/ready", func(w http.ResponseWriter, _ *http.Request) {
+		if err := d.Ready(); err != nil {
 			http.Error(w, "gpustore is not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("gpustore is Ready.\n"))
 	})
-	s := &Server{
-		Mux: mux, cfg: cfg, logger: logger, lis: lis,
-		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 30 * time.Second, ReadTimeout: time.Duration(cfg.ReadTimeout)},
+	// The probes stay open: a kubelet or load balancer has no credentials,
+	// and they tell nothing about any tenant's data.
+	s.handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/-/healthy" || r.URL.Path == "/-/ready" {
+			probes.ServeHTTP(w, r)
+			return
+		}
+		routed.ServeHTTP(w, r)
+	})
+
+	s.srv = &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: time.Duration(cfg.ReadHeaderTimeout),
+		ReadTimeout:       time.Duration(cfg.ReadTimeout),
+		WriteTimeout:      time.Duration(cfg.WriteTimeout),
+		IdleTimeout:       time.Duration(cfg.IdleTimeout),
+		ErrorLog:          slog.NewLogLogger(d.Logger.Handler(), slog.LevelDebug),
 	}
+	if s.web != nil && s.web.TLSEnabled() {
+		protos := []string{"http/1.1"}
+		if s.web.HTTP2() {
+			protos = []string{"h2", "http/1.1"}
+		} else {
+			s.srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
+		}
+		tc, err := s.web.TLSConfig(protos)
+		if err != nil {
+			return nil, err
+		}
+		s.srv.TLSConfig = tc
+	}
+
+	lis, err := net.Listen("tcp", cfg.ListenAddress)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", cfg.ListenAddress, err)
+	}
+	s.lis = lis
 	s.Service = services.NewBasicService(nil, s.run, s.stop)
 	return s, nil
 }
@@ -76,10 +206,94 @@ func New(cfg Config, logger *slog.Logger, gatherer prometheus.Gatherer, ready fu
 // Addr is the address actually listened on.
 func (s *Server) Addr() net.Addr { return s.lis.Addr() }
 
+// TLS says whether the server speaks HTTPS.
+func (s *Server) TLS() bool { return s.srv.TLSConfig != nil }
+
+// AdminOnly marks paths as process-wide: with tenants.auth set, only an
+// identity allowed every tenant ("*") may use them, since they show or change
+// more than one tenant.
+func (s *Server) AdminOnly(paths ...string) {
+	s.adminMtx.Lock()
+	defer s.adminMtx.Unlock()
+	for _, p := range paths {
+		s.admin[p] = true
+	}
+}
+
+func (s *Server) isAdminPath(p string) bool {
+	s.adminMtx.RLock()
+	defer s.adminMtx.RUnlock()
+	return s.admin[p]
+}
+
+// OnReload adds what SIGHUP and POST /-/reload re-read, after the web config.
+func (s *Server) OnReload(name string, f func() error) {
+	s.reloadMtx.Lock()
+	defer s.reloadMtx.Unlock()
+	s.reloaders = append(s.reloaders, reloader{name, f})
+}
+
+// Reload re-reads the web config and everything registered with OnReload.
+// A part that fails keeps its previous configuration; the others still reload.
+func (s *Server) Reload() error {
+	var errs []error
+	if s.web != nil {
+		if err := s.web.Reload(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.reloadMtx.Lock()
+	rs := append([]reloader(nil), s.reloaders...)
+	s.reloadMtx.Unlock()
+	for _, r := range rs {
+		if err := r.f(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", r.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Server) serveReload(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost && r.Method != http.MethodPut {
+		w.Header().Set("Allow", "POST, PUT")
+		http.Error(w, "only POST or PUT requests allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	if err := s.Reload(); err != nil {
+		http.Error(w, fmt.Sprintf("failed to reload config: %s", err), http.StatusInternalServerError)
+		return
+	}
+}
+
+// route runs behind the web config: writes through the per-tenant limit,
+// process-wide routes only for identities allowed every tenant.
+func (s *Server) route(w http.ResponseWriter, r *http.Request) {
+	if h, pattern := s.Writes.Handler(r); pattern != "" {
+		s.writes.serve(h, w, r)
+		return
+	}
+	if s.isAdminPath(r.URL.Path) {
+		if err := s.deps.Tenants.Admin(r); err != nil {
+			status := http.StatusForbidden
+			var te *tenancy.Error
+			if errors.As(err, &te) {
+				status = te.Status
+			}
+			http.Error(w, err.Error(), status)
+			return
+		}
+	}
+	s.Mux.ServeHTTP(w, r)
+}
+
 func (s *Server) run(ctx context.Context) error {
 	errc := make(chan error, 1)
 	go func() {
-		s.logger.Info("listening", "address", s.lis.Addr().String())
+		s.logger.Info("listening", "address", s.lis.Addr().String(), "tls", s.TLS(), "auth", s.web != nil)
+		if s.TLS() {
+			errc <- s.srv.ServeTLS(s.lis, "", "")
+			return
+		}
 		errc <- s.srv.Serve(s.lis)
 	}()
 	select {
@@ -108,3 +322,63 @@ func (s *Server) Drain() error {
 }
 
 func (s *Server) stop(error) error { return s.Drain() }
+
+// writeLimiter bounds each tenant's remote-write requests in progress.
+type writeLimiter struct {
+	max      int
+	tenants  tenancy.Config
+	mtx      sync.Mutex
+	inflight map[string]int
+	rejected *prometheus.CounterVec
+	gauge    *prometheus.GaugeVec
+}
+
+// writeRetryAfter is what a refused write is told to wait: about the time a
+// write in progress takes, so the sender's next try finds a free slot.
+const writeRetryAfter = 1 * time.Second
+
+func newWriteLimiter(max int, tenants tenancy.Config, reg prometheus.Registerer) *writeLimiter {
+	return &writeLimiter{
+		max: max, tenants: tenants, inflight: map[string]int{},
+		rejected: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_server_write_requests_throttled_total",
+			Help: "Remote-write requests answered 503 because the tenant had server.max_concurrent_writes_per_tenant in progress.",
+		}, []string{"tenant"}),
+		gauge: promauto.With(reg).NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpustore_server_inflight_write_requests",
+			Help: "Remote-write requests in progress, per tenant.",
+		}, []string{"tenant"}),
+	}
+}
+
+func (l *writeLimiter) serve(h http.Handler, w http.ResponseWriter, r *http.Request) {
+	if l.max <= 0 {
+		h.ServeHTTP(w, r)
+		return
+	}
+	id, err := l.tenants.FromRequest(r)
+	if err != nil {
+		h.ServeHTTP(w, r) // the handler answers the tenant error itself
+		return
+	}
+	l.mtx.Lock()
+	if l.inflight[id] >= l.max {
+		l.mtx.Unlock()
+		l.rejected.WithLabelValues(id).Inc()
+		w.Header().Set("Retry-After", strconv.Itoa(int(writeRetryAfter/time.Second)))
+		http.Error(w, fmt.Sprintf("tenant %q has %d writes in progress (server.max_concurrent_writes_per_tenant); retry later", id, l.max), http.StatusServiceUnavailable)
+		return
+	}
+	l.inflight[id]++
+	l.mtx.Unlock()
+	l.gauge.WithLabelValues(id).Inc()
+	defer func() {
+		l.gauge.WithLabelValues(id).Dec()
+		l.mtx.Lock()
+		if l.inflight[id]--; l.inflight[id] == 0 {
+			delete(l.inflight, id)
+		}
+		l.mtx.Unlock()
+	}()
+	h.ServeHTTP(w, r)
+}

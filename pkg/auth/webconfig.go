@@ -1,0 +1,279 @@
+// Package auth applies a Prometheus web configuration file
+// (--web.config.file, the exporter-toolkit format) to gpustore's HTTP
+// server: TLS with optional client certificates, basic-auth users with
+// bcrypt-hashed passwords, extra response headers and a request rate limit.
+// It also tells the rest of gpustore who a request authenticated as (its
+// Identity), which tenant authorisation (pkg/tenancy) maps to tenants.
+//
+// The file's format, its checks and the TLS configuration are the
+// exporter-toolkit's own (web.Validate, web.Config, web.ConfigToTLSConfig).
+// gpustore does not serve through the toolkit's web.Serve because that wraps
+// every path of the server: the probes /-/healthy and /-/ready must stay open
+// for a kubelet or load balancer that has no credentials.
+//
+// Reloading differs from the toolkit in one way, on purpose. The toolkit
+// re-reads and re-parses the file on every request and on every TLS
+// handshake, so a broken edit answers 500 to every request until it is
+// fixed. gpustore reads the file at start and again on SIGHUP and POST
+// /-/reload; a file that does not pass the toolkit's checks is refused and
+// the previous configuration stays in force. As with the toolkit, the
+// certificate and key files are read on every new TLS connection, so a
+// rotated certificate is served without a reload; open connections are never
+// dropped by a reload.
+package auth
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+	"github.com/prometheus/exporter-toolkit/web"
+	"go.yaml.in/yaml/v2"
+	"golang.org/x/crypto/bcrypt"
+	"golang.org/x/time/rate"
+)
+
+// WebConfig is a loaded web configuration file, swapped whole on reload.
+type WebConfig struct {
+	path   string
+	logger *slog.Logger
+	cur    atomic.Pointer[loaded]
+	// tlsOn is fixed at start: the listener is either TLS or not.
+	tlsOn bool
+
+	// bcrypt is deliberately slow; checked passwords are remembered (by a
+	// hash of user, stored hash and password) so a sender that sends the
+	// same credentials with every request pays once.
+	bcryptMtx sync.Mutex
+	okMtx     sync.Mutex
+	ok        map[[sha256.Size]byte]bool
+
+	reloadOK   prometheus.Gauge
+	reloadTime prometheus.Gauge
+	denied     *prometheus.CounterVec
+}
+
+type loaded struct {
+	cfg     *web.Config
+	limiter *rate.Limiter
+}
+
+// maxCachedChecks bounds the password check memo; past it, it starts over.
+const maxCachedChecks = 1024
+
+// Load reads and checks the file. An error means gpustore must not start.
+func Load(path string, logger *slog.Logger, reg prometheus.Registerer) (*WebConfig, error) {
+	w := &WebConfig{
+		path: path, logger: logger, ok: map[[sha256.Size]byte]bool{},
+		reloadOK: promauto.With(reg).NewGauge(prometheus.GaugeOpts{
+			Name: "gpustore_server_web_config_last_reload_successful",
+			Help: "Whether the last load of --web.config.file succeeded (1) or the previous configuration is still in force (0).",
+		}),
+		reloadTime: promauto.With(reg).NewGauge(prometheus.GaugeOpts{
+			Name: "gpustore_server_web_config_last_reload_success_timestamp_seconds",
+			Help: "When --web.config.file was last loaded successfully.",
+		}),
+		denied: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_server_unauthorized_requests_total",
+			Help: "Requests refused by the web configuration, by reason (no_credentials, bad_credentials, rate_limited).",
+		}, []string{"reason"}),
+	}
+	l, err := parse(path)
+	if err != nil {
+		return nil, err
+	}
+	w.tlsOn = l.cfg.TLSConfig.IsEnabled()
+	w.cur.Store(l)
+	w.reloadOK.Set(1)
+	w.reloadTime.SetToCurrentTime()
+	return w, nil
+}
+
+// parse checks the file with the toolkit's own validation (strict YAML,
+// allowed headers, bcrypt hashes, certificates and keys that load), then
+// reads it into the toolkit's Config with the toolkit's defaults.
+func parse(path string) (*loaded, error) {
+	if err := web.Validate(path); err != nil {
+		return nil, fmt.Errorf("web config %s: %w", path, err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("web config: %w", err)
+	}
+	c := &web.Config{
+		TLSConfig:  web.TLSConfig{MinVersion: tls.VersionTLS12, MaxVersion: tls.VersionTLS13},
+		HTTPConfig: web.HTTPConfig{HTTP2: true},
+	}
+	if err := yaml.UnmarshalStrict(b, c); err != nil {
+		return nil, fmt.Errorf("web config %s: %w", path, err)
+	}
+	c.TLSConfig.SetDirectory(filepath.Dir(path))
+	l := &loaded{cfg: c}
+	if rl := c.RateLimiterConfig; rl.Interval > 0 {
+		l.limiter = rate.NewLimiter(rate.Every(rl.Interval), rl.Burst)
+	}
+	return l, nil
+}
+
+// Reload re-reads the file. On error the previous configuration stays.
+func (w *WebConfig) Reload() error {
+	l, err := parse(w.path)
+	if err == nil && l.cfg.TLSConfig.IsEnabled() != w.tlsOn {
+		err = fmt.Errorf("web config %s: turning TLS on or off needs a restart", w.path)
+	}
+	if err != nil {
+		w.reloadOK.Set(0)
+		return err
+	}
+	w.cur.Store(l)
+	w.okMtx.Lock()
+	clear(w.ok)
+	w.okMtx.Unlock()
+	w.reloadOK.Set(1)
+	w.reloadTime.SetToCurrentTime()
+	return nil
+}
+
+// TLSEnabled says whether the listener serves TLS.
+func (w *WebConfig) TLSEnabled() bool { return w.tlsOn }
+
+// TLSConfig is the server's TLS configuration, nil without TLS. Each new
+// connection gets the configuration in force then (and the toolkit reads
+// the certificate files again), so a reload applies to new connections.
+func (w *WebConfig) TLSConfig(nextProtos []string) (*tls.Config, error) {
+	if !w.tlsOn {
+		return nil, nil
+	}
+	build := func() (*tls.Config, error) {
+		c, err := web.ConfigToTLSConfig(&w.cur.Load().cfg.TLSConfig)
+		if err != nil {
+			return nil, err
+		}
+		c.NextProtos = nextProtos
+		return c, nil
+	}
+	first, err := build()
+	if err != nil {
+		return nil, err
+	}
+	first.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) { return build() }
+	return first, nil
+}
+
+// HTTP2 says whether the file allows HTTP/2 over TLS (http_server_config.http2).
+func (w *WebConfig) HTTP2() bool { return w.cur.Load().cfg.HTTPConfig.HTTP2 }
+
+// Identity is who a request authenticated as.
+type Identity struct {
+	// User is the basic-auth user, when basic_auth_users is set.
+	User string
+	// CommonName is the subject CN of a client certificate that was verified
+	// against client_ca_file (never of an unverified one).
+	CommonName string
+}
+
+// Name is the identity tenant authorisation looks up: the basic-auth user
+// when there is one, else the certificate's common name.
+func (id Identity) Name() string {
+	if id.User != "" {
+		return id.User
+	}
+	return id.CommonName
+}
+
+type identityKey struct{}
+
+// IdentityFrom returns the request's identity; false when the request did not
+// authenticate (no web config, or neither users nor client certificates).
+func IdentityFrom(ctx context.Context) (Identity, bool) {
+	id, ok := ctx.Value(identityKey{}).(Identity)
+	return id, ok && id.Name() != ""
+}
+
+// WithIdentity returns ctx carrying id.
+func WithIdentity(ctx context.Context, id Identity) context.Context {
+	return context.WithValue(ctx, identityKey{}, id)
+}
+
+// Middleware applies the configuration to every request: response headers,
+// rate limit (429, as the toolkit answers), basic auth (401 with
+// WWW-Authenticate), then records the identity in the request context.
+func (w *WebConfig) Middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		l := w.cur.Load()
+		for k, v := range l.cfg.HTTPConfig.Header {
+			rw.Header().Set(k, v)
+		}
+		if l.limiter != nil && !l.limiter.Allow() {
+			w.denied.WithLabelValues("rate_limited").Inc()
+			http.Error(rw, http.StatusText(http.StatusTooManyRequests), http.StatusTooManyRequests)
+			return
+		}
+		var id Identity
+		if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
+			id.CommonName = r.TLS.VerifiedChains[0][0].Subject.CommonName
+		}
+		if len(l.cfg.Users) > 0 {
+			user, pass, ok := r.BasicAuth()
+			if !ok {
+				w.deny(rw, "no_credentials")
+				return
+			}
+			if !w.checkPassword(l, user, pass) {
+				w.deny(rw, "bad_credentials")
+				return
+			}
+			id.User = user
+		}
+		next.ServeHTTP(rw, r.WithContext(WithIdentity(r.Context(), id)))
+	})
+}
+
+func (w *WebConfig) deny(rw http.ResponseWriter, reason string) {
+	w.denied.WithLabelValues(reason).Inc()
+	rw.Header().Set("WWW-Authenticate", `Basic realm="gpustore"`)
+	http.Error(rw, http.StatusText(http.StatusUnauthorized), http.StatusUnauthorized)
+}
+
+// fakeHash is compared against for unknown users, so that a response's
+// timing does not tell which users exist.
+var fakeHash = func() []byte {
+	h, _ := bcrypt.GenerateFromPassword([]byte("not a password of anybody"), bcrypt.DefaultCost)
+	return h
+}()
+
+func (w *WebConfig) checkPassword(l *loaded, user, pass string) bool {
+	stored, known := l.cfg.Users[user]
+	hash := []byte(stored)
+	if !known {
+		hash = fakeHash
+	}
+	key := sha256.Sum256(fmt.Appendf(nil, "%d:%s\x00%s\x00%s", len(user), user, hash, pass))
+	w.okMtx.Lock()
+	ok, cached := w.ok[key]
+	w.okMtx.Unlock()
+	if !cached {
+		start := time.Now()
+		w.bcryptMtx.Lock() // bcrypt burns a core; one at a time
+		ok = bcrypt.CompareHashAndPassword(hash, []byte(pass)) == nil && known
+		w.bcryptMtx.Unlock()
+		w.logger.Debug("checked password", "user", user, "ok", ok, "took", time.Since(start))
+		w.okMtx.Lock()
+		if len(w.ok) >= maxCachedChecks {
+			clear(w.ok)
+		}
+		w.ok[key] = ok
+		w.okMtx.Unlock()
+	}
+	return ok
+}

@@ -1,0 +1,283 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/grafana/dskit/services"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/gpustore/gpustore/internal/testcerts"
+	"github.com/gpustore/gpustore/pkg/auth"
+	"github.com/gpustore/gpustore/pkg/tenancy"
+)
+
+// startServer runs a Server with a write route and a query-like route that
+// answer the tenant they were given, or the tenancy error.
+func startServer(t *testing.T, cfg Config, tenants tenancy.Config) *Server {
+	t.Helper()
+	if cfg.ListenAddress == "" {
+		cfg.ListenAddress = "127.0.0.1:0"
+	}
+	s, err := New(cfg, Deps{
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry(),
+		Ready: func() error { return nil }, Tenants: tenants,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := tenants.FromRequest(r)
+		if err != nil {
+			http.Error(w, err.Error(), err.(*tenancy.Error).Status)
+			return
+		}
+		who, _ := auth.IdentityFrom(r.Context())
+		fmt.Fprintf(w, "tenant=%s identity=%s", id, who.Name())
+	})
+	s.Writes.Handle("/api/v1/write", echo)
+	s.Mux.Handle("/api/v1/", echo)
+	if err := services.StartAndAwaitRunning(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), s) })
+	return s
+}
+
+func bcryptHash(t *testing.T, pass string) string {
+	t.Helper()
+	h, err := bcrypt.GenerateFromPassword([]byte(pass), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(h)
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type call struct {
+	method, path, user, pass, tenant string
+}
+
+func do(t *testing.T, c *http.Client, base string, k call) (int, string) {
+	t.Helper()
+	if k.method == "" {
+		k.method = http.MethodGet
+	}
+	req, _ := http.NewRequest(k.method, base+k.path, nil)
+	if k.user != "" {
+		req.SetBasicAuth(k.user, k.pass)
+	}
+	if k.tenant != "" {
+		req.Header.Set(tenancy.OrgIDHeader, k.tenant)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", k.method, k.path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestWebConfigTLSAndBasicAuth: with a web config file of TLS and bcrypt
+// users, every route but the probes needs credentials (401 without, 200 with),
+// plain HTTP is refused, the probes answer without credentials, and the
+// configured headers are on every answer.
+func TestWebConfigTLSAndBasicAuth(t *testing.T) {
+	ca := testcerts.NewCA(t, "gpustore-test")
+	srv := ca.Server(t, "server")
+	dir := t.TempDir()
+	file := filepath.Join(dir, "web.yml")
+	writeFile(t, file, fmt.Sprintf(`tls_server_config:
+  cert_file: %s
+  key_file: %s
+  min_version: TLS13
+basic_auth_users:
+  prometheus: %s
+http_server_config:
+  headers:
+    X-Content-Type-Options: nosniff
+`, srv.CertFile, srv.KeyFile, bcryptHash(t, "s3cret")))
+	s := startServer(t, Config{WebConfigFile: file}, tenancy.DefaultConfig())
+	base := "https://" + s.Addr().String()
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}}
+
+	for _, path := range []string{"/api/v1/write", "/api/v1/query", "/metrics", "/-/reload"} {
+		if code, _ := do(t, client, base, call{path: path}); code != http.StatusUnauthorized {
+			t.Errorf("%s without credentials: %d, want 401", path, code)
+		}
+		if code, _ := do(t, client, base, call{path: path, user: "prometheus", pass: "wrong"}); code != http.StatusUnauthorized {
+			t.Errorf("%s with a wrong password: %d, want 401", path, code)
+		}
+		if code, _ := do(t, client, base, call{path: path, user: "nobody", pass: "s3cret"}); code != http.StatusUnauthorized {
+			t.Errorf("%s as an unknown user: %d, want 401", path, code)
+		}
+	}
+	code, body := do(t, client, base, call{path: "/api/v1/write", user: "prometheus", pass: "s3cret"})
+	if code != http.StatusOK || body != "tenant=default identity=prometheus" {
+		t.Errorf("write with credentials: %d %q", code, body)
+	}
+	if code, _ := do(t, client, base, call{path: "/metrics", user: "prometheus", pass: "s3cret"}); code != http.StatusOK {
+		t.Errorf("/metrics with credentials: %d", code)
+	}
+	for _, path := range []string{"/-/healthy", "/-/ready"} {
+		if code, _ := do(t, client, base, call{path: path}); code != http.StatusOK {
+			t.Errorf("probe %s without credentials: %d, want 200", path, code)
+		}
+	}
+	req, _ := http.NewRequest(http.MethodGet, base+"/api/v1/query", nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Get("X-Content-Type-Options"); got != "nosniff" {
+		t.Errorf("configured header missing on a 401: %q", got)
+	}
+	if resp.Header.Get("WWW-Authenticate") == "" {
+		t.Error("401 without WWW-Authenticate")
+	}
+	// Plain HTTP to the TLS port gets no answer from the handlers.
+	if resp, err := http.Get("http://" + s.Addr().String() + "/-/healthy"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Error("plain HTTP served on the TLS listener")
+		}
+	}
+	// TLS 1.2 is below min_version.
+	old := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool, MaxVersion: tls.VersionTLS12}}}
+	if _, err := old.Get(base + "/-/healthy"); err == nil {
+		t.Error("TLS 1.2 accepted with min_version TLS13")
+	}
+}
+
+// TestWebConfigMutualTLS: with client_auth_type RequireAndVerifyClientCert a
+// client without a certificate, or with one from another CA, cannot connect;
+// one with a certificate of the client CA can, and its common name is the
+// request's identity.
+func TestWebConfigMutualTLS(t *testing.T) {
+	ca := testcerts.NewCA(t, "gpustore-test")
+	other := testcerts.NewCA(t, "other")
+	srv := ca.Server(t, "server")
+	file := filepath.Join(t.TempDir(), "web.yml")
+	writeFile(t, file, fmt.Sprintf(`tls_server_config:
+  cert_file: %s
+  key_file: %s
+  client_auth_type: RequireAndVerifyClientCert
+  client_ca_file: %s
+`, srv.CertFile, srv.KeyFile, ca.CertFile))
+	s := startServer(t, Config{WebConfigFile: file}, tenancy.DefaultConfig())
+	base := "https://" + s.Addr().String()
+	clientWith := func(certs ...tls.Certificate) *http.Client {
+		return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool, Certificates: certs}}}
+	}
+	if _, err := clientWith().Get(base + "/api/v1/query"); err == nil {
+		t.Error("connected without a client certificate")
+	}
+	if _, err := clientWith(other.Client(t, "intruder").TLS).Get(base + "/api/v1/query"); err == nil {
+		t.Error("connected with a certificate of an unknown CA")
+	}
+	code, body := do(t, clientWith(ca.Client(t, "prometheus-a").TLS), base, call{path: "/api/v1/query"})
+	if code != http.StatusOK || body != "tenant=default identity=prometheus-a" {
+		t.Errorf("with a client certificate: %d %q", code, body)
+	}
+}
+
+// TestWebConfigReload: POST /-/reload (and Server.Reload, which SIGHUP calls)
+// applies a changed users list; a broken file is refused with 500, the
+// previous configuration stays in force and the metric says so.
+func TestWebConfigReload(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "web.yml")
+	writeFile(t, file, "basic_auth_users:\n  alice: "+bcryptHash(t, "one")+"\n")
+	s := startServer(t, Config{WebConfigFile: file}, tenancy.DefaultConfig())
+	base := "http://" + s.Addr().String()
+	c := http.DefaultClient
+	if code, _ := do(t, c, base, call{path: "/api/v1/query", user: "alice", pass: "one"}); code != http.StatusOK {
+		t.Fatalf("before reload: %d", code)
+	}
+	writeFile(t, file, "basic_auth_users:\n  alice: "+bcryptHash(t, "two")+"\n")
+	// Nothing changes before the reload: the file is not read per request.
+	if code, _ := do(t, c, base, call{path: "/api/v1/query", user: "alice", pass: "one"}); code != http.StatusOK {
+		t.Fatalf("before reload, old password: %d", code)
+	}
+	if code, body := do(t, c, base, call{method: http.MethodPost, path: "/-/reload", user: "alice", pass: "one"}); code != http.StatusOK {
+		t.Fatalf("reload: %d %s", code, body)
+	}
+	if code, _ := do(t, c, base, call{path: "/api/v1/query", user: "alice", pass: "one"}); code != http.StatusUnauthorized {
+		t.Errorf("after reload, old password: %d, want 401", code)
+	}
+	if code, _ := do(t, c, base, call{path: "/api/v1/query", user: "alice", pass: "two"}); code != http.StatusOK {
+		t.Errorf("after reload, new password: %d", code)
+	}
+
+	writeFile(t, file, "basic_auth_users:\n  alice: not-a-bcrypt-hash\n")
+	code, body := do(t, c, base, call{method: http.MethodPost, path: "/-/reload", user: "alice", pass: "two"})
+	if code != http.StatusInternalServerError || !strings.Contains(body, "web config") {
+		t.Errorf("reload of a broken file: %d %q, want 500 naming the web config", code, body)
+	}
+	if code, _ := do(t, c, base, call{path: "/api/v1/query", user: "alice", pass: "two"}); code != http.StatusOK {
+		t.Errorf("after a failed reload the previous users must stay: %d", code)
+	}
+	if v := gaugeValue(t, s, "gpustore_server_web_config_last_reload_successful"); v != 0 {
+		t.Errorf("reload success gauge %v after a failed reload, want 0", v)
+	}
+	if err := s.Reload(); err == nil {
+		t.Error("Server.Reload of a broken file: no error")
+	}
+}
+
+// TestWebConfigBadFileFailsStart: gpustore does not start on a web config the
+// toolkit rejects (unknown key, header not allowed, missing certificate).
+func TestWebConfigBadFileFailsStart(t *testing.T) {
+	for name, content := range map[string]string{
+		"unknown key":      "basic_auth_user:\n  a: b\n",
+		"header":           "http_server_config:\n  headers:\n    X-Powered-By: me\n",
+		"missing cert":     "tls_server_config:\n  cert_file: /nonexistent.crt\n  key_file: /nonexistent.key\n",
+		"bad hash":         "basic_auth_users:\n  a: plaintext\n",
+		"ca without auth":  "tls_server_config:\n  client_ca_file: /nonexistent.crt\n",
+		"not yaml":         "{{{",
+		"bad min version":  "tls_server_config:\n  min_version: TLS9\n",
+		"bad client auth":  "tls_server_config:\n  cert: x\n  key: y\n  client_auth_type: Sometimes\n",
+		"rate limit types": "rate_limit:\n  burst: many\n",
+	} {
+		file := filepath.Join(t.TempDir(), "web.yml")
+		writeFile(t, file, content)
+		_, err := New(Config{ListenAddress: "127.0.0.1:0", WebConfigFile: file}, Deps{
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry(),
+			Ready: func() error { return nil },
+		})
+		if err == nil {
+			t.Errorf("%s: server started", name)
+		}
+	}
+}
+
+func gaugeValue(t *testing.T, s *Server, name string) float64 {
+	t.Helper()
+	mfs, err := s.deps.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("metric %s not found", name)
+	return 0
+}

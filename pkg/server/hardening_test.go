@@ -1,0 +1,238 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/grafana/dskit/services"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/model"
+
+	"github.com/gpustore/gpustore/pkg/tenancy"
+)
+
+func shortTimeouts() Config {
+	return Config{
+		ListenAddress:     "127.0.0.1:0",
+		ReadHeaderTimeout: model.Duration(500 * time.Millisecond),
+		ReadTimeout:       model.Duration(time.Second),
+		WriteTimeout:      model.Duration(5 * time.Second),
+		IdleTimeout:       model.Duration(500 * time.Millisecond),
+	}
+}
+
+// closedWithin reports whether the server closes conn within d (a read
+// returns EOF or a reset rather than our deadline passing).
+func closedWithin(conn net.Conn, d time.Duration) bool {
+	_ = conn.SetReadDeadline(time.Now().Add(d))
+	buf := make([]byte, 4096)
+	for {
+		_, err := conn.Read(buf)
+		if err == nil {
+			continue // e.g. a 408 answer before the close
+		}
+		var ne net.Error
+		if errorsAs(err, &ne) && ne.Timeout() {
+			return false
+		}
+		return true
+	}
+}
+
+func errorsAs(err error, target *net.Error) bool {
+	ne, ok := err.(net.Error)
+	if ok {
+		*target = ne
+	}
+	return ok
+}
+
+// TestSlowlorisAndIdleConnections: clients that send headers a byte at a
+// time, open connections and send nothing, trickle a body, or keep an idle
+// keep-alive connection are all cut off by the timeouts, and an honest client
+// is served quickly all the while.
+func TestSlowlorisAndIdleConnections(t *testing.T) {
+	s := startServer(t, shortTimeouts(), tenancy.DefaultConfig())
+	s.Mux.HandleFunc("/slowbody", func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.ReadAll(r.Body); err != nil {
+			http.Error(w, err.Error(), http.StatusRequestTimeout)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	addr := s.Addr().String()
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+
+	// 200 idle connections and 20 slowloris clients at once.
+	var idle []net.Conn
+	for range 200 {
+		idle = append(idle, dial())
+	}
+	var wg sync.WaitGroup
+	slowClosed := make(chan bool, 20)
+	for range 20 {
+		c := dial()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = io.WriteString(c, "GET /api/v1/query HTTP/1.1\r\nHost: x\r\n")
+			// One header byte every 100 ms: it would take minutes to finish.
+			deadline := time.Now().Add(5 * time.Second)
+			for time.Now().Before(deadline) {
+				if _, err := io.WriteString(c, "X"); err != nil {
+					slowClosed <- true
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			slowClosed <- closedWithin(c, 10*time.Millisecond)
+		}()
+	}
+	// An honest client is served while they hang on.
+	start := time.Now()
+	resp, err := http.Get("http://" + addr + "/api/v1/query")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || time.Since(start) > 2*time.Second {
+		t.Errorf("honest request: %d after %s", resp.StatusCode, time.Since(start))
+	}
+	for i, c := range idle {
+		if !closedWithin(c, 3*time.Second) {
+			t.Fatalf("idle connection %d still open after read_header_timeout", i)
+		}
+	}
+	wg.Wait()
+	close(slowClosed)
+	for closed := range slowClosed {
+		if !closed {
+			t.Fatal("a slowloris connection was not closed by read_header_timeout")
+		}
+	}
+
+	// A body trickled past read_timeout fails instead of holding the handler.
+	c := dial()
+	_, _ = io.WriteString(c, "POST /slowbody HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 50 {
+			if _, err := io.WriteString(c, "x"); err != nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	br := bufio.NewReader(c)
+	_ = c.SetReadDeadline(time.Now().Add(4 * time.Second))
+	line, err := br.ReadString('\n')
+	if err == nil && strings.Contains(line, " 200 ") {
+		t.Errorf("trickled body answered %q", line)
+	}
+	if err != nil {
+		var ne net.Error
+		if errorsAs(err, &ne) && ne.Timeout() {
+			t.Error("trickled body still being read 3 s after read_timeout")
+		}
+	}
+	<-done
+
+	// A keep-alive connection is closed after idle_timeout.
+	c = dial()
+	_, _ = io.WriteString(c, "GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
+	br = bufio.NewReader(c)
+	r, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, r.Body)
+	r.Body.Close()
+	if !closedWithin(c, 3*time.Second) {
+		t.Error("idle keep-alive connection not closed after idle_timeout")
+	}
+}
+
+// TestWriteConcurrencyPerTenant: past max_concurrent_writes_per_tenant a
+// tenant's writes are answered 503 with Retry-After (Prometheus retries 5xx),
+// while other tenants and the tenant's later writes go through.
+func TestWriteConcurrencyPerTenant(t *testing.T) {
+	cfg := shortTimeouts()
+	cfg.MaxConcurrentWritesPerTenant = 2
+	s, err := New(cfg, Deps{
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry(),
+		Ready: func() error { return nil }, Tenants: tenancy.DefaultConfig(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	entered := make(chan struct{}, 10)
+	s.Writes.HandleFunc("/api/v1/write", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(tenancy.OrgIDHeader) == "a" && r.URL.Query().Get("block") != "" {
+			entered <- struct{}{}
+			<-release
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	if err := services.StartAndAwaitRunning(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), s) })
+	base := "http://" + s.Addr().String()
+	post := func(tenant, query string) *http.Response {
+		req, _ := http.NewRequest(http.MethodPost, base+"/api/v1/write"+query, strings.NewReader("x"))
+		req.Header.Set(tenancy.OrgIDHeader, tenant)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
+		resp.Body.Close()
+		return resp
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() { defer wg.Done(); post("a", "?block=1") }()
+	}
+	<-entered
+	<-entered
+	resp := post("a", "")
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("third write of tenant a: %d, Retry-After %q; want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if resp := post("b", ""); resp.StatusCode != http.StatusNoContent {
+		t.Errorf("tenant b while a is at its limit: %d", resp.StatusCode)
+	}
+	close(release)
+	wg.Wait()
+	if resp := post("a", ""); resp.StatusCode != http.StatusNoContent {
+		t.Errorf("tenant a after its writes finished: %d", resp.StatusCode)
+	}
+	mfs, _ := s.deps.Registry.Gather()
+	found := false
+	for _, mf := range mfs {
+		if mf.GetName() == "gpustore_server_write_requests_throttled_total" {
+			found = mf.GetMetric()[0].GetCounter().GetValue() == 1
+		}
+	}
+	if !found {
+		t.Error("gpustore_server_write_requests_throttled_total{tenant=a} is not 1")
+	}
+}
