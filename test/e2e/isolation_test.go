@@ -127,7 +127,7 @@ func TestTenantIsolationEveryRoute(t *testing.T) {
 		want func(isolationTenant) string // what the tenant must see of its own
 	}{
 		{"/api/v1/query?query=" + all + fmt.Sprintf("&time=%d", (start+5*60_000)/1000), metricOf}, // from the bucket
-		{"/api/v1/query?query=" + all + fmt.Sprintf("&time=%d", (now-30_000)/1000), metricOf},    // from the head
+		{"/api/v1/query?query=" + all + fmt.Sprintf("&time=%d", (now-30_000)/1000), metricOf},     // from the head
 		{"/api/v1/query?query=" + url.QueryEscape("count by (__name__, secret) ({__name__=~\".+\"})"), valueOf},
 		{"/api/v1/query_range?query=" + all + "&step=60&" + rng, metricOf},
 		{"/api/v1/series?match[]=" + all + "&" + rng, valueOf},
