@@ -24,7 +24,7 @@ func newTestServer(t *testing.T, ready func() error, shutdownTimeout time.Durati
 	cfg := DefaultConfig()
 	cfg.ListenAddress = "127.0.0.1:0"
 	cfg.ShutdownTimeout = model.Duration(shutdownTimeout)
-	s, err := New(cfg, slog.New(slog.DiscardHandler), reg, ready)
+	s, err := New(cfg, Deps{Logger: slog.New(slog.DiscardHandler), Registry: reg, Ready: ready})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func TestNewFailsOnAPortInUse(t *testing.T) {
 	s := newTestServer(t, func() error { return nil }, time.Second)
 	cfg := DefaultConfig()
 	cfg.ListenAddress = s.Addr().String()
-	if _, err := New(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry(), nil); err == nil {
+	if _, err := New(cfg, Deps{Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry()}); err == nil {
 		t.Fatalf("second server on %s: no error", cfg.ListenAddress)
 	}
 }

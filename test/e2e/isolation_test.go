@@ -18,6 +18,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/gpustore/gpustore/pkg/app"
+	"github.com/gpustore/gpustore/pkg/compact"
 )
 
 // isolationTenant is what one tenant writes: names and values found nowhere
@@ -43,8 +44,8 @@ func (it isolationTenant) markers() []string {
 // TestTenantIsolationEveryRoute: two tenants, each with its own basic-auth
 // identity (tenants.auth), write distinct series, metadata, exemplars, HA
 // elections and rules. Old samples are cut into minute blocks, shipped to the
-// bucket and dropped locally, so reads go through the bucket store as well as
-// the head. On every route gpustore serves, tenant A sees its own data and
+// bucket, compacted there (both tenants) and dropped locally, so reads go
+// through the bucket store's compacted blocks as well as the head. On every route gpustore serves, tenant A sees its own data and
 // nothing of B's; naming B's tenant is 403 for reads and writes; and the
 // process-wide routes are refused to both and open to an identity allowed "*".
 func TestTenantIsolationEveryRoute(t *testing.T) {
@@ -83,6 +84,11 @@ func TestTenantIsolationEveryRoute(t *testing.T) {
 		c.TSDB.Retention = model.Duration(time.Minute)
 		c.Shipper.Interval = model.Duration(500 * time.Millisecond)
 		c.BucketStore.SyncInterval = model.Duration(time.Second)
+		// The compactor (part of "all") merges the minute blocks into 4-minute
+		// ones, so reads also go through compacted blocks of both tenants.
+		c.Compact.Interval = model.Duration(time.Second)
+		c.Compact.BlockRanges = compact.DurationList{model.Duration(time.Minute), model.Duration(4 * time.Minute)}
+		c.Compact.LeaseSettle = model.Duration(100 * time.Millisecond)
 	})
 	pw := map[string]string{"alice": "pa", "bob": "pb", "ops": "po"}
 
@@ -104,10 +110,16 @@ func TestTenantIsolationEveryRoute(t *testing.T) {
 		t.Errorf("unauthenticated write: %d, want 401", code)
 	}
 
-	waitFor(t, 2*time.Minute, "both tenants' old blocks in the bucket and gone locally, alerts firing", func() error {
+	waitFor(t, 2*time.Minute, "both tenants' old blocks in the bucket, compacted and gone locally, alerts firing", func() error {
 		for _, it := range []isolationTenant{tenantA, tenantB} {
-			if n := len(a.BucketStore.Blocks(it.tenant)); n < 15 {
-				return fmt.Errorf("%s: %d blocks in the bucket", it.tenant, n)
+			compacted := 0
+			for _, m := range a.BucketStore.Blocks(it.tenant) {
+				if m.Compaction.Level > 1 {
+					compacted++
+				}
+			}
+			if compacted < 3 {
+				return fmt.Errorf("%s: %d compacted blocks in the bucket", it.tenant, compacted)
 			}
 			if n := localBlocks(a, it.tenant); n > 3 {
 				return fmt.Errorf("%s: %d local blocks", it.tenant, n)
@@ -138,7 +150,9 @@ func TestTenantIsolationEveryRoute(t *testing.T) {
 		{"/api/v1/query_exemplars?query=" + all + "&" + rng, traceOf},
 		{"/api/v1/rules", func(it isolationTenant) string { return it.record }},
 		{"/api/v1/alerts", func(it isolationTenant) string { return it.alert }},
-		{"/api/v1/status/tsdb", metricOf},
+		// The head holds the rule's output; the written series may already
+		// be cut into a block.
+		{"/api/v1/status/tsdb", func(it isolationTenant) string { return it.record }},
 		{"/api/v1/status/tsdb/blocks", func(isolationTenant) string { return "blocks" }},
 	}
 	for _, pair := range [][2]isolationTenant{{tenantA, tenantB}, {tenantB, tenantA}} {
