@@ -17,7 +17,7 @@ RACE_PKGS := ./pkg/ingest/... ./pkg/tenantdb/... ./pkg/query/... ./pkg/rules/...
 RACE_PKGS += ./pkg/shipper/... ./pkg/bucketstore/... ./pkg/hatracker/... ./pkg/limits/... ./pkg/compact/...
 UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./...))
 
-.PHONY: all build run test test-unit test-race fuzz tools vet bench bench-compare bench-compact clean docker dashboards
+.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact clean docker dashboards
 
 all: build
 
@@ -60,12 +60,29 @@ test-race:
 	@echo "== test-race $$(date +%T)"
 	$(GO) test -count=1 -race $(RACE_PKGS)
 
-# A few seconds of each decoder fuzz target (longer: FUZZTIME=5m make fuzz).
-FUZZTIME ?= 10s
+# A few seconds of every fuzz target (their seed corpora also run in
+# test-unit); make fuzz-long runs each for minutes (FUZZTIME_LONG=30m make fuzz-long).
+FUZZ_PKGS := ./pkg/ingest ./pkg/auth ./pkg/limits ./pkg/query
+FUZZTIME ?= 5s
+FUZZTIME_LONG ?= 5m
 fuzz:
 	@echo "== fuzz $$(date +%T)"
-	$(GO) test -run XXX -fuzz '^FuzzDecodeV1$$' -fuzztime $(FUZZTIME) ./pkg/ingest
-	$(GO) test -run XXX -fuzz '^FuzzDecodeV2$$' -fuzztime $(FUZZTIME) ./pkg/ingest
+	@for p in $(FUZZ_PKGS); do \
+		for f in $$($(GO) test -list '^Fuzz' $$p | grep '^Fuzz'); do \
+			echo "$$p $$f ($(FUZZTIME))"; \
+			$(GO) test -run XXX -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) $$p || exit 1; \
+		done; \
+	done
+
+fuzz-long:
+	$(MAKE) fuzz FUZZTIME=$(FUZZTIME_LONG)
+
+# The soak tests long (test/e2e/soak_test.go; short versions run in
+# test-unit): 20 kill -9 of gpustore under load, three 30-minute bucket
+# outages under load; prints kills survived, samples acknowledged and lost,
+# restart time per GiB of WAL, backlog.
+soak:
+	GPUSTORE_SOAK=long CI=true $(GO) test -count=1 -v -timeout 60m -run '^TestSoak' ./test/e2e
 
 # The real servers the end-to-end tests run on loopback, pinned, installed
 # once into $(TOOLS_DIR) (a stamp file per version).
