@@ -1,6 +1,7 @@
 package compact_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/compact"
+	"github.com/gpustore/gpustore/pkg/downsample"
 )
 
 // Crash points: where the compactor process is killed (SIGKILL, by itself,
@@ -28,6 +30,11 @@ const (
 	crashMidMarks    = "mid-marks"    // one source is marked, the others are not
 	crashAfterMarks  = "after-marks"  // every source is marked, nothing deleted yet
 	crashMidDelete   = "mid-delete"   // a source's meta.json is deleted, its data is not
+
+	// With downsampling on: killed before / after a downsampled block's
+	// meta.json is uploaded (its chunks and index are in the bucket).
+	crashDownsampleMidUpload   = "downsample-mid-upload"
+	crashDownsampleAfterUpload = "downsample-after-upload"
 )
 
 // crashBucket kills the process at its crash point.
@@ -44,6 +51,23 @@ func die() {
 }
 
 func (b *crashBucket) Upload(ctx context.Context, name string, r io.Reader, opts ...objstore.ObjectUploadOption) error {
+	if strings.HasPrefix(b.at, "downsample-") && strings.HasSuffix(name, "/"+block.MetaFilename) {
+		raw, err := io.ReadAll(r)
+		if err != nil {
+			return err
+		}
+		downsampled := strings.Contains(string(raw), `"source": "`+downsample.Source+`"`)
+		if downsampled && b.at == crashDownsampleMidUpload {
+			die()
+		}
+		if err := b.Bucket.Upload(ctx, name, bytes.NewReader(raw), opts...); err != nil {
+			return err
+		}
+		if downsampled && b.at == crashDownsampleAfterUpload {
+			die()
+		}
+		return nil
+	}
 	switch {
 	case b.at == crashMidUpload && strings.HasSuffix(name, "/"+block.IndexFilename):
 		die()
@@ -75,6 +99,7 @@ func TestCompactorCrashHelper(t *testing.T) {
 	}
 	bkt := &crashBucket{Bucket: openBucket(t, s3Config{addr: os.Getenv("GPUSTORE_COMPACT_S3")}), at: at}
 	cfg := crashConfig()
+	cfg.Downsample = strings.HasPrefix(at, "downsample-")
 	cfg.DataDir = os.Getenv("GPUSTORE_COMPACT_DIR")
 	c, err := compact.New(cfg, bkt, "", nil, quiet(), nil)
 	if err != nil {
@@ -177,4 +202,73 @@ func TestCrashAtEveryStep(t *testing.T) {
 // the newest 2h block.
 func wantSpans(t *testing.T) string {
 	return fmt.Sprintf("%s+8h0m0s(L2) %s+8h0m0s(L2) %s+2h0m0s(L1)", "01-01T00", "01-01T08", "01-01T16")
+}
+
+// TestCrashWhileDownsampling kills a compactor process with downsampling on
+// just before and just after a downsampled block's meta.json is uploaded,
+// restarts it, and checks that the bucket ends as an uninterrupted run
+// leaves it: the same blocks at every resolution, the same number of
+// downsampled samples (nothing lost, nothing doubled), no partial block.
+func TestCrashWhileDownsampling(t *testing.T) {
+	s3 := startS3(t)
+	sl := simSlice{Nodes: 1, Start: time.UnixMilli(1_767_225_600_000).UTC(), Duration: 18 * time.Hour, Interval: time.Minute, Block: 2 * time.Hour}
+	dirs := sl.write(t, t.TempDir())
+	cfg := crashConfig()
+	cfg.Downsample = true
+	layout := func(st bucketState) (string, map[int64]uint64) {
+		samples := map[int64]uint64{}
+		for _, m := range st.live {
+			samples[m.GPUStore.Downsample.Resolution] += m.Stats.NumSamples
+		}
+		return st.spans(), samples
+	}
+	fresh := func(t *testing.T) objstore.Bucket {
+		bkt := openBucket(t, s3)
+		var names []string
+		if err := bkt.Iter(context.Background(), "crash/", func(name string) error {
+			names = append(names, name)
+			return nil
+		}, objstore.WithRecursiveIter()); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range names {
+			if err := bkt.Delete(context.Background(), n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		upload(t, bkt, "crash", nil, dirs...)
+		return bkt
+	}
+	ref := fresh(t)
+	c, _ := newCompactor(t, cfg, ref, nil)
+	wantSpans, wantSamples := layout(compactUntilStable(t, c, ref, "crash"))
+	if wantSamples[downsample.Res5m] == 0 {
+		t.Fatalf("the uninterrupted run downsampled nothing: %s", wantSpans)
+	}
+	for _, at := range []string{crashDownsampleMidUpload, crashDownsampleAfterUpload} {
+		t.Run(at, func(t *testing.T) {
+			bkt := fresh(t)
+			work := t.TempDir()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestCompactorCrashHelper$", "-test.v")
+			cmd.Env = append(os.Environ(), "GPUSTORE_COMPACT_CRASH_AT="+at, "GPUSTORE_COMPACT_S3="+s3.addr, "GPUSTORE_COMPACT_DIR="+work)
+			out, err := cmd.CombinedOutput()
+			ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
+			if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+				t.Fatalf("compactor was not killed at %s: %v\n%s", at, err, out)
+			}
+			time.Sleep(time.Duration(cfg.LeaseTTL)) // the dead one's lease expires
+			rcfg := cfg
+			rcfg.DataDir = work
+			c, _ := newCompactor(t, rcfg, bkt, nil)
+			st := compactUntilStable(t, c, bkt, "crash")
+			if len(st.partial) > 0 || len(st.marked) > 0 {
+				t.Fatalf("left behind: %d partial, %d marked blocks", len(st.partial), len(st.marked))
+			}
+			gotSpans, gotSamples := layout(st)
+			if gotSpans != wantSpans || fmt.Sprint(gotSamples) != fmt.Sprint(wantSamples) {
+				t.Fatalf("after the crash and a restart: %s, samples by resolution %v; an uninterrupted run: %s, %v",
+					gotSpans, gotSamples, wantSpans, wantSamples)
+			}
+		})
+	}
 }
