@@ -14,8 +14,12 @@ VERSITYGW_VERSION  := v1.8.0
 # modules raced here) stays out: it would add ~200 packages (the dskit ring,
 # memberlist) to the race build for no concurrency of its own.
 RACE_PKGS := ./pkg/ingest/... ./pkg/tenantdb/... ./pkg/query/... ./pkg/rules/...
-RACE_PKGS += ./pkg/shipper/... ./pkg/bucketstore/... ./pkg/hatracker/... ./pkg/limits/... ./pkg/compact/...
+RACE_PKGS += ./pkg/shipper/... ./pkg/bucketstore/... ./pkg/hatracker/... ./pkg/limits/...
 UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./...))
+# pkg/compact runs whole in test-unit (its week, downsampling and crash tests
+# take minutes under the race detector) and again under it for the tests of
+# its concurrency: the lease's renewal and two compactors on one bucket.
+COMPACT_RACE_TESTS := TestLeaseExpiresAfterHolderDies|TestTwoCompactorsOneBucket|TestWorkingDirectoryBounded
 
 .PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact clean docker dashboards
 
@@ -59,6 +63,7 @@ test-unit:
 test-race:
 	@echo "== test-race $$(date +%T)"
 	$(GO) test -count=1 -race $(RACE_PKGS)
+	$(GO) test -count=1 -race -run '^($(COMPACT_RACE_TESTS))$$' ./pkg/compact
 
 # A few seconds of every fuzz target (their seed corpora also run in
 # test-unit); make fuzz-long runs each for minutes (FUZZTIME_LONG=30m make fuzz-long).
