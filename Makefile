@@ -21,7 +21,7 @@ UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./.
 # its concurrency: the lease's renewal and two compactors on one bucket.
 COMPACT_RACE_TESTS := TestLeaseExpiresAfterHolderDies|TestTwoCompactorsOneBucket|TestWorkingDirectoryBounded
 
-.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact clean docker dashboards
+.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact clean docker dashboards dev-stack
 
 all: build
 
@@ -37,6 +37,15 @@ docker:
 	$(DOCKER) build -f deploy/docker/gpustore.Dockerfile -t gpustore:$(IMAGE_TAG) \
 		--build-arg VERSION=$(IMAGE_TAG) --build-arg REVISION=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown) .
 	$(DOCKER) build -f deploy/docker/gpusim.Dockerfile -t gpusim:$(IMAGE_TAG) .
+
+# The whole system on loopback without containers, from deploy/compose's
+# config files: versitygw (S3, in place of MinIO), gpusim, gpustore,
+# Alertmanager and a Prometheus HA pair; data and logs in data/dev-stack.
+# Ctrl-C stops it. Flags after -- go to gpustore:
+#   make dev-stack DEV_STACK_FLAGS='-- --log.level=debug'
+DEV_STACK_FLAGS ?=
+dev-stack: build tools
+	$(GO) run ./deploy/devstack/cmd/devstack $(DEV_STACK_FLAGS)
 
 # Grafana dashboards: generated from deploy/grafana/*.go into
 # deploy/grafana/dashboards/*.json (a test fails while they are stale).
