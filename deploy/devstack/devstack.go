@@ -43,7 +43,7 @@ type Config struct {
 	FreePorts bool
 	// GpustoreArgs are added to gpustore's flags (they win over its file).
 	GpustoreArgs []string
-	Logger *slog.Logger
+	Logger       *slog.Logger
 }
 
 // composeFile is the part of compose.yaml the stack reads.
@@ -467,4 +467,3 @@ func (s *Stack) Ports() []string {
 	slices.Sort(out)
 	return out
 }
-
