@@ -127,8 +127,12 @@ func TestDevStack(t *testing.T) {
 		Logger: slog.New(slog.NewTextHandler(logWriter{t}, nil)),
 		// Minute blocks kept locally for a minute, shipped and listed fast:
 		// within the test, data is served from the bucket only.
+		// The compactor's first pass runs at start (nothing to do) and the
+		// next in an hour: merging and downsampling minute blocks is
+		// pkg/compact's to test, and here it would rewrite the blocks the
+		// test reads back while it reads them.
 		GpustoreArgs: []string{"--storage.tsdb.block-duration=1m", "--storage.tsdb.retention.time=1m",
-			"--shipper.interval=2s", "--bucket-store.sync-interval=2s"},
+			"--shipper.interval=2s", "--bucket-store.sync-interval=2s", "--compact.interval=1h"},
 	})
 	if err != nil {
 		t.Fatal(err)
