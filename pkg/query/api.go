@@ -33,6 +33,7 @@ import (
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/promql"
+	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/prometheus/prometheus/rules"
 	"github.com/prometheus/prometheus/scrape"
 	"github.com/prometheus/prometheus/tsdb"
@@ -126,7 +127,7 @@ func New(opts Options) (*API, error) {
 		ActiveQueryTracker: tracker,
 		LookbackDelta:      time.Duration(opts.Config.LookbackDelta),
 		// Subqueries without a step use the default rule evaluation interval, as in Prometheus.
-		NoStepSubqueryIntervalFn: func(int64) int64 { return time.Minute.Milliseconds() },
+		NoStepSubqueryIntervalFn: func(int64) int64 { return noStepSubqueryInterval.Milliseconds() },
 		EnableAtModifier:         true,
 		EnableNegativeOffset:     true,
 	})
@@ -205,11 +206,14 @@ func timeoutIs503[N any](_ N, err error) (int, bool) {
 	return 0, false
 }
 
+// noStepSubqueryInterval is the step of a subquery that names none.
+const noStepSubqueryInterval = time.Minute
+
 // RegisterRoutes mounts the API under /api/v1/, behind the tenant middleware.
 // The write endpoints registered by pkg/ingest are more specific patterns and
 // take precedence.
 func (a *API) RegisterRoutes(mux *http.ServeMux) {
-	mux.Handle("/api/v1/", a.tenant(a.dedup(a.resolution(a.router))))
+	mux.Handle("/api/v1/", boundSubqueries(a.tenant(a.dedup(a.resolution(a.router)))))
 	mux.Handle("/api/v1/metadata", a.tenant(http.HandlerFunc(a.metadata)))
 	mux.Handle("/api/v1/status/tsdb", a.tenant(http.HandlerFunc(a.tsdbStatus)))
 	mux.Handle("/api/v1/status/tsdb/blocks", a.tenant(http.HandlerFunc(a.tsdbBlocks)))
@@ -280,6 +284,50 @@ func (a *API) resolution(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// maxSubquerySteps bounds the steps of one subquery. Prometheus' engine
+// sizes and walks per-step statistics for each subquery without looking at
+// the query's deadline, so one x[100y:1s] held a core long past
+// query.timeout (TestSubqueryStepsBounded). 11,000 is the bound Prometheus
+// puts on the points per series of a range query.
+const maxSubquerySteps = 11_000
+
+// boundSubqueries answers 400 to a query with a subquery of more than
+// maxSubquerySteps steps, before any tenant's data is touched.
+func boundSubqueries(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if q := r.FormValue("query"); q != "" {
+			if err := checkSubquerySteps(q); err != nil {
+				writeError(w, http.StatusBadRequest, "bad_data", err)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func checkSubquerySteps(q string) error {
+	expr, err := parser.NewParser(parser.Options{}).ParseExpr(q)
+	if err != nil {
+		return nil // the API answers the parse error itself
+	}
+	var tooMany error
+	parser.Inspect(expr, func(n parser.Node, _ []parser.Node) error {
+		sq, ok := n.(*parser.SubqueryExpr)
+		if !ok || tooMany != nil {
+			return nil
+		}
+		step := sq.Step
+		if step <= 0 {
+			step = noStepSubqueryInterval
+		}
+		if steps := sq.Range / step; steps > maxSubquerySteps {
+			tooMany = fmt.Errorf("subquery %s has %d steps, more than %d: use a coarser step or a shorter range", sq, steps, maxSubquerySteps)
+		}
+		return nil
+	})
+	return tooMany
 }
 
 // downsampledSource is a Source that may hold downsampled blocks.

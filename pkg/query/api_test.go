@@ -29,7 +29,7 @@ type apiResponse struct {
 }
 
 // newTestAPI serves the query API over two tenants' TSDBs holding GPU series.
-func newTestAPI(t *testing.T, mutate func(*Config)) (*httptest.Server, int64) {
+func newTestAPI(t testing.TB, mutate func(*Config)) (*httptest.Server, int64) {
 	t.Helper()
 	cfg := tenantdb.DefaultConfig()
 	cfg.Dir = t.TempDir()
@@ -77,7 +77,7 @@ func newTestAPI(t *testing.T, mutate func(*Config)) (*httptest.Server, int64) {
 	return srv, now
 }
 
-func call(t *testing.T, srv *httptest.Server, method, path string, params url.Values, headers ...string) (int, apiResponse) {
+func call(t testing.TB, srv *httptest.Server, method, path string, params url.Values, headers ...string) (int, apiResponse) {
 	t.Helper()
 	var req *http.Request
 	if method == http.MethodPost {
@@ -175,5 +175,44 @@ func TestAPIErrorCodes(t *testing.T) {
 	code, r := call(t, slow, "GET", "/api/v1/query", url.Values{"query": {"count(DCGM_FI_DEV_GPU_TEMP)"}, "time": {time.UnixMilli(now).UTC().Format(time.RFC3339)}})
 	if code != http.StatusServiceUnavailable || r.Status != "error" {
 		t.Errorf("timeout: %d %s %s", code, r.ErrorType, r.Error)
+	}
+}
+
+// A subquery of billions of steps is refused at once (400): Prometheus'
+// engine sizes and walks per-step statistics for a subquery without looking
+// at the query's deadline, so it would hold a core long past query.timeout.
+// A subquery of ordinary size still runs.
+func TestSubqueryStepsBounded(t *testing.T) {
+	srv, now := newTestAPI(t, func(c *Config) { c.Timeout = model.Duration(2 * time.Second) })
+	client := &http.Client{Timeout: 10 * time.Second}
+	at := time.UnixMilli(now).UTC().Format(time.RFC3339)
+	for _, c := range []struct {
+		path, query string
+		code        int
+	}{
+		{"/api/v1/query", "count_over_time(DCGM_FI_DEV_GPU_TEMP[100y:1s])", http.StatusBadRequest},
+		{"/api/v1/query_range", "count_over_time(DCGM_FI_DEV_GPU_TEMP[100y:1s])", http.StatusBadRequest},
+		{"/api/v1/query", "max_over_time(rate(DCGM_FI_DEV_GPU_TEMP[5m:1s])[20y:])", http.StatusBadRequest}, // default step 1m
+		{"/api/v1/query", "max_over_time(DCGM_FI_DEV_GPU_TEMP[1h:1m])", http.StatusOK},
+		{"/api/v1/query", "max_over_time(DCGM_FI_DEV_GPU_TEMP[1d:])", http.StatusOK},
+	} {
+		p := url.Values{"query": {c.query}, "time": {at}, "start": {"0"}, "end": {"1"}, "step": {"1"}}
+		began := time.Now()
+		resp, err := client.Get(srv.URL + c.path + "?" + p.Encode())
+		if err != nil {
+			t.Fatalf("%s %s: %v", c.path, c.query, err)
+		}
+		var r apiResponse
+		_ = json.NewDecoder(resp.Body).Decode(&r)
+		resp.Body.Close()
+		if resp.StatusCode != c.code {
+			t.Errorf("%s %s: %d %s %s, want %d", c.path, c.query, resp.StatusCode, r.ErrorType, r.Error, c.code)
+		}
+		if c.code == http.StatusBadRequest && r.ErrorType != "bad_data" {
+			t.Errorf("%s %s: error type %q", c.path, c.query, r.ErrorType)
+		}
+		if d := time.Since(began); d > 3*time.Second {
+			t.Errorf("%s %s took %s", c.path, c.query, d)
+		}
 	}
 }

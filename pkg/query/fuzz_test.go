@@ -1,0 +1,69 @@
+package query
+
+import (
+	"net/http"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/model"
+)
+
+// fuzzRoutes are the query API's routes that read request parameters.
+var fuzzRoutes = []string{
+	"/api/v1/query", "/api/v1/query_range", "/api/v1/series", "/api/v1/labels", "/api/v1/label/__name__/values",
+	"/api/v1/label/gpu/values", "/api/v1/metadata", "/api/v1/query_exemplars", "/api/v1/format_query", "/api/v1/status/tsdb",
+}
+
+// FuzzQueryParams: whatever parameters a client sends to any query route
+// (expression, times, step, dedup, max_source_resolution, limits, GET or
+// POST), the answer is Prometheus' JSON envelope, "success" with 200 or
+// "error" with an error type and a 4xx (or 503 for a query cut by the
+// timeout); never a 500, a panic or a hang.
+func FuzzQueryParams(f *testing.F) {
+	now := time.Now().Unix()
+	for _, s := range []struct {
+		route                                          uint8
+		query, tm, start, end, step, dedup, res, limit string
+		post                                           bool
+	}{
+		{0, "DCGM_FI_DEV_GPU_TEMP", "", "", "", "", "", "", "", false},
+		{1, "rate(DCGM_FI_DEV_GPU_TEMP[1m])", "", "-1", "9999999999", "15", "false", "auto", "", true},
+		{1, "up", "", "2026-01-01T00:00:00Z", "2025-01-01T00:00:00Z", "0.001", "", "", "", false},
+		{0, "sum(", "yesterday", "", "", "", "maybe", "10s", "-1", false},
+		{2, "{gpu=~\"(\"}", "", "NaN", "+Inf", "", "", "", "1", false},
+		{3, "{__name__=~\".+\"}", "", "", "", "", "", "raw", "0", true},
+		{4, "", "", "-9223372036854775808", "9223372036854775807", "", "", "1h", "", false},
+		{7, "DCGM_FI_DEV_GPU_TEMP", "", "1e300", "-1e300", "", "", "5m", "", false},
+		{1, "count_over_time(DCGM_FI_DEV_GPU_TEMP[100y:1s])", "", "0", "1", "1", "", "", "", false},
+		{0, "DCGM_FI_DEV_GPU_TEMP\xff\xfe", "\x00", "", "", "", "true", "\xff", "", false},
+		{8, "sum by (gpu) (DCGM_FI_DEV_GPU_TEMP)", "", "", "", "", "", "", "", false},
+	} {
+		tm := s.tm
+		if tm == "" {
+			tm = time.Unix(now, 0).UTC().Format(time.RFC3339)
+		}
+		f.Add(s.route, s.query, tm, s.start, s.end, s.step, s.dedup, s.res, s.limit, s.post)
+	}
+	srv, _ := newTestAPI(f, func(c *Config) {
+		c.Timeout = model.Duration(2 * time.Second)
+		c.MaxSamples = 100_000
+	})
+	f.Fuzz(func(t *testing.T, route uint8, query, tm, start, end, step, dedup, res, limit string, post bool) {
+		path := fuzzRoutes[int(route)%len(fuzzRoutes)]
+		p := url.Values{"query": {query}, "match[]": {query}, "time": {tm}, "start": {start}, "end": {end}, "step": {step},
+			"dedup": {dedup}, "max_source_resolution": {res}, "limit": {limit}}
+		method := http.MethodGet
+		if post {
+			method = http.MethodPost
+		}
+		code, r := call(t, srv, method, path, p)
+		switch {
+		case code == http.StatusOK && r.Status == "success":
+		case code >= 400 && code < 500 && r.Status == "error" && r.ErrorType != "":
+		case code == http.StatusServiceUnavailable && r.Status == "error":
+		default:
+			t.Fatalf("%s %s %v: %d %s %s %s", method, path, p, code, r.Status, r.ErrorType, r.Error)
+		}
+	})
+}
