@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -174,13 +175,21 @@ func BenchmarkDashboardQueries(b *testing.B) {
 }
 
 // BenchmarkLongRangeOverview runs the cluster-overview panels (bench/load)
-// over 30 days of one simulated node at 1m, compacted and downsampled, with
-// Grafana's step (≈ 3 h: auto resolution reads 1h data, rate(x[5m]) 5m
-// data), against the same blocks read raw (max_source_resolution=raw).
+// over 30 days of one simulated node at 1m (GPUSTORE_BENCH_DAYS,
+// GPUSTORE_BENCH_INTERVAL), compacted and downsampled, with Grafana's step
+// (≈ 3 h for 30 days: auto resolution reads 1h data, rate(x[5m]) 5m data),
+// against the same blocks read raw (max_source_resolution=raw).
 func BenchmarkLongRangeOverview(b *testing.B) {
 	ms := (14 * day).Milliseconds()
 	start := time.UnixMilli((gpusim.DefaultEpoch.UnixMilli() + ms - 1) / ms * ms).UTC()
 	sl := simSlice{Nodes: 1, Start: start, Duration: 30 * day, Interval: time.Minute, Block: 2 * time.Hour}
+	// GPUSTORE_BENCH_DAYS and GPUSTORE_BENCH_INTERVAL change the slice (e.g. 7 and 15s).
+	if v, err := strconv.Atoi(os.Getenv("GPUSTORE_BENCH_DAYS")); err == nil && v > 0 {
+		sl.Duration = time.Duration(v) * day
+	}
+	if v, err := time.ParseDuration(os.Getenv("GPUSTORE_BENCH_INTERVAL")); err == nil && v > 0 {
+		sl.Interval = v
+	}
 	dir := filepath.Join(os.TempDir(), fmt.Sprintf("gpustore-compact-bench-%dn-%s-%s", sl.Nodes, sl.Duration, sl.Interval))
 	if _, err := os.Stat(filepath.Join(dir, "complete")); err != nil {
 		_ = os.RemoveAll(dir)
@@ -213,7 +222,7 @@ func BenchmarkLongRangeOverview(b *testing.B) {
 	})
 	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 500_000_000, Timeout: 10 * time.Minute})
 	end := sl.Start.Add(sl.Duration)
-	step := load.GrafanaStep(sl.Duration, time.Minute)
+	step := load.GrafanaStep(sl.Duration, sl.Interval)
 	var overview []load.Query
 	for _, dq := range load.DashboardQueries("gpu-node-001") {
 		if dq.Dashboard == "cluster overview" {

@@ -11,7 +11,8 @@ import (
 // between two window points: below the engine's 5 m default lookback delta,
 // so that an instant selector at any time finds the current window's value
 // (a 1h point is otherwise visible only during the 5 minutes after its
-// window ends). Lookback deltas under 4 m see gaps in downsampled data.
+// window ends). 5m points need no fill: they tile the 5m lookback. With a
+// lookback delta under 5 m, plain selectors see gaps in downsampled data.
 const fillEvery int64 = 4 * 60 * 1000
 
 // plainSelect reports whether a Select is an instant selector (no range:

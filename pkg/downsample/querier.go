@@ -151,7 +151,8 @@ func (q *querier) Select(ctx context.Context, _ bool, hints *storage.SelectHints
 		sets[i] = q.Querier.Select(ctx, true, hints, sel...)
 	}
 	fill := int64(0)
-	if plainSelect(hints) {
+	if plainSelect(hints) && q.res > fillEvery+60_000 {
+		// 5m points already tile the default 5m lookback; 1h points do not.
 		fill = q.res
 	}
 	return &joinSet{view: view, aggrs: aggrs, sets: sets, fill: fill, from: q.from}

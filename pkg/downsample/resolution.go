@@ -42,12 +42,15 @@ func MaxSourceResolution(ctx context.Context) int64 {
 }
 
 // MaxResolution is the coarsest resolution a Select may read. An explicit
-// max_source_resolution wins. Auto picks the coarsest resolution that is no
-// coarser than the query's step (Grafana asks for a few hundred points per
-// panel, so a 7-day panel's ~40 min step reads 5m data and a year's ~35 h
-// step 1h data) nor than the function's range (so that every range holds
-// whole windows: rate(x[5m]) reads at most 5m data). Selects without a step
-// (instant queries, series and label lookups) read raw.
+// max_source_resolution wins. Auto picks the coarsest resolution that is at
+// most a fifth of the query's step (as Thanos does: several windows per
+// step, so that downsampled data is read only where it saves most of the
+// points; Grafana asks for a few hundred points per panel, so a 24-hour
+// panel's ~6 min step reads raw, a 7-day panel's ~40 min step 5m data and a
+// year's ~35 h step 1h data) and no coarser than the function's range (so
+// that every range holds whole windows: rate(x[5m]) reads at most 5m data).
+// Selects without a step (instant queries, series and label lookups) read
+// raw.
 //
 // This is the most a Select may read, not what it gets: where no block of
 // that resolution covers a time range, finer data answers, and where only
@@ -60,7 +63,7 @@ func MaxResolution(ctx context.Context, h *storage.SelectHints) int64 {
 	if h == nil || h.Step <= 0 {
 		return ResRaw
 	}
-	limit := h.Step
+	limit := h.Step / 5
 	if h.Range > 0 {
 		limit = min(limit, h.Range)
 	}
