@@ -93,8 +93,8 @@ fuzz-long:
 
 # The soak tests long (test/e2e/soak_test.go; short versions run in
 # test-unit): 20 kill -9 of gpustore under load, three 30-minute bucket
-# outages under load; prints kills survived, samples acknowledged and lost,
-# restart time per GiB of WAL, backlog.
+# outages under load, a kill -9 on a 120 MiB WAL; prints kills survived,
+# samples acknowledged and lost, restart time per GiB of WAL, backlog (~4 min).
 soak:
 	GPUSTORE_SOAK=long CI=true $(GO) test -count=1 -v -timeout 60m -run '^TestSoak' ./test/e2e
 
