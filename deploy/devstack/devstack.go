@@ -382,6 +382,11 @@ func (s *Stack) run(name, bin string, env []string, args ...string) error {
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), env...)
+	// Own process group: a Ctrl-C in the terminal reaches only the stack,
+	// which stops the services in order (the Prometheus pair first, while
+	// gpustore still accepts their last remote writes). Pdeathsig stops a
+	// service whose stack died without stopping it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return fmt.Errorf("start %s: %w", name, err)
