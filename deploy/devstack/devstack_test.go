@@ -1,6 +1,7 @@
 package devstack
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -241,14 +243,16 @@ func TestDevStack(t *testing.T) {
 }
 
 // bucketOnlyBlock returns a block that is in the bucket and no longer in the
-// tenant's local TSDB directory.
+// tenant's local TSDB directory. The oldest block is never chosen: it holds
+// the stack's first minute, when the pair had not yet scraped every node.
 func bucketOnlyBlock(bucket, tenantDir string) (string, int64, int64, error) {
+	type block struct {
+		id         string
+		mint, maxt int64
+	}
+	var blocks []block
 	metas, _ := filepath.Glob(filepath.Join(bucket, "default", "*", "meta.json"))
 	for _, m := range metas {
-		id := filepath.Base(filepath.Dir(m))
-		if _, err := os.Stat(filepath.Join(tenantDir, id)); err == nil {
-			continue
-		}
 		b, err := os.ReadFile(m)
 		if err != nil {
 			return "", 0, 0, err
@@ -259,9 +263,19 @@ func bucketOnlyBlock(bucket, tenantDir string) (string, int64, int64, error) {
 		if err := json.Unmarshal(b, &meta); err != nil {
 			return "", 0, 0, fmt.Errorf("%s: %w", m, err)
 		}
-		return id, meta.MinTime, meta.MaxTime, nil
+		blocks = append(blocks, block{filepath.Base(filepath.Dir(m)), meta.MinTime, meta.MaxTime})
 	}
-	return "", 0, 0, fmt.Errorf("no block only in the bucket yet (%d in the bucket)", len(metas))
+	slices.SortFunc(blocks, func(a, b block) int { return cmp.Compare(a.mint, b.mint) })
+	for i, b := range blocks {
+		if i == 0 {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(tenantDir, b.id)); err == nil {
+			continue
+		}
+		return b.id, b.mint, b.maxt, nil
+	}
+	return "", 0, 0, fmt.Errorf("no block but the first only in the bucket yet (%d in the bucket)", len(blocks))
 }
 
 func tail(s string, n int) string {
