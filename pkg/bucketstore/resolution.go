@@ -5,8 +5,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/oklog/ulid/v2"
-
 	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/downsample"
 )
@@ -22,34 +20,12 @@ type segment struct {
 // span is a half-open time range.
 type span struct{ from, to int64 }
 
-// localRanges returns the time ranges of the raw blocks whose samples the
-// local TSDB also serves (the block itself, or one of its compaction
-// sources, is still on local disk). Those ranges are read raw: reading them
-// downsampled from the bucket while the local TSDB serves them raw would
-// mix the two in one series (and count a window's samples twice in
-// count_over_time).
-func localRanges(bs []*bucketBlock, local func(ulid.ULID) bool) []span {
-	if local == nil {
-		return nil
-	}
-	var out []span
-	for _, b := range bs {
-		if b.meta.GPUStore.Downsample.Resolution != block.ResolutionRaw {
-			continue
-		}
-		if local(b.meta.ULID) || slices.ContainsFunc(b.meta.Compaction.Sources, local) {
-			out = append(out, span{b.meta.MinTime, b.meta.MaxTime})
-		}
-	}
-	return out
-}
-
 // plan splits [mint, maxt] into segments, each read at one resolution: the
 // coarsest resolution at most maxRes that has a block covering the whole
 // segment; where none does, the finest coarser one (raw past its retention:
-// coarser data answers rather than nothing); raw where the local TSDB
-// serves the range. bs are the candidate blocks (any resolution) and
-// forcedRaw the ranges to read raw.
+// coarser data answers rather than nothing); raw in forcedRaw, the range the
+// receiver's local TSDB serves (downsample.WithLocalFrom). bs are the
+// candidate blocks (any resolution).
 func plan(bs []*bucketBlock, mint, maxt, maxRes int64, forcedRaw []span) []segment {
 	end := maxt + 1 // half-open
 	cuts := []int64{mint, end}

@@ -20,6 +20,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -322,10 +323,7 @@ func (s *Store) Querier(tenantID string, mint, maxt int64, skip func(ulid.ULID) 
 	if len(bs) == 0 {
 		return nil
 	}
-	s.mtx.RLock()
-	local := localRanges(s.tenants[tenantID], skip)
-	s.mtx.RUnlock()
-	return &querier{base: base{s: s, blocks: bs, mint: mint, maxt: maxt}, localRaw: local}
+	return &querier{base: base{s: s, blocks: bs, mint: mint, maxt: maxt}}
 }
 
 // ChunkQuerier is Querier for chunk queries (remote read): raw blocks only.
@@ -408,10 +406,7 @@ func hintRange(mint, maxt int64, hints *storage.SelectHints) (int64, int64) {
 // querier reads each time range of a Select at the resolution its hints
 // allow (resolution.go): raw blocks as they are, downsampled blocks through
 // pkg/downsample's views.
-type querier struct {
-	base
-	localRaw []span // ranges the local TSDB serves raw
-}
+type querier struct{ base }
 
 // open returns a querier over blocks (of one resolution) for [mint, maxt],
 // through the view of their resolution; downsampled plain selectors return
@@ -446,7 +441,11 @@ func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt, f
 // until the segment's first window ends.
 func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
 	mint, maxt := hintRange(q.mint, q.maxt, hints)
-	segs := plan(q.blocks, mint, maxt, downsample.MaxResolution(ctx, hints), q.localRaw)
+	var forcedRaw []span
+	if from, ok := downsample.LocalFrom(ctx); ok { // the local TSDB serves it raw
+		forcedRaw = []span{{from, math.MaxInt64}}
+	}
+	segs := plan(q.blocks, mint, maxt, downsample.MaxResolution(ctx, hints), forcedRaw)
 	sets := make([]storage.SeriesSet, 0, len(segs))
 	for _, sg := range segs {
 		if len(sg.blocks) == 0 {

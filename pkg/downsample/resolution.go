@@ -74,3 +74,20 @@ func MaxResolution(ctx context.Context, h *storage.SelectHints) int64 {
 	}
 	return ResRaw
 }
+
+type localFromKey struct{}
+
+// WithLocalFrom says that from time t on the query's raw data is also
+// served by another source (the receiver's local TSDB: its blocks and head).
+// The bucket store reads that range raw: downsampled points beside the same
+// samples raw would be counted twice by count_over_time and mixed into plain
+// selectors.
+func WithLocalFrom(ctx context.Context, t int64) context.Context {
+	return context.WithValue(ctx, localFromKey{}, t)
+}
+
+// LocalFrom is WithLocalFrom's time, if any.
+func LocalFrom(ctx context.Context) (int64, bool) {
+	t, ok := ctx.Value(localFromKey{}).(int64)
+	return t, ok
+}

@@ -1,9 +1,12 @@
 package query
 
 import (
+	"context"
 	"fmt"
+	"math"
 
 	"github.com/oklog/ulid/v2"
+	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/storage"
 
 	"github.com/gpustore/gpustore/pkg/downsample"
@@ -46,6 +49,34 @@ func localBlocks(db *tenantdb.DB) func(ulid.ULID) bool {
 
 func noLocalBlocks(ulid.ULID) bool { return false }
 
+// localMinTime is the oldest time the local TSDB holds data for (its oldest
+// block or its head), math.MaxInt64 when it holds none.
+func localMinTime(db *tenantdb.DB) int64 {
+	from := int64(math.MaxInt64)
+	if bs := db.Blocks(); len(bs) > 0 {
+		from = bs[0].Meta().MinTime
+	}
+	if h := db.Head(); h.NumSeries() > 0 {
+		from = min(from, h.MinTime())
+	}
+	return from
+}
+
+// localFromQuerier tells a source's selects from when the local TSDB serves
+// the tenant's raw data (downsample.WithLocalFrom): the bucket store reads
+// that range raw, never downsampled beside the same samples.
+type localFromQuerier struct {
+	storage.Querier
+	from int64
+}
+
+func (q localFromQuerier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
+	if q.from != math.MaxInt64 {
+		ctx = downsample.WithLocalFrom(ctx, q.from)
+	}
+	return q.Querier.Select(ctx, sortSeries, hints, ms...)
+}
+
 // openQuerier merges the tenant's head and local blocks with every source.
 // Series present in several sources are merged (storage.ChainedSeriesMerge
 // keeps one sample per timestamp), and every source is primary: an error of
@@ -54,6 +85,7 @@ func noLocalBlocks(ulid.ULID) bool { return false }
 func openQuerier(dbs *tenantdb.Manager, sources []Source, tenantID string, mint, maxt int64) (storage.Querier, error) {
 	var qs []storage.Querier
 	local := noLocalBlocks
+	localFrom := int64(math.MaxInt64)
 	if db := dbs.Existing(tenantID); db != nil {
 		q, err := db.Querier(mint, maxt)
 		if err != nil {
@@ -62,11 +94,11 @@ func openQuerier(dbs *tenantdb.Manager, sources []Source, tenantID string, mint,
 		// Raw data answers the explicit aggregates of rewritten queries
 		// (see API.resolution) as downsampled data does.
 		qs = append(qs, downsample.NewRawQuerier(q))
-		local = localBlocks(db)
+		local, localFrom = localBlocks(db), localMinTime(db)
 	}
 	for _, src := range sources {
 		if q := src.Querier(tenantID, mint, maxt, local); q != nil {
-			qs = append(qs, q)
+			qs = append(qs, localFromQuerier{Querier: q, from: localFrom})
 		}
 	}
 	switch len(qs) {
