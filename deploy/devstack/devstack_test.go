@@ -225,7 +225,9 @@ func TestDevStack(t *testing.T) {
 		}
 		before, _ := metric(gs, "gpustore_bucketstore_queried_blocks")
 		at := time.UnixMilli((mint + maxt) / 2)
-		v, err := query(gs, fmt.Sprintf(`count(count_over_time(DCGM_FI_DEV_GPU_TEMP{cluster="gpu-cluster-dev"}[20s] @ %.3f))`, float64(at.UnixMilli())/1000))
+		// Distinct GPUs, not series: a training job that ends on a node
+		// inside the 20 s gives its 8 GPUs a second series (new pod labels).
+		v, err := query(gs, fmt.Sprintf(`count(count by (Hostname, gpu) (count_over_time(DCGM_FI_DEV_GPU_TEMP{cluster="gpu-cluster-dev"}[20s] @ %.3f)))`, float64(at.UnixMilli())/1000))
 		if err != nil {
 			return err
 		}
