@@ -28,6 +28,9 @@ type span struct{ from, to int64 }
 // candidate blocks (any resolution).
 func plan(bs []*bucketBlock, mint, maxt, maxRes int64, forcedRaw []span) []segment {
 	end := maxt + 1 // half-open
+	if end < maxt { // maxt is math.MaxInt64
+		end = maxt
+	}
 	cuts := []int64{mint, end}
 	for _, b := range bs {
 		for _, t := range []int64{b.meta.MinTime, b.meta.MaxTime} {
