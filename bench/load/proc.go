@@ -252,7 +252,9 @@ func DirUsage(dir string) (DiskUsage, error) {
 
 // bucketPart names the part of a file in gpustore's bucket: "bucket" for raw
 // blocks and everything else, "bucket 5m" and "bucket 1h" for downsampled
-// blocks (their meta.json's gpustore.downsample.resolution).
+// blocks (their meta.json's gpustore.downsample.resolution). The field is
+// read here rather than through pkg/block, which would link the TSDB into
+// the load driver that also drives the other systems.
 func bucketPart(dir, rel string, cache map[string]string) string {
 	parts := strings.Split(filepath.ToSlash(rel), "/")
 	if len(parts) < 4 { // bucket/<tenant>/<ULID>/<file>

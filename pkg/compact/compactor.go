@@ -256,6 +256,7 @@ type pass struct {
 	held   *Held
 	logger *slog.Logger
 	blocks map[ulid.ULID]*blockState
+	cov5   map[string]map[ulid.ULID]struct{} // per group labels: sources covered at 5m (mayDeleteRaw's memo)
 }
 
 func (p *pass) run(ctx context.Context) error {
@@ -773,41 +774,12 @@ func (p *pass) compactPlan(ctx context.Context, group string, plan []*block.Meta
 		}
 		return nil
 	}
-	resDir := filepath.Join(work, res[0].String())
-	bm, err := block.ReadLocalMeta(resDir)
-	if err != nil {
-		return err
-	}
 	first := plan[0].GPUStore
-	meta := block.Meta{BlockMeta: bm, GPUStore: block.GPUStoreMeta{
-		Version:    block.MetaVersion,
-		Tenant:     p.tenant,
-		Labels:     first.Labels,
-		Downsample: first.Downsample,
-		Source:     block.SourceCompactor,
-	}}
-	if meta.GPUStore.Labels == nil {
-		meta.GPUStore.Labels = map[string]string{}
-	}
-	if err := p.held.Check(ctx); err != nil {
-		return err
-	}
-	if err := block.Upload(ctx, p.c.bkt, resDir, meta); err != nil {
-		return fmt.Errorf("upload compacted block %s: %w", bm.ULID, err)
-	}
-	files, err := block.LocalFiles(resDir)
+	meta, resBytes, err := p.uploadResult(ctx, filepath.Join(work, res[0].String()), first.Labels, first.Downsample.Resolution, block.SourceCompactor)
 	if err != nil {
 		return err
 	}
-	meta.GPUStore.Files = files
-	var resBytes int64
-	for _, f := range files {
-		resBytes += f.SizeBytes
-	}
-	p.blocks[bm.ULID] = &blockState{id: bm.ULID, meta: &meta, hasMeta: true}
-	p.c.mtx.Lock()
-	p.c.metas[p.tenant][bm.ULID] = &meta
-	p.c.mtx.Unlock()
+	bm := meta.BlockMeta
 	for _, m := range plan {
 		if err := p.markDeleted(ctx, p.blocks[m.ULID], "compacted", fmt.Sprintf("compacted into %s", bm.ULID)); err != nil {
 			return err
@@ -822,6 +794,45 @@ func (p *pass) compactPlan(ctx context.Context, group string, plan []*block.Meta
 	p.c.m.duration.Observe(took.Seconds())
 	log.Info("compacted", "block", bm.ULID, "level", bm.Compaction.Level, "samples", bm.Stats.NumSamples, "series", bm.Stats.NumSeries, "bytes", resBytes, "duration", took.Round(time.Millisecond))
 	return nil
+}
+
+// uploadResult uploads a block the pass wrote into dir (a compaction's or a
+// downsampling's result; meta.json last) with the group's labels, the given
+// resolution and source, and records it in the pass. It returns the meta
+// and the block's bytes.
+func (p *pass) uploadResult(ctx context.Context, dir string, labels map[string]string, res int64, source string) (*block.Meta, int64, error) {
+	bm, err := block.ReadLocalMeta(dir)
+	if err != nil {
+		return nil, 0, err
+	}
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	meta := &block.Meta{BlockMeta: bm, GPUStore: block.GPUStoreMeta{
+		Version: block.MetaVersion, Tenant: p.tenant, Labels: labels,
+		Downsample: block.Downsample{Resolution: res}, Source: source,
+	}}
+	if err := p.held.Check(ctx); err != nil {
+		return nil, 0, err
+	}
+	if err := block.Upload(ctx, p.c.bkt, dir, *meta); err != nil {
+		return nil, 0, fmt.Errorf("upload %s block %s: %w", source, bm.ULID, err)
+	}
+	files, err := block.LocalFiles(dir)
+	if err != nil {
+		return nil, 0, err
+	}
+	meta.GPUStore.Files = files
+	var size int64
+	for _, f := range files {
+		size += f.SizeBytes
+	}
+	p.blocks[bm.ULID] = &blockState{id: bm.ULID, meta: meta, hasMeta: true}
+	p.cov5 = nil // the new block may cover more
+	p.c.mtx.Lock()
+	p.c.metas[p.tenant][bm.ULID] = meta
+	p.c.mtx.Unlock()
+	return meta, size, nil
 }
 
 // progress logs every 30s while a compaction runs.

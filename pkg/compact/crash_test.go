@@ -122,6 +122,40 @@ func crashConfig() compact.Config {
 	return cfg
 }
 
+// shippedBucket empties the crash tests' tenant in the bucket and uploads
+// the blocks in dirs, as the receivers shipped them.
+func shippedBucket(t *testing.T, s3 s3Config, dirs []string) objstore.Bucket {
+	t.Helper()
+	bkt := openBucket(t, s3)
+	var names []string
+	if err := bkt.Iter(context.Background(), "crash/", func(name string) error {
+		names = append(names, name)
+		return nil
+	}, objstore.WithRecursiveIter()); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if err := bkt.Delete(context.Background(), n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	upload(t, bkt, "crash", nil, dirs...)
+	return bkt
+}
+
+// killCompactorAt runs TestCompactorCrashHelper as a compactor process
+// working in work, and checks that it died of SIGKILL at its crash point.
+func killCompactorAt(t *testing.T, s3 s3Config, at, work string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCompactorCrashHelper$", "-test.v")
+	cmd.Env = append(os.Environ(), "GPUSTORE_COMPACT_CRASH_AT="+at, "GPUSTORE_COMPACT_S3="+s3.addr, "GPUSTORE_COMPACT_DIR="+work)
+	out, err := cmd.CombinedOutput()
+	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("compactor was not killed at %s: %v\n%s", at, err, out)
+	}
+}
+
 // TestCrashAtEveryStep kills a compactor process (SIGKILL) at each step of a
 // compaction, then runs a new one on the same bucket and working directory:
 // queries answer as before the compaction, and in the end the bucket holds
@@ -145,33 +179,12 @@ func TestCrashAtEveryStep(t *testing.T) {
 
 	for _, at := range []string{crashMidUpload, crashAfterUpload, crashMidMarks, crashAfterMarks, crashMidDelete} {
 		t.Run(at, func(t *testing.T) {
-			bkt := openBucket(t, s3)
-			// Start from the shipped blocks.
-			var names []string
-			if err := bkt.Iter(context.Background(), "crash/", func(name string) error {
-				names = append(names, name)
-				return nil
-			}, objstore.WithRecursiveIter()); err != nil {
-				t.Fatal(err)
-			}
-			for _, n := range names {
-				if err := bkt.Delete(context.Background(), n); err != nil {
-					t.Fatal(err)
-				}
-			}
-			upload(t, bkt, "crash", nil, dirs...)
+			bkt := shippedBucket(t, s3, dirs)
 			work := t.TempDir()
 			if err := os.WriteFile(filepath.Join(work, "left-by-a-previous-run"), []byte("x"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-
-			cmd := exec.Command(os.Args[0], "-test.run=^TestCompactorCrashHelper$", "-test.v")
-			cmd.Env = append(os.Environ(), "GPUSTORE_COMPACT_CRASH_AT="+at, "GPUSTORE_COMPACT_S3="+s3.addr, "GPUSTORE_COMPACT_DIR="+work)
-			out, err := cmd.CombinedOutput()
-			ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
-			if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-				t.Fatalf("compactor was not killed at %s: %v\n%s", at, err, out)
-			}
+			killCompactorAt(t, s3, at, work)
 			// In between, queries answer as before.
 			compareAnswers(t, "after the crash", want, answers(t, qa, qurl, "crash", sl.Start, end, node))
 
@@ -222,24 +235,7 @@ func TestCrashWhileDownsampling(t *testing.T) {
 		}
 		return st.spans(), samples
 	}
-	fresh := func(t *testing.T) objstore.Bucket {
-		bkt := openBucket(t, s3)
-		var names []string
-		if err := bkt.Iter(context.Background(), "crash/", func(name string) error {
-			names = append(names, name)
-			return nil
-		}, objstore.WithRecursiveIter()); err != nil {
-			t.Fatal(err)
-		}
-		for _, n := range names {
-			if err := bkt.Delete(context.Background(), n); err != nil {
-				t.Fatal(err)
-			}
-		}
-		upload(t, bkt, "crash", nil, dirs...)
-		return bkt
-	}
-	ref := fresh(t)
+	ref := shippedBucket(t, s3, dirs)
 	c, _ := newCompactor(t, cfg, ref, nil)
 	wantSpans, wantSamples := layout(compactUntilStable(t, c, ref, "crash"))
 	if wantSamples[downsample.Res5m] == 0 {
@@ -247,15 +243,9 @@ func TestCrashWhileDownsampling(t *testing.T) {
 	}
 	for _, at := range []string{crashDownsampleMidUpload, crashDownsampleAfterUpload} {
 		t.Run(at, func(t *testing.T) {
-			bkt := fresh(t)
+			bkt := shippedBucket(t, s3, dirs)
 			work := t.TempDir()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestCompactorCrashHelper$", "-test.v")
-			cmd.Env = append(os.Environ(), "GPUSTORE_COMPACT_CRASH_AT="+at, "GPUSTORE_COMPACT_S3="+s3.addr, "GPUSTORE_COMPACT_DIR="+work)
-			out, err := cmd.CombinedOutput()
-			ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
-			if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-				t.Fatalf("compactor was not killed at %s: %v\n%s", at, err, out)
-			}
+			killCompactorAt(t, s3, at, work)
 			time.Sleep(time.Duration(cfg.LeaseTTL)) // the dead one's lease expires
 			rcfg := cfg
 			rcfg.DataDir = work

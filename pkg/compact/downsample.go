@@ -1,6 +1,7 @@
 package compact
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -116,10 +117,7 @@ func (p *pass) toDownsample(from, to int64) []*block.Meta {
 		}
 	}
 	slices.SortFunc(out, func(a, b *block.Meta) int {
-		if a.MinTime != b.MinTime {
-			return int(a.MinTime - b.MinTime)
-		}
-		return a.ULID.Compare(b.ULID)
+		return cmp.Or(cmp.Compare(a.MinTime, b.MinTime), a.ULID.Compare(b.ULID))
 	})
 	return out
 }
@@ -190,40 +188,10 @@ func (p *pass) downsampleBlock(ctx context.Context, m *block.Meta, res int64) er
 		p.c.mtx.Unlock()
 		return nil
 	}
-	dir := filepath.Join(out, id.String())
-	bm, err := block.ReadLocalMeta(dir)
+	_, outBytes, err := p.uploadResult(ctx, filepath.Join(out, id.String()), m.GPUStore.Labels, res, downsample.Source)
 	if err != nil {
 		return err
 	}
-	meta := block.Meta{BlockMeta: bm, GPUStore: block.GPUStoreMeta{
-		Version:    block.MetaVersion,
-		Tenant:     p.tenant,
-		Labels:     m.GPUStore.Labels,
-		Downsample: block.Downsample{Resolution: res},
-		Source:     downsample.Source,
-	}}
-	if meta.GPUStore.Labels == nil {
-		meta.GPUStore.Labels = map[string]string{}
-	}
-	if err := p.held.Check(ctx); err != nil {
-		return err
-	}
-	if err := block.Upload(ctx, p.c.bkt, dir, meta); err != nil {
-		return fmt.Errorf("upload downsampled block %s: %w", id, err)
-	}
-	files, err := block.LocalFiles(dir)
-	if err != nil {
-		return err
-	}
-	meta.GPUStore.Files = files
-	var outBytes int64
-	for _, f := range files {
-		outBytes += f.SizeBytes
-	}
-	p.blocks[id] = &blockState{id: id, meta: &meta, hasMeta: true}
-	p.c.mtx.Lock()
-	p.c.metas[p.tenant][id] = &meta
-	p.c.mtx.Unlock()
 	resName := downsample.ResolutionName(res)
 	p.c.m.downsampled.WithLabelValues(p.tenant, resName).Inc()
 	p.c.m.downsampleSamples.WithLabelValues(p.tenant, "written").Add(float64(st.OutSamples))
@@ -241,5 +209,14 @@ func (p *pass) mayDeleteRaw(m *block.Meta) bool {
 	if !p.c.cfg.Downsample {
 		return true
 	}
-	return p.isCovered(m, p.covered(labelsOf(m), downsample.Res5m))
+	key := labelsOf(m)
+	cov, ok := p.cov5[key]
+	if !ok { // once per group and pass, not once per block
+		cov = p.covered(key, downsample.Res5m)
+		if p.cov5 == nil {
+			p.cov5 = map[string]map[ulid.ULID]struct{}{}
+		}
+		p.cov5[key] = cov
+	}
+	return p.isCovered(m, cov)
 }

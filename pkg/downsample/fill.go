@@ -39,20 +39,30 @@ type fillIterator struct {
 	it        chunkenc.Iterator
 	res, from int64
 
-	t         float64Point // the current point
-	next      float64Point // the inner iterator's next point, when nextValid
+	cur       point // the current point
+	next      point // the inner iterator's next point, when nextValid
 	nextValid bool
 	started   bool
 	exhausted bool // the inner iterator is
 	done      bool // this one is
 }
 
-type float64Point struct {
-	t int64
-	v float64
+// point is a float or, for histogram series (kept samples of native
+// histograms), a float histogram, which is passed through unfilled.
+type point struct {
+	t  int64
+	v  float64
+	fh *histogram.FloatHistogram
 }
 
-// pull reads the inner iterator's next float point.
+func (p point) valueType() chunkenc.ValueType {
+	if p.fh != nil {
+		return chunkenc.ValFloatHistogram
+	}
+	return chunkenc.ValFloat
+}
+
+// pull reads the inner iterator's next point.
 func (f *fillIterator) pull() bool {
 	switch f.it.Next() {
 	case chunkenc.ValNone:
@@ -60,17 +70,18 @@ func (f *fillIterator) pull() bool {
 		return false
 	case chunkenc.ValFloat:
 		t, v := f.it.At()
-		f.next, f.nextValid = float64Point{t, v}, true
-		return true
-	default: // downsampled views are floats only
-		f.exhausted = true
-		return false
+		f.next = point{t: t, v: v}
+	default:
+		t, fh := f.it.AtFloatHistogram(nil)
+		f.next = point{t: t, fh: fh}
 	}
+	f.nextValid = true
+	return true
 }
 
 func (f *fillIterator) Next() chunkenc.ValueType {
 	vt := f.next1()
-	for vt != chunkenc.ValNone && f.t.t < f.from {
+	for vt != chunkenc.ValNone && f.cur.t < f.from {
 		vt = f.next1()
 	}
 	f.done = vt == chunkenc.ValNone
@@ -86,8 +97,8 @@ func (f *fillIterator) next1() chunkenc.ValueType {
 		if !f.pull() {
 			return chunkenc.ValNone
 		}
-		f.t, f.nextValid = f.next, false
-		return chunkenc.ValFloat
+		f.cur, f.nextValid = f.next, false
+		return f.cur.valueType()
 	}
 	if !f.nextValid && !f.exhausted {
 		f.pull()
@@ -95,37 +106,42 @@ func (f *fillIterator) next1() chunkenc.ValueType {
 	if !f.nextValid {
 		return chunkenc.ValNone
 	}
-	cand := f.t.t + fillEvery
-	if !value.IsStaleNaN(f.t.v) && cand < f.next.t && f.next.t-f.t.t <= f.res {
-		f.t = float64Point{cand, f.t.v}
+	cand := f.cur.t + fillEvery
+	if f.cur.fh == nil && !value.IsStaleNaN(f.cur.v) && cand < f.next.t && f.next.t-f.cur.t <= f.res {
+		f.cur = point{t: cand, v: f.cur.v}
 		return chunkenc.ValFloat
 	}
-	f.t, f.nextValid = f.next, false
-	return chunkenc.ValFloat
+	f.cur, f.nextValid = f.next, false
+	return f.cur.valueType()
 }
 
 func (f *fillIterator) Seek(t int64) chunkenc.ValueType {
 	if f.done {
 		return chunkenc.ValNone
 	}
-	if f.started && f.t.t >= t {
-		return chunkenc.ValFloat
+	if f.started && f.cur.t >= t {
+		return f.cur.valueType()
 	}
 	for {
 		vt := f.Next()
-		if vt == chunkenc.ValNone || f.t.t >= t {
+		if vt == chunkenc.ValNone || f.cur.t >= t {
 			return vt
 		}
 	}
 }
 
-func (f *fillIterator) At() (int64, float64) { return f.t.t, f.t.v }
+func (f *fillIterator) At() (int64, float64) { return f.cur.t, f.cur.v }
+// AtHistogram is never called: histograms are returned as float histograms.
 func (f *fillIterator) AtHistogram(*histogram.Histogram) (int64, *histogram.Histogram) {
-	return f.t.t, nil
+	return f.cur.t, nil
 }
-func (f *fillIterator) AtFloatHistogram(*histogram.FloatHistogram) (int64, *histogram.FloatHistogram) {
-	return f.t.t, nil
+func (f *fillIterator) AtFloatHistogram(fh *histogram.FloatHistogram) (int64, *histogram.FloatHistogram) {
+	if fh == nil {
+		return f.cur.t, f.cur.fh.Copy()
+	}
+	f.cur.fh.CopyTo(fh)
+	return f.cur.t, fh
 }
-func (f *fillIterator) AtT() int64  { return f.t.t }
+func (f *fillIterator) AtT() int64  { return f.cur.t }
 func (f *fillIterator) AtST() int64 { return 0 }
 func (f *fillIterator) Err() error  { return f.it.Err() }

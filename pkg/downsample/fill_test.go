@@ -69,3 +69,40 @@ func (s fSample) H() *histogram.Histogram       { return nil }
 func (s fSample) FH() *histogram.FloatHistogram { return nil }
 func (s fSample) Type() chunkenc.ValueType      { return chunkenc.ValFloat }
 func (s fSample) Copy() chunks.Sample           { return s }
+
+// TestFillPassesHistogramsThrough: kept samples of a native histogram are
+// returned as they are, not filled and not cut short.
+func TestFillPassesHistogramsThrough(t *testing.T) {
+	const m = 60_000
+	h := &histogram.FloatHistogram{Count: 3, Sum: 6, Schema: 0, PositiveSpans: []histogram.Span{{Offset: 0, Length: 1}}, PositiveBuckets: []float64{3}}
+	s := storage.NewListSeries(labels.FromStrings("a", "b"), []chunks.Sample{
+		hSample{60*m - 1, h}, hSample{120*m - 1, h}, hSample{180*m - 1, h},
+	})
+	it := filledSeries{Series: s, res: Res1h, from: math.MinInt64}.Iterator(nil)
+	n := 0
+	for vt := it.Next(); vt != chunkenc.ValNone; vt = it.Next() {
+		if vt != chunkenc.ValFloatHistogram {
+			t.Fatalf("point %d: value type %v, want float histogram", n, vt)
+		}
+		if _, got := it.AtFloatHistogram(nil); got.Count != 3 {
+			t.Fatalf("point %d: %v", n, got)
+		}
+		n++
+	}
+	if n != 3 {
+		t.Fatalf("%d points, want the 3 histograms as they are", n)
+	}
+}
+
+type hSample struct {
+	t  int64
+	fh *histogram.FloatHistogram
+}
+
+func (s hSample) T() int64                      { return s.t }
+func (s hSample) ST() int64                     { return 0 }
+func (s hSample) F() float64                    { return 0 }
+func (s hSample) H() *histogram.Histogram       { return nil }
+func (s hSample) FH() *histogram.FloatHistogram { return s.fh }
+func (s hSample) Type() chunkenc.ValueType      { return chunkenc.ValFloatHistogram }
+func (s hSample) Copy() chunks.Sample           { return hSample{s.t, s.fh.Copy()} }
