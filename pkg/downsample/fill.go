@@ -131,6 +131,7 @@ func (f *fillIterator) Seek(t int64) chunkenc.ValueType {
 }
 
 func (f *fillIterator) At() (int64, float64) { return f.cur.t, f.cur.v }
+
 // AtHistogram is never called: histograms are returned as float histograms.
 func (f *fillIterator) AtHistogram(*histogram.Histogram) (int64, *histogram.Histogram) {
 	return f.cur.t, nil
