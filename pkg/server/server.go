@@ -17,7 +17,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -146,6 +148,13 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	s.Mux.Handle("/metrics", promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{EnableOpenMetrics: true}))
 	s.Mux.HandleFunc("/-/reload", s.serveReload)
+	// Go's profiler, as Prometheus serves it: how an operator finds where a
+	// slow query or a growing heap spends. Process-wide, so admin-only.
+	s.Mux.HandleFunc("/debug/pprof/", pprof.Index)
+	s.Mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	s.Mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	s.Mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	s.Mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 
 	var routed http.Handler = http.HandlerFunc(s.route)
 	if s.web != nil {
@@ -223,7 +232,7 @@ func (s *Server) AdminOnly(paths ...string) {
 func (s *Server) isAdminPath(p string) bool {
 	s.adminMtx.RLock()
 	defer s.adminMtx.RUnlock()
-	return s.admin[p]
+	return s.admin[p] || strings.HasPrefix(p, "/debug/pprof/")
 }
 
 // OnReload adds what SIGHUP and POST /-/reload re-read, after the web config.

@@ -177,7 +177,7 @@ func TestTenantIsolationEveryRoute(t *testing.T) {
 			}
 		}
 		// Process-wide routes list every tenant: refused to tenant identities.
-		for _, p := range []string{"/ha-tracker", "/metrics", "/api/v1/status/self_metrics"} {
+		for _, p := range []string{"/ha-tracker", "/metrics", "/api/v1/status/self_metrics", "/debug/pprof/heap"} {
 			if code, _ := isolationGet(t, base+p, me.user, pw[me.user], ""); code != http.StatusForbidden {
 				t.Errorf("%s GET %s: %d, want 403", me.user, p, code)
 			}
@@ -193,6 +193,9 @@ func TestTenantIsolationEveryRoute(t *testing.T) {
 	}
 	if code := isolationPost(t, base+"/-/reload", "ops", "po"); code != http.StatusOK {
 		t.Errorf("ops POST /-/reload: %d", code)
+	}
+	if code, body := isolationGet(t, base+"/debug/pprof/heap?debug=1", "ops", "po", ""); code != 200 || !strings.Contains(body, "heap profile") {
+		t.Errorf("ops GET /debug/pprof/heap: %d %.200s", code, body)
 	}
 	for _, p := range []string{"/-/healthy", "/-/ready"} {
 		if code, _ := isolationGet(t, base+p, "", "", ""); code != 200 {
