@@ -18,6 +18,8 @@ func FuzzLoadOverrides(f *testing.F) {
 		"overrides:\n  a: [1, 2]\n",
 		"overrides: {a: {rate_limit_status_code: 418}}",
 		"overrides:\n  a:\n    out_of_order_window: 10000000000000000000h\n",
+		"overrides:\n  a:\n    ingest_preset: dcgm\n    metric_relabel_configs:\n      - action: labeldrop\n        regex: pci_bus_id\n",
+		"overrides:\n  a:\n    metric_relabel_configs: [{action: replace, source_labels: [x]}]\n",
 		"\xff\xfe",
 		"overrides:\n  &x a: *x\n",
 	} {

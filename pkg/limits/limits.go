@@ -11,7 +11,19 @@
 //	  lab:
 //	    max_active_series: 20000
 //
-// Fields a tenant does not set keep the defaults.
+// Fields a tenant does not set keep the defaults. Relabeling on ingest is
+// set here too:
+//
+//	overrides:
+//	  gpu-prod:
+//	    ingest_preset: dcgm           # pkg/relabel's dcgm-exporter preset
+//	    dcgm_hostname_label: Hostname # or hostname
+//	    metric_relabel_configs:       # Prometheus' format, after the preset
+//	      - action: labeldrop
+//	        regex: pci_bus_id
+//
+// A file whose rules do not validate is refused as a whole, like any other
+// invalid limit: the previous overrides stay in force.
 package limits
 
 import (
@@ -30,9 +42,11 @@ import (
 	"github.com/grafana/dskit/services"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
+	promrelabel "github.com/prometheus/prometheus/model/relabel"
 	"gopkg.in/yaml.v3"
 
 	"github.com/gpustore/gpustore/internal/logging"
+	"github.com/gpustore/gpustore/pkg/relabel"
 )
 
 // Limits are one tenant's limits. Zero means unlimited where noted.
@@ -63,6 +77,33 @@ type Limits struct {
 	// CompactorRetentionRaw is how long the tenant's raw blocks stay in the
 	// bucket; 0 = the compactor's --compact.retention.raw.
 	CompactorRetentionRaw model.Duration `yaml:"compactor_retention_raw"`
+	// Relabeling on ingest (pkg/relabel): the tenant's own rules, in
+	// Prometheus' metric_relabel_configs format, applied after the preset
+	// named by IngestPreset ("" or "dcgm"); DCGMHostnameLabel is the host
+	// label the dcgm preset keeps ("Hostname" or "hostname").
+	MetricRelabelConfigs []*promrelabel.Config `yaml:"metric_relabel_configs,omitempty"`
+	IngestPreset         string                `yaml:"ingest_preset,omitempty"`
+	DCGMHostnameLabel    string                `yaml:"dcgm_hostname_label,omitempty"`
+	// relabel is compiled from the three fields above by compileRelabel
+	// (Load, New); nil: no rules.
+	relabel *relabel.Rules
+}
+
+// Relabel returns the tenant's compiled relabel rules; nil when it has none.
+func (l Limits) Relabel() *relabel.Rules { return l.relabel }
+
+// compileRelabel validates the relabel fields and compiles them.
+func (l *Limits) compileRelabel() error {
+	r, err := relabel.New(l.relabelConfig())
+	if err != nil {
+		return err
+	}
+	l.relabel = r
+	return nil
+}
+
+func (l *Limits) relabelConfig() relabel.Config {
+	return relabel.Config{MetricRelabelConfigs: l.MetricRelabelConfigs, Preset: l.IngestPreset, DCGMHostnameLabel: l.DCGMHostnameLabel}
 }
 
 // Defaults fit dcgm-exporter with Kubernetes pod labels (about 15 labels
@@ -79,6 +120,7 @@ func Defaults() Limits {
 		MaxSeriesPerRequest:    100_000,
 		HAClusterLabel:         "cluster",
 		HAReplicaLabel:         "__replica__",
+		DCGMHostnameLabel:      relabel.HostnameOld,
 	}
 }
 
@@ -117,6 +159,9 @@ func (l Limits) Validate() error {
 	}
 	if l.HAClusterLabel == "" || l.HAReplicaLabel == "" || l.HAClusterLabel == l.HAReplicaLabel {
 		errs = append(errs, errors.New("ha cluster and replica labels must be set and differ"))
+	}
+	if _, err := relabel.New(l.relabelConfig()); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -168,6 +213,9 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Overrides
 		return nil, err
 	}
 	o := &Overrides{defaults: cfg.Defaults}
+	if err := o.defaults.compileRelabel(); err != nil {
+		return nil, fmt.Errorf("default limits: %w", err)
+	}
 	if cfg.OverridesFile == "" {
 		o.Service = services.NewIdleService(nil, nil)
 		return o, nil
@@ -216,6 +264,9 @@ func Load(r io.Reader, defaults Limits) (*overridesFile, error) {
 			return nil, fmt.Errorf("overrides of tenant %q: %w", tenant, err)
 		}
 		if err := l.Validate(); err != nil {
+			return nil, fmt.Errorf("overrides of tenant %q: %w", tenant, err)
+		}
+		if err := l.compileRelabel(); err != nil {
 			return nil, fmt.Errorf("overrides of tenant %q: %w", tenant, err)
 		}
 		out.Overrides[tenant] = l

@@ -12,6 +12,8 @@ import (
 	"github.com/grafana/dskit/services"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
+
+	"github.com/gpustore/gpustore/pkg/relabel"
 )
 
 func TestLoadKeepsDefaultsForUnsetFields(t *testing.T) {
@@ -164,4 +166,102 @@ func TestOverridesReload(t *testing.T) {
 		default:
 		}
 	}
+}
+
+func TestLoadRelabelRules(t *testing.T) {
+	f, err := Load(strings.NewReader(`overrides:
+  gpu-prod:
+    ingest_preset: dcgm
+    metric_relabel_configs:
+      - action: labeldrop
+        regex: pci_bus_id
+  lab:
+    dcgm_hostname_label: hostname
+    ingest_preset: dcgm
+  plain:
+    max_active_series: 5
+`), Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	prod, lab, plain := f.Overrides["gpu-prod"], f.Overrides["lab"], f.Overrides["plain"]
+	if host, ok := prod.Relabel().DCGM(); !ok || host != "Hostname" {
+		t.Errorf("gpu-prod: dcgm preset %v with host label %q, want on with Hostname (the default)", ok, host)
+	}
+	if n, want := len(prod.Relabel().Configs()), len(relabel.DCGMPreset("Hostname"))+1; n != want {
+		t.Errorf("gpu-prod: %d rules, want the preset's and its own, %d", n, want)
+	}
+	if host, _ := lab.Relabel().DCGM(); host != "hostname" {
+		t.Errorf("lab: host label %q, want hostname", host)
+	}
+	if !plain.Relabel().Empty() {
+		t.Error("a tenant without rules has rules")
+	}
+	o, err := New(DefaultConfig(), slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := o.For("anyone"); !d.Relabel().Empty() {
+		t.Error("the defaults have rules")
+	}
+}
+
+// Invalid rules are refused at load with an error naming the tenant and the rule.
+func TestLoadRejectsBadRelabelRules(t *testing.T) {
+	for _, c := range []struct{ file, want string }{
+		{"overrides:\n  t:\n    ingest_preset: nvidia\n", `overrides of tenant "t": ingest_preset "nvidia": unknown preset`},
+		{"overrides:\n  t:\n    ingest_preset: dcgm\n    dcgm_hostname_label: HOSTNAME\n", `dcgm_hostname_label "HOSTNAME"`},
+		{"overrides:\n  t:\n    metric_relabel_configs:\n      - action: replace\n        source_labels: [a]\n", `overrides of tenant "t": metric_relabel_configs[0]: relabel configuration for replace action requires 'target_label' value`},
+		{"overrides:\n  t:\n    metric_relabel_configs:\n      - action: keep\n        regex: '(['\n", "error parsing regexp"},
+		{"overrides:\n  t:\n    metric_relabel_configs:\n      - action: keep\n        sourcelabels: [a]\n", "field sourcelabels not found"},
+	} {
+		_, err := Load(strings.NewReader(c.file), Defaults())
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want one containing %q", c.file, err, c.want)
+		}
+	}
+	cfg := DefaultConfig()
+	cfg.Defaults.IngestPreset = "nvidia"
+	if _, err := New(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry()); err == nil || !strings.Contains(err.Error(), "default limits") {
+		t.Errorf("bad default preset: %v", err)
+	}
+}
+
+// A reload with broken rules keeps the tenant's previous rules in force.
+func TestOverridesReloadKeepsRelabelRules(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "overrides.yaml")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(file+".tmp", []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(file+".tmp", file); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const good = "overrides:\n  lab:\n    metric_relabel_configs:\n      - action: labeldrop\n        regex: pci_bus_id\n"
+	write(good)
+	cfg := DefaultConfig()
+	cfg.OverridesFile = file
+	cfg.ReloadPeriod = model.Duration(20 * time.Millisecond)
+	reg := prometheus.NewRegistry()
+	o, err := New(cfg, slog.New(slog.DiscardHandler), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := services.StartAndAwaitRunning(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), o) })
+	before := o.For("lab").Relabel()
+	if before.Empty() {
+		t.Fatal("lab has no rules after the first load")
+	}
+	write("overrides:\n  lab:\n    metric_relabel_configs:\n      - action: replace\n        source_labels: [a]\n")
+	waitFor(t, "broken file read (reload gauge 0)", func() bool { return reloadGauge(t, reg) == 0 })
+	if got := o.For("lab").Relabel(); got != before {
+		t.Fatalf("a broken file replaced lab's rules (%v → %v)", before.Configs(), got.Configs())
+	}
+	write("overrides:\n  lab:\n    ingest_preset: dcgm\n")
+	waitFor(t, "good file applied", func() bool { _, ok := o.For("lab").Relabel().DCGM(); return ok })
 }
