@@ -35,12 +35,14 @@ import (
 
 	"github.com/gpustore/gpustore/internal/logging"
 	"github.com/gpustore/gpustore/internal/version"
+	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/hatracker"
 	"github.com/gpustore/gpustore/pkg/ingest"
 	"github.com/gpustore/gpustore/pkg/limits"
 	"github.com/gpustore/gpustore/pkg/query"
+	"github.com/gpustore/gpustore/pkg/queryfrontend"
 	"github.com/gpustore/gpustore/pkg/rules"
 	"github.com/gpustore/gpustore/pkg/server"
 	"github.com/gpustore/gpustore/pkg/shipper"
@@ -284,7 +286,25 @@ func (a *App) initIngest() (services.Service, error) {
 }
 
 func (a *App) initQuery() (services.Service, error) {
+	var bucketBlocks func(string) []block.Meta
+	if a.BucketStore != nil {
+		bucketBlocks = a.BucketStore.Blocks
+	}
+	frontendDeps := queryfrontend.Deps{
+		Logger: a.Logger.With("component", "query-frontend"), Registry: a.Registry,
+		MaxConcurrency: a.Cfg.Query.MaxConcurrency, LookbackDelta: time.Duration(a.Cfg.Query.LookbackDelta),
+		ReplicaLabels: a.Cfg.Query.ReplicaLabels, MaxSourceResolution: a.Cfg.Query.MaxSourceResolution,
+		Blocks: queryfrontend.TenantBlocks(a.DBs, bucketBlocks),
+	}
+	if a.Limits != nil {
+		frontendDeps.OutOfOrderWindow = a.Limits.OutOfOrderWindow
+	}
+	frontend, err := queryfrontend.New(a.Cfg.QueryFrontend, frontendDeps)
+	if err != nil {
+		return nil, err
+	}
 	api, err := query.New(query.Options{
+		Frontend:       frontend.Wrap,
 		Config:         a.Cfg.Query,
 		Tenants:        a.Cfg.Tenant,
 		DBs:            a.DBs,

@@ -19,6 +19,7 @@ import (
 	"github.com/gpustore/gpustore/pkg/ingest"
 	"github.com/gpustore/gpustore/pkg/limits"
 	"github.com/gpustore/gpustore/pkg/query"
+	"github.com/gpustore/gpustore/pkg/queryfrontend"
 	"github.com/gpustore/gpustore/pkg/rules"
 	"github.com/gpustore/gpustore/pkg/server"
 	"github.com/gpustore/gpustore/pkg/shipper"
@@ -29,16 +30,18 @@ import (
 // Config is gpustore's whole configuration: the YAML file's shape. Flags set
 // the common knobs and win over the file.
 type Config struct {
-	Target string           `yaml:"target"`
-	Log    LogConfig        `yaml:"log"`
-	Server server.Config    `yaml:"server"`
-	TSDB   tenantdb.Config  `yaml:"tsdb"`
-	Tenant tenancy.Config   `yaml:"tenants"`
-	Ingest ingest.Config    `yaml:"ingest"`
-	Query  query.Config     `yaml:"query"`
-	Rules  rules.Config     `yaml:"rules"`
-	Limits limits.Config    `yaml:"limits"`
-	HA     hatracker.Config `yaml:"ha_tracker"`
+	Target string          `yaml:"target"`
+	Log    LogConfig       `yaml:"log"`
+	Server server.Config   `yaml:"server"`
+	TSDB   tenantdb.Config `yaml:"tsdb"`
+	Tenant tenancy.Config  `yaml:"tenants"`
+	Ingest ingest.Config   `yaml:"ingest"`
+	Query  query.Config    `yaml:"query"`
+	// QueryFrontend splits and caches query_range requests.
+	QueryFrontend queryfrontend.Config `yaml:"query_frontend"`
+	Rules         rules.Config         `yaml:"rules"`
+	Limits        limits.Config        `yaml:"limits"`
+	HA            hatracker.Config     `yaml:"ha_tracker"`
 	// Memberlist is the gossip KV used when ha_tracker.kvstore is memberlist.
 	Memberlist memberlist.KVConfig `yaml:"memberlist"`
 	// Bucket is the object storage blocks are shipped to (objstore's client config).
@@ -58,16 +61,17 @@ type LogConfig struct {
 // ./data, one tenant, port 9201.
 func DefaultConfig() Config {
 	cfg := Config{
-		Target: All,
-		Log:    LogConfig{Level: "info", Format: "logfmt"},
-		Server: server.DefaultConfig(),
-		TSDB:   tenantdb.DefaultConfig(),
-		Tenant: tenancy.DefaultConfig(),
-		Ingest: ingest.DefaultConfig(),
-		Query:  query.DefaultConfig(),
-		Rules:  rules.DefaultConfig(),
-		Limits: limits.DefaultConfig(),
-		HA:     hatracker.DefaultConfig(),
+		Target:        All,
+		Log:           LogConfig{Level: "info", Format: "logfmt"},
+		Server:        server.DefaultConfig(),
+		TSDB:          tenantdb.DefaultConfig(),
+		Tenant:        tenancy.DefaultConfig(),
+		Ingest:        ingest.DefaultConfig(),
+		Query:         query.DefaultConfig(),
+		QueryFrontend: queryfrontend.DefaultConfig(),
+		Rules:         rules.DefaultConfig(),
+		Limits:        limits.DefaultConfig(),
+		HA:            hatracker.DefaultConfig(),
 
 		Bucket:      bucket.DefaultConfig(),
 		Shipper:     shipper.DefaultConfig(),
@@ -91,7 +95,7 @@ func (c *Config) Validate() error {
 	if err := checkRoles(targets); err != nil {
 		errs = append(errs, err)
 	}
-	for _, v := range []interface{ Validate() error }{c.TSDB, c.Tenant, c.Ingest, c.Query, c.Limits, c.HA, c.Rules, c.Compact} {
+	for _, v := range []interface{ Validate() error }{c.TSDB, c.Tenant, c.Ingest, c.Query, c.QueryFrontend, c.Limits, c.HA, c.Rules, c.Compact} {
 		if err := v.Validate(); err != nil {
 			errs = append(errs, err)
 		}
@@ -136,6 +140,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&c.Query.LookbackDelta, "query.lookback-delta", "How far back an instant selector looks for the latest sample.")
 	fs.StringVar(&c.Query.MaxSourceResolution, "query.max-source-resolution", c.Query.MaxSourceResolution, "Coarsest bucket data a query reads unless it asks (max_source_resolution): raw, 5m, 1h or auto (from each select's step and range).")
 	fs.Var(&c.Query.ReplicaLabels, "query.replica-label", "Comma-separated replica labels merged at query time (data not deduplicated at ingest); a request's dedup=false turns it off.")
+	c.QueryFrontend.RegisterFlags(fs)
 	c.Limits.RegisterFlags(fs)
 	c.Rules.RegisterFlags(fs)
 	c.HA.RegisterFlags(fs)

@@ -98,6 +98,9 @@ type Options struct {
 	Flags map[string]string
 	// Sources are merged with each tenant's local TSDB (the bucket's blocks).
 	Sources []Source
+	// Frontend, when set, wraps the chain after tenant resolution
+	// (pkg/queryfrontend: query_range split by day and cached).
+	Frontend func(http.Handler) http.Handler
 }
 
 // API is the query HTTP API.
@@ -213,7 +216,11 @@ const noStepSubqueryInterval = time.Minute
 // The write endpoints registered by pkg/ingest are more specific patterns and
 // take precedence.
 func (a *API) RegisterRoutes(mux *http.ServeMux) {
-	mux.Handle("/api/v1/", boundSubqueries(a.tenant(a.dedup(a.resolution(a.router)))))
+	api := a.dedup(a.resolution(a.router))
+	if a.opts.Frontend != nil {
+		api = a.opts.Frontend(api)
+	}
+	mux.Handle("/api/v1/", boundSubqueries(a.tenant(api)))
 	mux.Handle("/api/v1/metadata", a.tenant(http.HandlerFunc(a.metadata)))
 	mux.Handle("/api/v1/status/tsdb", a.tenant(http.HandlerFunc(a.tsdbStatus)))
 	mux.Handle("/api/v1/status/tsdb/blocks", a.tenant(http.HandlerFunc(a.tsdbBlocks)))
