@@ -44,6 +44,13 @@ const AggrLabel = "__gpustore_aggr__"
 
 // Aggregate names (values of AggrLabel).
 const (
+	// AggrPacked marks the one series that holds a gauge's count, sum, min
+	// and max per window as a custom-buckets float histogram (packed.go).
+	AggrPacked = "packed"
+	// AggrCount, AggrSum, AggrMin and AggrMax are the old layout of a
+	// gauge's aggregates, one series each, which blocks written before the
+	// packed layout hold. They are still read, and downsampled to 1h in the
+	// same layout.
 	AggrCount   = "count"
 	AggrSum     = "sum"
 	AggrMin     = "min"

@@ -12,6 +12,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/value"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
@@ -55,17 +56,16 @@ type Stats struct {
 	OutSeries, OutSamples int64
 }
 
-// commitEvery bounds the samples held by one head appender transaction.
-const commitEvery = 64 << 10
-
 // Downsample reads the series of sources in the configured range and writes
 // one block of cfg.Resolution into cfg.Dir, returning its ULID. The block's
 // meta.json carries the gpustore section with downsample.resolution. When
 // the range holds no sample it writes nothing and returns the zero ULID.
 //
 // Sources may overlap (they are merged as queries merge them, one sample per
-// timestamp). The output is written through a TSDB head and the TSDB's own
-// LeveledCompactor.Write, so it is a plain block with XOR chunks.
+// timestamp). The output is written with the TSDB's chunk and index writers
+// (blockwrite.go): a plain TSDB block, XOR chunks for counters and float
+// histogram chunks for packed gauges, in a directory renamed to its ULID
+// once complete.
 func Downsample(ctx context.Context, sources []tsdb.BlockReader, cfg Config) (ulid.ULID, Stats, error) {
 	var st Stats
 	if err := cfg.validate(); err != nil {
@@ -86,21 +86,9 @@ func Downsample(ctx context.Context, sources []tsdb.BlockReader, cfg Config) (ul
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return ulid.ULID{}, st, fmt.Errorf("downsample: %w", err)
 	}
-	headDir, err := os.MkdirTemp(cfg.Dir, ".downsample-head-")
+	bw, err := newBlockWriter(ctx, cfg.Dir, logger)
 	if err != nil {
 		return ulid.ULID{}, st, fmt.Errorf("downsample: %w", err)
-	}
-	defer os.RemoveAll(headDir)
-	hopts := tsdb.DefaultHeadOptions()
-	hopts.ChunkRange = 2 * (cfg.Maxt - cfg.Mint) // nothing in [Mint, Maxt) is too old for the head
-	hopts.ChunkDirRoot = headDir
-	head, err := tsdb.NewHead(nil, logger, nil, nil, hopts, nil)
-	if err != nil {
-		return ulid.ULID{}, st, fmt.Errorf("downsample: new head: %w", err)
-	}
-	defer head.Close()
-	if err := head.Init(math.MinInt64); err != nil {
-		return ulid.ULID{}, st, fmt.Errorf("downsample: init head: %w", err)
 	}
 
 	queriers := make([]storage.Querier, 0, len(sources))
@@ -111,6 +99,7 @@ func Downsample(ctx context.Context, sources []tsdb.BlockReader, cfg Config) (ul
 			for _, q := range queriers {
 				q.Close()
 			}
+			bw.abort()
 			return ulid.ULID{}, st, fmt.Errorf("downsample: open block %s: %w", b.Meta().ULID, err)
 		}
 		queriers = append(queriers, q)
@@ -119,57 +108,47 @@ func Downsample(ctx context.Context, sources []tsdb.BlockReader, cfg Config) (ul
 	q := storage.NewMergeQuerier(queriers, nil, storage.ChainedSeriesMerge)
 	defer q.Close()
 
-	w := &writer{ctx: ctx, head: head, app: head.Appender(ctx)}
+	w := &writer{bw: bw}
 	ss := q.Select(ctx, true, &storage.SelectHints{Start: lo, End: hi},
 		labels.MustNewMatcher(labels.MatchRegexp, labels.MetricName, ".+"))
 	var it chunkenc.Iterator
 	for ss.Next() {
 		if err := ctx.Err(); err != nil {
-			w.app.Rollback()
+			bw.abort()
 			return ulid.ULID{}, st, err
 		}
 		s := ss.At()
 		it = s.Iterator(it)
 		st.InSeries++
-		if err := cfg.series(w, s.Labels(), it, shift, &st); err != nil {
-			w.app.Rollback()
-			return ulid.ULID{}, st, err
+		err := cfg.series(w, s.Labels(), it, shift, &st)
+		if err == nil {
+			err = w.flush()
 		}
-		if w.err != nil {
-			w.app.Rollback()
-			return ulid.ULID{}, st, w.err
+		if err != nil {
+			bw.abort()
+			return ulid.ULID{}, st, err
 		}
 	}
 	if err := ss.Err(); err != nil {
-		w.app.Rollback()
+		bw.abort()
 		return ulid.ULID{}, st, fmt.Errorf("downsample: read sources: %w", err)
 	}
-	if err := w.app.Commit(); err != nil {
-		return ulid.ULID{}, st, fmt.Errorf("downsample: commit: %w", err)
-	}
-	st.OutSeries, st.OutSamples = int64(head.NumSeries()), w.samples
-	if w.samples == 0 {
-		return ulid.ULID{}, st, nil
-	}
-
-	comp, err := tsdb.NewLeveledCompactorWithOptions(ctx, nil, logger, []int64{cfg.Maxt - cfg.Mint}, nil, tsdb.LeveledCompactorOptions{})
+	st.OutSeries, st.OutSamples = int64(len(bw.series)), w.samples
+	id, err := bw.finish(cfg.Dir, func(m tsdb.BlockMeta) error {
+		m.MinTime, m.MaxTime = cfg.Mint, cfg.Maxt
+		return cfg.writeMeta(filepath.Join(bw.tmp), m, srcMetas)
+	})
 	if err != nil {
-		return ulid.ULID{}, st, fmt.Errorf("downsample: compactor: %w", err)
-	}
-	ids, err := comp.Write(cfg.Dir, head, cfg.Mint, cfg.Maxt, nil)
-	if err != nil {
+		bw.abort()
 		return ulid.ULID{}, st, fmt.Errorf("downsample: write block: %w", err)
 	}
-	if len(ids) == 0 {
-		return ulid.ULID{}, st, nil
+	if id == (ulid.ULID{}) {
+		return id, st, nil
 	}
-	if err := cfg.writeMeta(filepath.Join(cfg.Dir, ids[0].String()), srcMetas); err != nil {
-		return ulid.ULID{}, st, err
-	}
-	logger.Info("downsampled", "block", ids[0], "resolution", ResolutionName(cfg.Resolution),
+	logger.Info("downsampled", "block", id, "resolution", ResolutionName(cfg.Resolution),
 		"mint", cfg.Mint, "maxt", cfg.Maxt, "in_series", st.InSeries, "in_samples", st.InSamples,
 		"out_series", st.OutSeries, "out_samples", st.OutSamples)
-	return ids[0], st, nil
+	return id, st, nil
 }
 
 func (cfg *Config) validate() error {
@@ -188,15 +167,11 @@ func (cfg *Config) validate() error {
 	return nil
 }
 
-// writeMeta adds the gpustore section (resolution, source) and the sources'
-// lineage to the meta.json the TSDB wrote. The TSDB ignores the extra section.
-func (cfg *Config) writeMeta(dir string, srcs []tsdb.BlockMeta) error {
-	m, err := block.ReadLocalMeta(dir)
-	if err != nil {
-		return fmt.Errorf("downsample: %w", err)
-	}
-	m.Compaction.Sources = nil
-	m.Compaction.Parents = nil
+// writeMeta writes meta.json: m (ULID, range, stats), the sources' lineage
+// and the gpustore section (resolution, source). The TSDB ignores the extra
+// section.
+func (cfg *Config) writeMeta(dir string, m tsdb.BlockMeta, srcs []tsdb.BlockMeta) error {
+	m.Compaction.Level = 1
 	seen := map[ulid.ULID]bool{}
 	for _, s := range srcs {
 		m.Compaction.Level = max(m.Compaction.Level, s.Compaction.Level)
@@ -245,45 +220,52 @@ func ReadResolution(dir string) (int64, error) {
 	return m.GPUStore.Downsample.Resolution, nil
 }
 
-// series downsamples one input series into w.
+// series downsamples one input series into w: a raw gauge into one packed
+// series (packed.go), a raw counter or native histogram into kept samples
+// ("counter"); a downsampled series into the same aggregate at the coarser
+// resolution (old-layout count/sum/min/max series stay in the old layout).
 func (cfg *Config) series(w *writer, lset labels.Labels, it chunkenc.Iterator, shift int64, st *Stats) error {
 	var (
-		reducers []*reducer
-		counter  *counterSelector
+		red     *reducer
+		packed  bool // the input points are packed aggregates
+		counter *counterSelector
 		// Labels of the counter aggregate that native histograms go to
 		// when they turn up in a series downsampled as a gauge.
 		histLabels = labels.NewBuilder(lset).Set(AggrLabel, AggrCounter).Labels()
 	)
-	newReducer := func(ls labels.Labels, o op) *reducer {
-		return &reducer{op: o, res: cfg.Resolution, emit: w.series(ls).appendFloat}
+	packedReducer := func(ls labels.Labels) *reducer {
+		out := w.series(ls)
+		return &reducer{res: cfg.Resolution, emit: out.appendAggr, emitStale: out.appendPackedStale}
+	}
+	fieldReducer := func(field func(aggr) float64) *reducer {
+		out := w.series(lset)
+		return &reducer{res: cfg.Resolution,
+			emit:      func(t int64, a aggr) { out.appendFloat(t, field(a)) },
+			emitStale: func(t int64) { out.appendFloat(t, math.Float64frombits(value.StaleNaN)) }}
 	}
 	if cfg.SourceResolution == ResRaw {
 		if lset.Has(AggrLabel) {
 			return fmt.Errorf("downsample: raw series %s already has %s", lset, AggrLabel)
 		}
 		if Classify(lset.Get(labels.MetricName), lset.Has("quantile"), cfg.Types) == Gauge {
-			b := labels.NewBuilder(lset)
-			for _, a := range []struct {
-				name string
-				op   op
-			}{{AggrCount, opCountSamples}, {AggrSum, opAdd}, {AggrMin, opMin}, {AggrMax, opMax}} {
-				reducers = append(reducers, newReducer(b.Set(AggrLabel, a.name).Labels(), a.op))
-			}
+			red = packedReducer(labels.NewBuilder(lset).Set(AggrLabel, AggrPacked).Labels())
 		}
 	} else {
 		switch a := lset.Get(AggrLabel); a {
+		case AggrPacked:
+			red, packed = packedReducer(lset), true
 		case AggrCount, AggrSum:
-			reducers = []*reducer{newReducer(lset, opAdd)}
+			red = fieldReducer(func(a aggr) float64 { return a.sum })
 		case AggrMin:
-			reducers = []*reducer{newReducer(lset, opMin)}
+			red = fieldReducer(func(a aggr) float64 { return a.min })
 		case AggrMax:
-			reducers = []*reducer{newReducer(lset, opMax)}
+			red = fieldReducer(func(a aggr) float64 { return a.max })
 		case AggrCounter:
 		default:
 			return fmt.Errorf("downsample: series %s of a %s block has no known %s", lset, ResolutionName(cfg.SourceResolution), AggrLabel)
 		}
 	}
-	err := cfg.feed(it, shift, st, reducers, func() *counterSelector {
+	err := cfg.feed(it, shift, st, red, packed, func() *counterSelector {
 		if counter == nil {
 			out := w.series(histLabels)
 			counter = &counterSelector{res: cfg.Resolution, emit: out.appendSample}
@@ -293,12 +275,16 @@ func (cfg *Config) series(w *writer, lset labels.Labels, it chunkenc.Iterator, s
 	if counter != nil {
 		counter.finish()
 	}
-	return err
+	if err != nil {
+		return fmt.Errorf("downsample: read %s: %w", lset, err)
+	}
+	return nil
 }
 
 // feed runs the series' points in (Mint, Maxt] (raw time) through the
-// reducers (floats) or the counter selector (counter floats and histograms).
-func (cfg *Config) feed(it chunkenc.Iterator, shift int64, st *Stats, reducers []*reducer, counter func() *counterSelector) error {
+// reducer (gauge floats; packed points when packed) or the counter selector
+// (counter floats and histograms).
+func (cfg *Config) feed(it chunkenc.Iterator, shift int64, st *Stats, red *reducer, packed bool, counter func() *counterSelector) error {
 	for vt := it.Next(); vt != chunkenc.ValNone; vt = it.Next() {
 		var s sample
 		switch vt {
@@ -314,75 +300,98 @@ func (cfg *Config) feed(it chunkenc.Iterator, shift int64, st *Stats, reducers [
 			continue
 		}
 		st.InSamples++
-		if len(reducers) > 0 && !s.isHistogram() {
-			for _, r := range reducers {
-				r.add(s.t, s.f)
+		switch {
+		case red != nil && packed:
+			if s.fh == nil {
+				return fmt.Errorf("%s series holds a %s sample at %d", AggrPacked, vt, s.t-shift)
 			}
-			continue
+			a, stale, err := unpackAggr(s.fh)
+			if err != nil {
+				return err
+			}
+			if stale {
+				red.addStale(s.t)
+			} else {
+				red.add(s.t, a)
+			}
+		case red != nil && !s.isHistogram():
+			if value.IsStaleNaN(s.f) {
+				red.addStale(s.t)
+			} else {
+				red.add(s.t, rawAggr(s.f))
+			}
+		default:
+			counter().add(s)
 		}
-		counter().add(s)
 	}
-	for _, r := range reducers {
-		r.flush()
+	if red != nil {
+		red.flush()
 	}
 	return it.Err()
 }
 
-// writer appends output series to the head, committing now and then.
+// writer collects the output series of one input series and writes them to
+// the block when the input series is done.
 type writer struct {
-	ctx     context.Context
-	head    *tsdb.Head
-	app     storage.Appender
-	pending int
+	bw      *blockWriter
+	out     []*outSeries
 	samples int64
 	err     error
 }
 
 type outSeries struct {
-	w    *writer
-	lset labels.Labels
-	ref  storage.SeriesRef
+	w       *writer
+	lset    labels.Labels
+	samples []outSample
 }
 
-func (w *writer) series(lset labels.Labels) *outSeries { return &outSeries{w: w, lset: lset} }
+func (w *writer) series(lset labels.Labels) *outSeries {
+	o := &outSeries{w: w, lset: lset}
+	w.out = append(w.out, o)
+	return o
+}
+
+// flush writes the output series collected since the last flush.
+func (w *writer) flush() error {
+	defer func() { w.out = w.out[:0] }()
+	if w.err != nil {
+		return w.err
+	}
+	for _, o := range w.out {
+		if err := w.bw.add(o.lset, o.samples); err != nil {
+			return err
+		}
+		w.samples += int64(len(o.samples))
+	}
+	return nil
+}
+
+func (o *outSeries) append(s outSample) {
+	if n := len(o.samples); n > 0 && o.samples[n-1].t >= s.t && o.w.err == nil {
+		o.w.err = fmt.Errorf("downsample: %s: point at %d after one at %d", o.lset, s.t, o.samples[n-1].t)
+	}
+	o.samples = append(o.samples, s)
+}
 
 func (o *outSeries) appendFloat(t int64, v float64) {
-	w := o.w
-	if w.err != nil {
-		return
-	}
-	ref, err := w.app.Append(o.ref, o.lset, t, v)
-	o.done(ref, err, t)
+	o.append(outSample{t: t, kind: chunkenc.ValFloat, f: v})
+}
+
+func (o *outSeries) appendAggr(t int64, a aggr) {
+	o.append(outSample{t: t, kind: chunkenc.ValFloatHistogram, a: a})
+}
+
+func (o *outSeries) appendPackedStale(t int64) {
+	o.append(outSample{t: t, kind: chunkenc.ValFloatHistogram, stale: true})
 }
 
 func (o *outSeries) appendSample(s *sample) {
-	if !s.isHistogram() {
+	switch {
+	case s.h != nil:
+		o.append(outSample{t: s.t - 1, kind: chunkenc.ValHistogram, h: s.h})
+	case s.fh != nil:
+		o.append(outSample{t: s.t - 1, kind: chunkenc.ValFloatHistogram, fh: s.fh})
+	default:
 		o.appendFloat(s.t-1, s.f)
-		return
-	}
-	w := o.w
-	if w.err != nil {
-		return
-	}
-	ref, err := w.app.AppendHistogram(o.ref, o.lset, s.t-1, s.h, s.fh)
-	o.done(ref, err, s.t-1)
-}
-
-func (o *outSeries) done(ref storage.SeriesRef, err error, t int64) {
-	w := o.w
-	if err != nil {
-		w.err = fmt.Errorf("downsample: append %s at %d: %w", o.lset, t, err)
-		return
-	}
-	o.ref = ref
-	w.samples++
-	w.pending++
-	if w.pending >= commitEvery {
-		if err := w.app.Commit(); err != nil {
-			w.err = fmt.Errorf("downsample: commit: %w", err)
-			return
-		}
-		w.app = w.head.Appender(w.ctx)
-		w.pending = 0
 	}
 }

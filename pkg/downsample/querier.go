@@ -122,14 +122,15 @@ type querier struct {
 	from int64 // plain selectors' points before it are read but not returned
 }
 
-// aggregates read per view: the view's own, then the fallback.
+// aggregates read per view: the packed gauge series, the view's own
+// old-layout series, then the fallback.
 var viewAggrs = map[View][]string{
-	ViewAvg:     {AggrSum, AggrCount, AggrCounter},
-	ViewCounter: {AggrSum, AggrCount, AggrCounter},
-	ViewMin:     {AggrMin, AggrCounter},
-	ViewMax:     {AggrMax, AggrCounter},
-	ViewSum:     {AggrSum, AggrCounter},
-	ViewCount:   {AggrCount, AggrCounter},
+	ViewAvg:     {AggrPacked, AggrSum, AggrCount, AggrCounter},
+	ViewCounter: {AggrPacked, AggrSum, AggrCount, AggrCounter},
+	ViewMin:     {AggrPacked, AggrMin, AggrCounter},
+	ViewMax:     {AggrPacked, AggrMax, AggrCounter},
+	ViewSum:     {AggrPacked, AggrSum, AggrCounter},
+	ViewCount:   {AggrPacked, AggrCount, AggrCounter},
 }
 
 func (q *querier) Select(ctx context.Context, _ bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
@@ -253,35 +254,21 @@ func (j *joinSet) Warnings() annotations.Annotations {
 
 // buildSeries reads one series' aggregates through view.
 func buildSeries(view View, base labels.Labels, comps map[string]storage.Series) storage.Series {
-	sum, count, counter := comps[AggrSum], comps[AggrCount], comps[AggrCounter]
-	avg := func() storage.Series {
-		if sum != nil && count != nil {
-			return &avgSeries{lset: base, sum: sum, count: count}
-		}
-		return nil
-	}
+	counter := comps[AggrCounter]
 	var s storage.Series
 	switch view {
-	case ViewAvg:
-		if s = avg(); s == nil && counter != nil {
-			s = relabeled{base, counter}
-		}
 	case ViewCounter:
 		if counter != nil {
 			s = relabeled{base, counter}
 		} else {
-			s = avg()
+			s = gaugeSeries(ViewAvg, base, comps)
 		}
 	case ViewCount:
-		if count != nil {
-			s = relabeled{base, count}
-		} else if counter != nil {
+		if s = gaugeSeries(view, base, comps); s == nil && counter != nil {
 			s = onesSeries{base, counter}
 		}
 	default:
-		if own := comps[string(view)]; own != nil {
-			s = relabeled{base, own}
-		} else if counter != nil {
+		if s = gaugeSeries(view, base, comps); s == nil && counter != nil {
 			s = relabeled{base, counter}
 		}
 	}
@@ -295,6 +282,29 @@ func buildSeries(view View, base labels.Labels, comps map[string]storage.Series)
 		}
 	}
 	return s
+}
+
+// gaugeSeries reads a gauge's aggregate for view (avg, min, max, sum or
+// count) from its packed series and from old-layout series, or returns nil
+// when there is neither. A series with both (old and new blocks merged into
+// one resolution) reads them merged: a time held by both gives one point.
+func gaugeSeries(view View, base labels.Labels, comps map[string]storage.Series) storage.Series {
+	var old storage.Series
+	if view == ViewAvg {
+		if sum, count := comps[AggrSum], comps[AggrCount]; sum != nil && count != nil {
+			old = &avgSeries{lset: base, sum: sum, count: count}
+		}
+	} else if own := comps[string(view)]; own != nil {
+		old = relabeled{base, own}
+	}
+	p := comps[AggrPacked]
+	switch {
+	case p == nil:
+		return old
+	case old == nil:
+		return packedSeries{lset: base, s: p, view: view}
+	}
+	return storage.ChainedSeriesMerge(packedSeries{lset: base, s: p, view: view}, old)
 }
 
 type relabeled struct {

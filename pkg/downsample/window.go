@@ -36,60 +36,66 @@ func (s *sample) floatHistogram() *histogram.FloatHistogram {
 	return s.h.ToFloat(nil)
 }
 
-// op is how a gauge aggregate folds a window's values.
-type op uint8
+// aggr is one window's gauge aggregates: the number of samples, their sum,
+// minimum and maximum.
+type aggr struct{ count, sum, min, max float64 }
 
-const (
-	opCountSamples op = iota // raw input: one per sample
-	opAdd                    // sum of values (Kahan): sum of raw values, or of 5m counts/sums
-	opMin                    // PromQL's min_over_time rule: NaN only if every value is NaN
-	opMax                    // likewise for max_over_time
-)
+// rawAggr is what one raw sample v adds to a window.
+func rawAggr(v float64) aggr { return aggr{count: 1, sum: v, min: v, max: v} }
 
-// reducer folds the points of consecutive windows of one series into one
-// aggregate point per window, stored at the window's end - 1 ms. Staleness
-// markers are not values: they are passed on when a window's last point is
-// one (the series ended there), as a marker after the window's aggregate,
-// which then sits at the last real point's time - 1 ms rather than at the
-// window's end, so an instant query sees the series end as it does on raw data.
+// reducer folds the aggregates of consecutive windows of one series into one
+// aggregate per window of res, emitted at the window's end - 1 ms. Its input
+// is raw samples (rawAggr) or the aggregates of finer windows (a packed 5m
+// point, or one field of an old-layout 5m series). Counts and sums add (sums
+// with Kahan compensation), min and max follow PromQL's min/max_over_time
+// rule: NaN only if every value is NaN.
+//
+// Staleness markers are not values: they are passed on when a window's last
+// point is one (the series ended there), as a marker after the window's
+// aggregate, which then sits at the last real point's time - 1 ms rather than
+// at the window's end, so an instant query sees the series end as it does on
+// raw data.
 type reducer struct {
-	op   op
-	res  int64
-	emit func(t int64, v float64)
+	res       int64
+	emit      func(t int64, a aggr)
+	emitStale func(t int64)
 
 	w         int64 // end of the current window; valid when open
 	open      bool
 	n         int
-	v, c      float64
+	a         aggr
+	c         float64 // Kahan compensation of a.sum
 	lastReal  int64
 	staleAt   int64
 	staleLast bool
 }
 
-func (r *reducer) add(t int64, v float64) {
+func (r *reducer) window(t int64) {
 	if w := windowEnd(t, r.res); !r.open || w != r.w {
 		r.flush()
 		r.w, r.open = w, true
 	}
-	if value.IsStaleNaN(v) {
-		r.staleLast, r.staleAt = true, t
-		return
-	}
+}
+
+// addStale records a staleness marker at raw time t.
+func (r *reducer) addStale(t int64) {
+	r.window(t)
+	r.staleLast, r.staleAt = true, t
+}
+
+// add folds in at raw time t.
+func (r *reducer) add(t int64, in aggr) {
+	r.window(t)
 	r.staleLast, r.lastReal = false, t
 	r.n++
-	switch r.op {
-	case opCountSamples:
-		r.v++
-	case opAdd:
-		r.v, r.c = kahansum.Inc(v, r.v, r.c)
-	case opMin:
-		if r.n == 1 || v < r.v || math.IsNaN(r.v) {
-			r.v = v
-		}
-	case opMax:
-		if r.n == 1 || v > r.v || math.IsNaN(r.v) {
-			r.v = v
-		}
+	a := &r.a
+	a.count += in.count
+	a.sum, r.c = kahansum.Inc(in.sum, a.sum, r.c)
+	if r.n == 1 || in.min < a.min || math.IsNaN(a.min) {
+		a.min = in.min
+	}
+	if r.n == 1 || in.max > a.max || math.IsNaN(a.max) {
+		a.max = in.max
 	}
 }
 
@@ -103,16 +109,16 @@ func (r *reducer) flush() {
 		if r.staleLast {
 			at = r.lastReal
 		}
-		v := r.v
-		if r.op == opAdd && !math.IsInf(v, 0) {
-			v += r.c
+		a := r.a
+		if !math.IsInf(a.sum, 0) {
+			a.sum += r.c
 		}
-		r.emit(at-1, v)
+		r.emit(at-1, a)
 	}
 	if r.staleLast {
-		r.emit(r.staleAt-1, math.Float64frombits(value.StaleNaN))
+		r.emitStale(r.staleAt - 1)
 	}
-	r.open, r.n, r.v, r.c, r.staleLast = false, 0, 0, 0, false
+	r.open, r.n, r.a, r.c, r.staleLast = false, 0, aggr{}, 0, false
 }
 
 // counterSelector keeps the points of a counter series that PromQL's counter

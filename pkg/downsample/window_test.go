@@ -69,28 +69,34 @@ func TestCounterSelectorKeepsEdgesResetsAndNaN(t *testing.T) {
 func TestReducerAggregatesAndStaleness(t *testing.T) {
 	stale := math.Float64frombits(value.StaleNaN)
 	in := []pt{{10, 3}, {50, math.NaN()}, {100, 1}, {110, 4}, {150, 6}, {160, stale}, {250, math.NaN()}}
-	run := func(o op) []pt {
+	run := func(field func(aggr) float64) []pt {
 		var out []pt
-		r := &reducer{op: o, res: 100, emit: func(t int64, v float64) { out = append(out, pt{t, v}) }}
+		r := &reducer{res: 100,
+			emit:      func(t int64, a aggr) { out = append(out, pt{t, field(a)}) },
+			emitStale: func(t int64) { out = append(out, pt{t, stale}) }}
 		for _, p := range in {
-			r.add(p.t, p.v)
+			if value.IsStaleNaN(p.v) {
+				r.addStale(p.t)
+			} else {
+				r.add(p.t, rawAggr(p.v))
+			}
 		}
 		r.flush()
 		return out
 	}
 	nan := math.NaN()
 	for name, c := range map[string]struct {
-		o    op
-		want []pt
+		field func(aggr) float64
+		want  []pt
 	}{
 		// Window (0,100] at 99; (100,200] ends stale: aggregate at the last
 		// real sample 150-1, marker at 160-1; (200,300] holds only NaN.
-		"count": {opCountSamples, []pt{{99, 3}, {149, 2}, {159, stale}, {299, 1}}},
-		"sum":   {opAdd, []pt{{99, nan}, {149, 10}, {159, stale}, {299, nan}}},
-		"min":   {opMin, []pt{{99, 1}, {149, 4}, {159, stale}, {299, nan}}},
-		"max":   {opMax, []pt{{99, 3}, {149, 6}, {159, stale}, {299, nan}}},
+		"count": {func(a aggr) float64 { return a.count }, []pt{{99, 3}, {149, 2}, {159, stale}, {299, 1}}},
+		"sum":   {func(a aggr) float64 { return a.sum }, []pt{{99, nan}, {149, 10}, {159, stale}, {299, nan}}},
+		"min":   {func(a aggr) float64 { return a.min }, []pt{{99, 1}, {149, 4}, {159, stale}, {299, nan}}},
+		"max":   {func(a aggr) float64 { return a.max }, []pt{{99, 3}, {149, 6}, {159, stale}, {299, nan}}},
 	} {
-		got := run(c.o)
+		got := run(c.field)
 		// StaleNaN is a NaN: compare markers by bits.
 		for i := range got {
 			if i < len(c.want) && value.IsStaleNaN(c.want[i].v) != value.IsStaleNaN(got[i].v) {
