@@ -24,9 +24,13 @@ import (
 // packed points (packed.go) are float histograms whose "buckets" may be
 // negative. Chunks are written as each output series is complete (encoded
 // by storage.NewSeriesToChunkEncoder: 120 samples a chunk, a new chunk where
-// the value type changes or a native histogram counter resets); the index,
-// which needs its series sorted, is written at the end from the labels and
-// chunk references kept in memory.
+// the value type changes or a native histogram counter resets) into a
+// scratch chunks directory, in input order. The index needs its series
+// sorted by labels and their chunk references ascending, and the output
+// order differs from the input order (AggrLabel sorts among the other
+// labels), so finish copies the chunks in label order into the block's
+// chunks directory while it writes the index; only labels and chunk
+// references are held in memory.
 type blockWriter struct {
 	ctx    context.Context
 	logger *slog.Logger
@@ -45,6 +49,9 @@ type indexEntry struct {
 // tmpSuffix is the TSDB's suffix of a block directory being created.
 const tmpSuffix = ".tmp-for-creation"
 
+// scratchChunks holds the chunks in input order until finish sorts them.
+const scratchChunks = "chunks.unsorted"
+
 func newBlockWriter(ctx context.Context, dir string, logger *slog.Logger) (*blockWriter, error) {
 	id := ulid.Make()
 	tmp := filepath.Join(dir, id.String()+tmpSuffix)
@@ -54,7 +61,7 @@ func newBlockWriter(ctx context.Context, dir string, logger *slog.Logger) (*bloc
 	if err := os.MkdirAll(tmp, 0o755); err != nil {
 		return nil, err
 	}
-	cw, err := chunks.NewWriter(filepath.Join(tmp, "chunks"))
+	cw, err := chunks.NewWriter(filepath.Join(tmp, scratchChunks))
 	if err != nil {
 		os.RemoveAll(tmp)
 		return nil, fmt.Errorf("chunk writer: %w", err)
@@ -98,7 +105,7 @@ func (w *blockWriter) add(lset labels.Labels, samples []outSample) error {
 // the zero ULID.
 func (w *blockWriter) finish(dir string, meta func(tsdb.BlockMeta) error) (ulid.ULID, error) {
 	if err := w.cw.Close(); err != nil {
-		return ulid.ULID{}, fmt.Errorf("close chunks: %w", err)
+		return ulid.ULID{}, fmt.Errorf("close scratch chunks: %w", err)
 	}
 	if len(w.series) == 0 {
 		return ulid.ULID{}, os.RemoveAll(w.tmp)
@@ -116,24 +123,11 @@ func (w *blockWriter) finish(dir string, meta func(tsdb.BlockMeta) error) (ulid.
 		sorted = append(sorted, s)
 	}
 	slices.Sort(sorted)
-	iw, err := index.NewWriter(w.ctx, filepath.Join(w.tmp, "index"))
-	if err != nil {
-		return ulid.ULID{}, fmt.Errorf("index writer: %w", err)
+	if err := w.writeSorted(sorted); err != nil {
+		return ulid.ULID{}, err
 	}
-	for _, s := range sorted {
-		if err := iw.AddSymbol(s); err != nil {
-			iw.Close()
-			return ulid.ULID{}, fmt.Errorf("index symbols: %w", err)
-		}
-	}
-	for i, s := range w.series {
-		if err := iw.AddSeries(storage.SeriesRef(i), s.lset, s.chks...); err != nil {
-			iw.Close()
-			return ulid.ULID{}, fmt.Errorf("index series %s: %w", s.lset, err)
-		}
-	}
-	if err := iw.Close(); err != nil {
-		return ulid.ULID{}, fmt.Errorf("close index: %w", err)
+	if err := os.RemoveAll(filepath.Join(w.tmp, scratchChunks)); err != nil {
+		return ulid.ULID{}, err
 	}
 	if _, err := tombstones.WriteFile(w.logger, w.tmp, tombstones.NewMemTombstones()); err != nil {
 		return ulid.ULID{}, fmt.Errorf("tombstones: %w", err)
@@ -151,6 +145,60 @@ func (w *blockWriter) finish(dir string, meta func(tsdb.BlockMeta) error) (ulid.
 		d.Close()
 	}
 	return w.id, nil
+}
+
+// writeSorted writes the index (symbols, then the series in w.series'
+// order) and copies each series' chunks from the scratch directory into the
+// block's chunks directory just before its index entry, so that chunk
+// references ascend with the series.
+func (w *blockWriter) writeSorted(symbols []string) (err error) {
+	cr, err := chunks.NewDirReader(filepath.Join(w.tmp, scratchChunks), nil)
+	if err != nil {
+		return fmt.Errorf("read scratch chunks: %w", err)
+	}
+	defer cr.Close()
+	cw, err := chunks.NewWriter(filepath.Join(w.tmp, "chunks"))
+	if err != nil {
+		return fmt.Errorf("chunk writer: %w", err)
+	}
+	defer func() {
+		if cerr := cw.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("close chunks: %w", cerr)
+		}
+	}()
+	iw, err := index.NewWriter(w.ctx, filepath.Join(w.tmp, "index"))
+	if err != nil {
+		return fmt.Errorf("index writer: %w", err)
+	}
+	defer func() {
+		if cerr := iw.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("close index: %w", cerr)
+		}
+	}()
+	for _, s := range symbols {
+		if err := iw.AddSymbol(s); err != nil {
+			return fmt.Errorf("index symbols: %w", err)
+		}
+	}
+	for i, s := range w.series {
+		for j := range s.chks {
+			c, _, err := cr.ChunkOrIterable(s.chks[j])
+			if err != nil {
+				return fmt.Errorf("read scratch chunk of %s: %w", s.lset, err)
+			}
+			s.chks[j].Chunk = c
+		}
+		if err := cw.WriteChunks(s.chks...); err != nil {
+			return fmt.Errorf("write chunks of %s: %w", s.lset, err)
+		}
+		for j := range s.chks {
+			s.chks[j].Chunk = nil
+		}
+		if err := iw.AddSeries(storage.SeriesRef(i), s.lset, s.chks...); err != nil {
+			return fmt.Errorf("index series %s: %w", s.lset, err)
+		}
+	}
+	return nil
 }
 
 // abort removes the partly written block.
