@@ -364,3 +364,24 @@ func TestVerticalCompactionOfPackedBlocks(t *testing.T) {
 	}
 	sameAnswers(t, "vertically compacted 1h vs one-piece 1h", f.ds1h, NewQueryable(blocksQueryable(merged)), Res1h)
 }
+
+// Plain selectors over 1h data at steps between windows (the fill) read the
+// packed layout as they read the old one.
+func TestPlainSelectorFillReadsPackedAsOld(t *testing.T) {
+	f := newFixture(t, 7, 8)
+	old1 := oldLayout(t, filepath.Join(t.TempDir(), "old1h"), f.b1h, math.MinInt64, math.MaxInt64)
+	mk := func(b tsdb.BlockReader) storage.Queryable {
+		return storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
+			q, err := tsdb.NewBlockQuerier(b, mint, maxt)
+			if err != nil {
+				return nil, err
+			}
+			return NewQuerier(q, Res1h, mint), nil
+		})
+	}
+	for _, qs := range []string{"avg(gauge_metric)", "gauge_metric"} {
+		want := rangeQuery(t, mk(old1), qs, 5*time.Minute, t0+17*60_000, t0+span, 37*60_000)
+		got := rangeQuery(t, mk(f.b1h), qs, 5*time.Minute, t0+17*60_000, t0+span, 37*60_000)
+		compare(t, qs, want, got, exact)
+	}
+}
