@@ -3,19 +3,31 @@
 //
 // # Blocks
 //
-// A downsampled block is an ordinary Prometheus TSDB block written by the
-// TSDB's own compactor (plain XOR chunks), so every reader of raw blocks (the
-// TSDB, the shipper, the compactor, the bucket store) reads it unchanged. Each
-// raw series becomes one series per aggregate, marked by the reserved label
-// AggrLabel:
+// A downsampled block is an ordinary Prometheus TSDB block in Prometheus'
+// own chunk encodings, written with the TSDB's chunk and index writers
+// (blockwrite.go), so every reader of raw blocks (the TSDB, the shipper, the
+// compactor, the bucket store) reads it unchanged. Each raw series becomes
+// one series, marked by the reserved label AggrLabel:
 //
-//   - gauges: count, sum, min and max of the window's samples;
+//   - gauges: "packed", one point per window holding the count, sum, min and
+//     max of the window's samples as a float histogram of the custom-buckets
+//     schema (Count, Sum, and min and max as the two bucket values; see
+//     packed.go). Prometheus' float histogram chunks XOR each field against
+//     the previous point's, so the four aggregates cost one index entry, one
+//     timestamp stream and four XOR value streams. Packed points are not
+//     valid histograms (min and max may be negative) and never reach PromQL
+//     as histograms: the Querier turns them into floats per view.
 //   - counters (and native histograms): "counter", a subset of the raw samples
 //     that keeps the first and last sample of every window, both samples of
 //     every counter reset, and every NaN with its neighbours. Between two kept
 //     samples the raw series is a run without reset or NaN, so PromQL's reset
 //     handling over the kept samples gives the raw increase exactly, resets()
 //     is exact over any range, and min/max_over_time are exact.
+//
+// Blocks written before the packed layout hold a gauge as four float series
+// ("count", "sum", "min", "max"). They are still read (a series found in both
+// layouts reads merged, one point per time) and downsampled from 5m to 1h in
+// their own layout.
 //
 // # Windows and time
 //

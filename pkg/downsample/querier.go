@@ -16,6 +16,8 @@ import (
 // View is how a selector reads a downsampled series. Every view answers for
 // gauges and counters; where a series lacks the view's aggregate (counters
 // store only "counter", gauges no "counter") the view falls back as listed.
+// A gauge's aggregates are the fields of its packed series (or its
+// old-layout series of the same names).
 //
 //	view     gauge series           counter series
 //	avg      sum/count per window   kept samples
