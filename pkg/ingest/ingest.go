@@ -112,18 +112,24 @@ type tenantState struct {
 	md         *metadataSink
 	m          *tenantMetrics
 
-	// limitsGen advances when the tenant's label limits change, so cached
-	// series are validated again against the new limits on their next
-	// sample (see ApplyLimits); labelLimits are the limits it stands for.
+	// limitsGen advances when the tenant's label limits or relabel rules
+	// change, so cached series are validated (or relabeled) again on their
+	// next sample (see ApplyLimits); labelLimits are what it stands for.
 	limitsGen   atomic.Uint32
 	labelLimits atomic.Pointer[labelLimits]
+	// drivers remembers per GPU the driver info the dcgm preset last wrote.
+	drivers *driverMemo
 }
 
-// labelLimits are the limits a series is validated against when first seen.
-type labelLimits struct{ names, nameLength, valueLength int }
+// labelLimits are what a series is validated against when first seen: the
+// label limits and the relabel rules (by their fingerprint).
+type labelLimits struct {
+	names, nameLength, valueLength int
+	rules                          string
+}
 
 func labelLimitsOf(l limits.Limits) labelLimits {
-	return labelLimits{l.MaxLabelNamesPerSeries, l.MaxLabelNameLength, l.MaxLabelValueLength}
+	return labelLimits{l.MaxLabelNamesPerSeries, l.MaxLabelNameLength, l.MaxLabelValueLength, l.Relabel().Fingerprint()}
 }
 
 // requestState is the pooled working memory of one request.
@@ -189,7 +195,7 @@ func (i *Ingester) tenant(id string) (*tenantState, error) {
 	if st, ok := i.caches[id]; ok {
 		return st, nil
 	}
-	st = &tenantState{id: id, db: db, appendable: db, cache: newSeriesCache(), ha: newHATable(), md: &metadataSink{set: db.Metadata.Set}, m: i.metrics.forTenant(id)}
+	st = &tenantState{id: id, db: db, appendable: db, cache: newSeriesCache(), ha: newHATable(), md: &metadataSink{set: db.Metadata.Set}, m: i.metrics.forTenant(id), drivers: newDriverMemo()}
 	ll := labelLimitsOf(i.limits.For(id))
 	st.labelLimits.Store(&ll)
 	i.caches[id] = st
@@ -201,7 +207,8 @@ func (i *Ingester) tenant(id string) (*tenantState, error) {
 // per request, and a cached reference stays right whatever the HA label
 // names (a series' key hashes exactly the labels it is stored with). A
 // tenant whose label limits changed has its cached series validated again,
-// each on its next sample, without building its labels.
+// each on its next sample, without building its labels; one whose relabel
+// rules changed (or that has rules) has them relabeled again.
 func (i *Ingester) ApplyLimits() {
 	i.mtx.RLock()
 	defer i.mtx.RUnlock()
@@ -267,9 +274,10 @@ func (i *Ingester) serve(w http.ResponseWriter, r *http.Request, proto *string) 
 	if v2 {
 		// Samples dropped as duplicates of the elected replica count as
 		// written: the data is stored (from the other replica), and a lower
-		// count would make Prometheus report a failed partial write.
+		// count would make Prometheus report a failed partial write. So do
+		// samples the tenant's relabel rules drop (dropped on purpose).
 		h := w.Header()
-		h.Set(headerSamplesWritten, strconv.Itoa(stats.samples+stats.deduplicated))
+		h.Set(headerSamplesWritten, strconv.Itoa(stats.acknowledged()))
 		h.Set(headerHistogramsWritten, strconv.Itoa(stats.histograms))
 		h.Set(headerExemplarsWritten, strconv.Itoa(stats.exemplars))
 	}
@@ -425,10 +433,12 @@ type metrics struct {
 	rejectedV *prometheus.CounterVec
 	series    *prometheus.CounterVec
 	dedup     *prometheus.CounterVec
+	relabel   *prometheus.CounterVec
 }
 
 type tenantMetrics struct {
 	samples, histograms, exemplars, newSeries prometheus.Counter
+	relabelDropped                            prometheus.Counter
 	byReason                                  map[string]prometheus.Counter
 	dedup                                     *prometheus.CounterVec
 	tenant                                    string
@@ -462,6 +472,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		dedup: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpustore_ingest_ha_deduplicated_samples_total", Help: "Samples acknowledged and dropped because the other replica of their Prometheus HA pair is elected.",
 		}, []string{"tenant", "cluster"}),
+		relabel: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_ingest_relabel_dropped_samples_total", Help: "Samples and histograms acknowledged and dropped because the tenant's relabel rules drop their series.",
+		}, []string{"tenant"}),
 	}
 }
 
@@ -471,6 +484,7 @@ func (m *metrics) forTenant(id string) *tenantMetrics {
 		histograms: m.samples.WithLabelValues(id, "histogram"),
 		exemplars:  m.samples.WithLabelValues(id, "exemplar"),
 		newSeries:  m.series.WithLabelValues(id),
+		relabelDropped: m.relabel.WithLabelValues(id),
 		byReason:   map[string]prometheus.Counter{},
 		dedup:      m.dedup,
 		tenant:     id,

@@ -16,6 +16,11 @@ import (
 // appender (it reports an invalid sample for an unknown reference and empty
 // labels) and re-resolved.
 //
+// For a tenant with relabel rules the key is still the hash of the labels as
+// they arrive and the reference is that of the relabeled series, so the
+// rules run once per series, not per sample; several incoming series may
+// share a reference (that is what a rename for continuity is for).
+//
 // For series of a Prometheus HA pair the entry also holds the dedup state
 // (haState): the newest committed sample's timestamp and which replica sent
 // it, and the claims of requests in flight.
@@ -38,13 +43,21 @@ type cacheEntry struct {
 
 	epoch atomic.Uint32
 	// limitsGen is the tenant's label-limits generation the series' labels
-	// were last validated under (see tenantState.limitsGen).
+	// were last validated (and relabeled) under (see tenantState.limitsGen).
 	limitsGen atomic.Uint32
+	// relabeled: ref is what the tenant's relabel rules made of the labels
+	// (or refDropped), so a change of rules must resolve the series again.
+	relabeled atomic.Bool
 	// ha is the dedup state of an HA pair's series.
 	ha haState
 }
 
 func (e *cacheEntry) seriesRef() storage.SeriesRef { return storage.SeriesRef(e.ref.Load()) }
+
+// refDropped is the reference of a series the tenant's relabel rules drop:
+// its samples are acknowledged and dropped on the cache hit. No TSDB
+// reference is ever all ones (the head's are a counter from 1).
+const refDropped = storage.SeriesRef(^uint64(0))
 
 func newSeriesCache() *seriesCache {
 	c := &seriesCache{}

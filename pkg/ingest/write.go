@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpustore/gpustore/pkg/hatracker"
 	"github.com/gpustore/gpustore/pkg/limits"
+	"github.com/gpustore/gpustore/pkg/relabel"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
@@ -67,9 +68,32 @@ type writeStats struct {
 	// deduplicated counts samples dropped because the other replica of their
 	// HA pair is elected (or already covered their time): acknowledged, not stored.
 	deduplicated int
+	// relabelDropped counts samples of series the tenant's relabel rules
+	// drop: acknowledged, not stored.
+	relabelDropped int
+	// derived is set while a series gpustore derives itself (the dcgm
+	// preset's driver info) is appended: its rejections are counted in
+	// derivedRejected, not answered to the sender, and what it wrote is
+	// derivedAcked, left out of the samples a 2.0 answer reports.
+	derived         bool
+	derivedAcked    int
+	derivedRejected map[string]int
+}
+
+// acknowledged is what a 2.0 answer reports as written, out of what the
+// sender sent: stored, deduplicated, or dropped by the tenant's rules.
+func (s *writeStats) acknowledged() int {
+	return s.samples + s.deduplicated + s.relabelDropped - s.derivedAcked
 }
 
 func (s *writeStats) reject(reason string, n int, format string, args ...any) {
+	if s.derived {
+		if s.derivedRejected == nil {
+			s.derivedRejected = map[string]int{}
+		}
+		s.derivedRejected[reason] += n
+		return
+	}
 	if s.rejected == nil {
 		s.rejected = map[string]int{}
 	}
@@ -116,6 +140,11 @@ type appendCtx struct {
 	v1ex      prompb.Exemplar
 	v2ex      writev2.Exemplar
 	v1meta    prompb.MetricMetadata
+	// relabel holds a series' labels while the tenant's rules run; nil
+	// until a tenant with rules meets a series the cache does not know.
+	relabel *labels.Builder
+	// info is the dcgm preset's driver info series being derived.
+	info decodedSeries
 }
 
 // writeRequest is the state of one request's store step. It lives in the
@@ -125,6 +154,8 @@ type writeRequest struct {
 	tenant    *tenantState
 	lim       *limits.Limits
 	limitsGen uint32             // the tenant's label-limits generation when lim was read
+	rules     *relabel.Rules     // the tenant's relabel rules; nil: none (the fast path)
+	dcgmHost  string             // with the dcgm preset on, the host label it keeps; else ""
 	ha        *hatracker.Tracker // nil: HA pairs are not deduplicated
 	gap       int64              // the tracker's gap-fill delay in ms (0: off)
 	maxT      int64
@@ -143,10 +174,11 @@ type writeRequest struct {
 
 func (w *writeRequest) reset(ctx context.Context, st *tenantState, lim *limits.Limits, gen uint32, ha *hatracker.Tracker, now time.Time) {
 	*w = writeRequest{
-		ctx: ctx, tenant: st, lim: lim, limitsGen: gen, ha: ha,
+		ctx: ctx, tenant: st, lim: lim, limitsGen: gen, ha: ha, rules: lim.Relabel(),
 		maxT: timestamp.FromTime(now.Add(maxAheadTime)),
 		ac:   w.ac, decisions: w.decisions[:0], claims: w.claims[:0],
 	}
+	w.dcgmHost, _ = w.rules.DCGM()
 	if ha != nil {
 		w.gap = ha.GapFillAfter().Milliseconds()
 	}
@@ -243,7 +275,13 @@ func (w *writeRequest) recordMetrics() {
 	m.histograms.Add(float64(stats.histograms))
 	m.exemplars.Add(float64(stats.exemplars))
 	m.newSeries.Add(float64(stats.newSeries))
+	if stats.relabelDropped > 0 {
+		m.relabelDropped.Add(float64(stats.relabelDropped))
+	}
 	for reason, n := range stats.rejected {
+		m.rejected(reason).Add(float64(n))
+	}
+	for reason, n := range stats.derivedRejected {
 		m.rejected(reason).Add(float64(n))
 	}
 }
@@ -292,8 +330,14 @@ func (w *writeRequest) run(dec seriesDecoder) error {
 		if err := w.nextSeries(); err != nil {
 			return err
 		}
-		if err := w.appendSeries(dec.series()); err != nil {
+		s := dec.series()
+		if err := w.appendSeries(s); err != nil {
 			return err
+		}
+		if w.dcgmHost != "" {
+			if err := w.appendDriverInfo(s); err != nil {
+				return err
+			}
 		}
 	}
 	return dec.err()
@@ -309,7 +353,8 @@ type seriesWrite struct {
 	ref   storage.SeriesRef
 	ls    labels.Labels // built only when the reference is unknown or stale
 	claim int           // index in w.claims; -1: not an HA pair's series
-	// failed: the series was rejected whole (its labels are invalid).
+	// failed: the series was rejected whole (its labels are invalid) or
+	// the tenant's relabel rules drop it.
 	failed bool
 }
 
@@ -354,13 +399,12 @@ func (w *writeRequest) appendSeries(s *decodedSeries) error {
 	if sw.e != nil {
 		sw.ref = sw.e.seriesRef()
 	}
-	if sw.ref != 0 && sw.e.limitsGen.Load() != w.limitsGen {
-		// The limits changed since the series was validated: check it again.
-		if reason, err := checkLabels(s.labels, w.lim, sw.replicaLabel()); err != nil {
-			w.stats.reject(reason, n, "%v", err)
-			return nil
-		}
-		sw.e.limitsGen.Store(w.limitsGen)
+	if sw.ref != 0 && sw.e.limitsGen.Load() != w.limitsGen && !sw.revalidate() {
+		return nil
+	}
+	if sw.ref == refDropped {
+		w.stats.relabelDropped += n
+		return nil
 	}
 	if sw.ref == 0 && !sw.resolve() {
 		return nil
@@ -383,17 +427,55 @@ func (sw *seriesWrite) replicaLabel() string {
 	return ""
 }
 
-// resolve builds and validates the series' labels; false: the series is
-// rejected (and counted).
-func (sw *seriesWrite) resolve() bool {
-	ls, reason, err := buildLabels(&sw.w.ac.builder, sw.s.labels, sw.w.lim, sw.replicaLabel())
-	if err != nil {
-		sw.w.stats.reject(reason, len(sw.s.samples)+len(sw.s.histograms), "%v", err)
-		sw.failed = true
+// revalidate checks a cached series again after the tenant's label limits
+// or relabel rules changed; false: the series is rejected (and counted).
+func (sw *seriesWrite) revalidate() bool {
+	w := sw.w
+	if w.rules != nil || sw.e.relabeled.Load() {
+		// Rules decide which series the labels are stored as (or whether
+		// at all): resolve the series again from its labels.
+		sw.ref = 0
+		return true
+	}
+	if reason, err := checkLabels(sw.s.labels, w.lim, sw.replicaLabel()); err != nil {
+		w.stats.reject(reason, len(sw.s.samples)+len(sw.s.histograms), "%v", err)
 		return false
 	}
-	sw.ls = ls
+	sw.e.limitsGen.Store(w.limitsGen)
 	return true
+}
+
+// resolve builds the series' labels, applies the tenant's relabel rules and
+// validates the result; false: the series is rejected or dropped by the
+// rules (and counted).
+func (sw *seriesWrite) resolve() bool {
+	w := sw.w
+	n := len(sw.s.samples) + len(sw.s.histograms)
+	ls, keep, reason, err := w.ac.seriesLabels(sw.s.labels, w.lim, w.rules, sw.replicaLabel())
+	switch {
+	case err != nil:
+		w.stats.reject(reason, n, "%v", err)
+	case !keep:
+		sw.dropByRules(n)
+	default:
+		sw.ls = ls
+		return true
+	}
+	sw.failed = true
+	return false
+}
+
+// dropByRules caches that the tenant's rules drop the series, so its next
+// samples are dropped on the cache hit, and counts its samples.
+func (sw *seriesWrite) dropByRules(n int) {
+	w := sw.w
+	if sw.e == nil {
+		sw.e = w.tenant.cache.getOrCreate(w.ac.key.h1, w.ac.key.h2)
+	}
+	sw.e.ref.Store(uint64(refDropped))
+	sw.e.relabeled.Store(true)
+	sw.e.limitsGen.Store(w.limitsGen)
+	w.stats.relabelDropped += n
 }
 
 // admit applies the HA rule to a sample at t; false: it is dropped as a
@@ -430,6 +512,7 @@ func (sw *seriesWrite) appended(ref storage.SeriesRef, t int64) {
 			sw.e = sw.w.tenant.cache.getOrCreate(sw.w.ac.key.h1, sw.w.ac.key.h2)
 		}
 		sw.e.ref.Store(uint64(ref))
+		sw.e.relabeled.Store(sw.w.rules != nil)
 		sw.e.limitsGen.Store(sw.w.limitsGen)
 		sw.w.stats.newSeries++
 	}
