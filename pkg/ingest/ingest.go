@@ -480,14 +480,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 
 func (m *metrics) forTenant(id string) *tenantMetrics {
 	tm := &tenantMetrics{
-		samples:    m.samples.WithLabelValues(id, "sample"),
-		histograms: m.samples.WithLabelValues(id, "histogram"),
-		exemplars:  m.samples.WithLabelValues(id, "exemplar"),
-		newSeries:  m.series.WithLabelValues(id),
+		samples:        m.samples.WithLabelValues(id, "sample"),
+		histograms:     m.samples.WithLabelValues(id, "histogram"),
+		exemplars:      m.samples.WithLabelValues(id, "exemplar"),
+		newSeries:      m.series.WithLabelValues(id),
 		relabelDropped: m.relabel.WithLabelValues(id),
-		byReason:   map[string]prometheus.Counter{},
-		dedup:      m.dedup,
-		tenant:     id,
+		byReason:       map[string]prometheus.Counter{},
+		dedup:          m.dedup,
+		tenant:         id,
 	}
 	for _, r := range rejectReasons {
 		tm.byReason[r] = m.rejectedV.WithLabelValues(id, r)

@@ -335,7 +335,9 @@ func TestRelabelRulesReload(t *testing.T) {
 	}
 
 	write("overrides:\n  default:\n    metric_relabel_configs:\n      - action: replace\n        source_labels: [gpu]\n        target_label: g\n")
-	waitUntil(t, func() bool { return len(ti.limits.For("default").Relabel().Configs()) == 1 && ti.limits.For("default").Relabel().Configs()[0].Action == promrelabel.Replace })
+	waitUntil(t, func() bool {
+		return len(ti.limits.For("default").Relabel().Configs()) == 1 && ti.limits.For("default").Relabel().Configs()[0].Action == promrelabel.Replace
+	})
 	ti.ApplyLimits()
 	post()
 	if count(`{__name__="m", g="0", gpu="0"}`) != 1 || count(`{__name__="m", g="1", gpu="1"}`) != 1 {
