@@ -22,7 +22,7 @@ UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./.
 # its concurrency: the lease's renewal and two compactors on one bucket.
 COMPACT_RACE_TESTS := TestLeaseExpiresAfterHolderDies|TestTwoCompactorsOneBucket|TestWorkingDirectoryBounded
 
-.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact clean docker dashboards dev-stack
+.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact bench-relabel clean docker dashboards dev-stack
 
 all: build
 
@@ -139,6 +139,14 @@ bench:
 # cluster overview over 30 days, raw against downsampled (bench/RESULTS.md).
 bench-compact:
 	$(GO) test -run XXX -bench 'BenchmarkCompactWeek|BenchmarkDashboardQueries|BenchmarkLongRangeOverview' -benchtime 3x -timeout 60m ./pkg/compact
+
+# Relabeling on ingest: CPU per million samples with no rules, the dcgm
+# preset and 20 user rules (known and new series), then a simulated day of
+# the 1024-GPU cluster (job churn, exporter and driver upgrades) without and
+# with the dcgm preset: series, heap, bytes/sample (bench/RESULTS.md). ~4 min.
+bench-relabel:
+	$(GO) test -run XXX -bench IngestRelabel -benchtime 200x -benchmem ./pkg/ingest
+	$(GO) run ./bench/cmd/relabelbench
 
 clean:
 	rm -rf bin data

@@ -81,6 +81,8 @@ func (cfg *Config) setDefaults() error {
 const (
 	modelName     = "NVIDIA H100 80GB HBM3"
 	driverVersion = "570.133.20"
+	// UpgradedDriverVersion is the driver of a node after a driver_upgrade fault.
+	UpgradedDriverVersion = "580.82.07"
 	pMax          = 700.0   // W, TDP
 	fbTotal       = 81559.0 // MiB
 	fbReserved    = 583.0   // MiB
@@ -169,6 +171,7 @@ type node struct {
 	xidCode     []int  // per GPU, the last Xid at the last step
 	gone        []bool // per GPU, fallen off the bus at the last step
 	upgraded    bool   // dcgm-exporter names the host label `hostname`
+	newDriver   bool   // the node runs UpgradedDriverVersion
 	cum         nodeCum
 	set         seriesSet
 	rootPhase   float64
@@ -427,10 +430,14 @@ func (c *Cluster) stepNode(n *node, s float64, tms int64) {
 	}
 	if !down {
 		// Label sets also change with each GPU's Xid (err_code/err_msg), a
-		// GPU that fell off the bus, and an exporter upgrade.
+		// GPU that fell off the bus, an exporter and a driver upgrade.
 		n.upgraded = c.upgradedAt(n.idx, s)
 		if n.upgraded {
 			key = h2(key, 4)
+		}
+		n.newDriver = c.driverUpgradedAt(n.idx, s)
+		if n.newDriver {
+			key = h2(key, 5)
 		}
 		for gi := range n.gpus {
 			n.xidCode[gi] = c.xidAt(n, gi, s)
@@ -805,11 +812,12 @@ func (c *Cluster) emitGPU(e *emitter, n *node, gi int, st *nodeStep, s float64, 
 	gp := &n.gpus[gi]
 	if e.build {
 		e.base = append(e.base[:0], gp.labels...)
-		if n.upgraded {
-			for i := range e.base {
-				if e.base[i].Name == "Hostname" {
-					e.base[i].Name = "hostname"
-				}
+		for i := range e.base {
+			switch {
+			case n.upgraded && e.base[i].Name == "Hostname":
+				e.base[i].Name = "hostname"
+			case n.newDriver && e.base[i].Name == "DCGM_FI_DRIVER_VERSION":
+				e.base[i].Value = UpgradedDriverVersion
 			}
 		}
 		if st.job != nil {

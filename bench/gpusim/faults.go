@@ -49,6 +49,11 @@ const (
 	// build that names the host label `hostname` instead of `Hostname` (the
 	// rename on dcgm-exporter's main branch). Permanent: duration is ignored.
 	FaultExporterUpgrade FaultKind = "exporter_upgrade"
+	// FaultDriverUpgrade upgrades the node's GPU driver at `at`: from then on
+	// its DCGM series carry DCGM_FI_DRIVER_VERSION=UpgradedDriverVersion, so
+	// every GPU series of the node changes identity (counters go on, as
+	// after a driver update without a reset). Permanent: duration is ignored.
+	FaultDriverUpgrade FaultKind = "driver_upgrade"
 	// FaultTrainingStall hangs the job using the node (as a stuck NCCL
 	// collective does): its iteration histogram stops counting, GPUs spin at
 	// 100% utilisation with low power.
@@ -63,7 +68,7 @@ const (
 )
 
 // FaultKinds lists every kind, for flag help and validation.
-var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultThrottleThermal, FaultHBMOverheat, FaultExporterUpgrade, FaultTrainingStall, FaultNaNLoss, FaultNodeDown}
+var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultThrottleThermal, FaultHBMOverheat, FaultExporterUpgrade, FaultDriverUpgrade, FaultTrainingStall, FaultNaNLoss, FaultNodeDown}
 
 // DefaultFaultDuration applies when a fault gives none.
 const DefaultFaultDuration = 5 * time.Minute
@@ -255,7 +260,7 @@ func (c *Cluster) resolveFaults(faults []Fault) error {
 		}
 		start := origin + f.At.Seconds()
 		end := start + d.Seconds()
-		if f.Kind == FaultExporterUpgrade {
+		if f.Kind == FaultExporterUpgrade || f.Kind == FaultDriverUpgrade {
 			end = math.Inf(1)
 		}
 		c.faults = append(c.faults, activeFault{kind: f.Kind, start: start, end: end, node: n, gpu: gpu, code: f.Code})
@@ -409,9 +414,18 @@ func (c *Cluster) gpuGoneAt(node, gpu int, s float64) bool {
 // upgradedAt reports whether the node's dcgm-exporter names the host label
 // `hostname` at s.
 func (c *Cluster) upgradedAt(node int, s float64) bool {
+	return c.permanentFaultAt(FaultExporterUpgrade, node, s)
+}
+
+// driverUpgradedAt reports whether the node runs UpgradedDriverVersion at s.
+func (c *Cluster) driverUpgradedAt(node int, s float64) bool {
+	return c.permanentFaultAt(FaultDriverUpgrade, node, s)
+}
+
+func (c *Cluster) permanentFaultAt(kind FaultKind, node int, s float64) bool {
 	for i := range c.faults {
 		f := &c.faults[i]
-		if f.kind == FaultExporterUpgrade && f.node == node && s >= f.start {
+		if f.kind == kind && f.node == node && s >= f.start {
 			return true
 		}
 	}

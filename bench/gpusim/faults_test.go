@@ -224,6 +224,42 @@ func TestFaultExporterUpgrade(t *testing.T) {
 	}
 }
 
+// A driver upgrade changes DCGM_FI_DRIVER_VERSION on that node's DCGM
+// series from `at` on, for good; series counts and counters go on.
+func TestFaultDriverUpgrade(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultDriverUpgrade})
+	count := func(at time.Time, driver string) int {
+		n := 0
+		for _, s := range fc.faulty.AppendSamples(nil, at, Replica{}) {
+			if s.Desc.Source == SourceDCGM && s.Get("Hostname") == fc.host && s.Get("DCGM_FI_DRIVER_VERSION") == driver {
+				n++
+			}
+		}
+		return n
+	}
+	perNode := len(DCGMFamilies()) * 8
+	for _, tc := range []struct {
+		at       time.Time
+		old, new int
+	}{{fc.start.Add(-time.Second), perNode, 0}, {fc.start, 0, perNode}, {fc.end.Add(time.Hour), 0, perNode}} {
+		if o, n := count(tc.at, driverVersion), count(tc.at, UpgradedDriverVersion); o != tc.old || n != tc.new {
+			t.Errorf("at %s: %d series with the old driver, %d with the new; want %d, %d", tc.at.Sub(t0), o, n, tc.old, tc.new)
+		}
+	}
+	energy := func(at time.Time) float64 {
+		for _, s := range fc.faulty.AppendSamples(nil, at, Replica{}) {
+			if s.Name() == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" && s.Get("Hostname") == fc.host && s.Get("gpu") == "0" {
+				return s.V
+			}
+		}
+		t.Fatalf("no energy counter at %s", at)
+		return 0
+	}
+	if before, after := energy(fc.start.Add(-time.Second)), energy(fc.start); after < before {
+		t.Errorf("energy counter went from %v to %v across the driver upgrade", before, after)
+	}
+}
+
 func TestFaultRowRemapFailure(t *testing.T) {
 	fc := newFaultCase(t, Fault{Kind: FaultRowRemapFailure, GPU: 6})
 	for _, tc := range []struct {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/golang/snappy"
 
 	"github.com/gpustore/gpustore/pkg/hatracker"
+	"github.com/gpustore/gpustore/pkg/relabel"
 	"github.com/prometheus/prometheus/prompb"
 	writev2 "github.com/prometheus/prometheus/prompb/io/prometheus/write/v2"
 )
@@ -108,56 +110,124 @@ func BenchmarkIngest(b *testing.B) {
 					s.ha = &cfg
 				}
 			})
-			series := benchSeries()
-			for i := range series {
-				series[i] = append(series[i], "__replica__", "prometheus-0")
-			}
-			// Samples 1 s apart starting 3 h ago: up to 10,000 requests stay
-			// within the head's window and never reach the future bound.
-			start := time.Now().Add(-3 * time.Hour).UnixMilli()
-			post := func(body []byte) {
-				req := httptest.NewRequest(http.MethodPost, "/api/v1/write", bytes.NewReader(body))
-				req.Header.Set("Content-Type", c.ct)
-				req.Header.Set("Content-Encoding", "snappy")
-				rec := httptest.NewRecorder()
-				ti.ServeHTTP(rec, req)
-				if rec.Code != http.StatusNoContent {
-					b.Fatalf("status %d: %s", rec.Code, rec.Body.String())
-				}
-			}
-			post(c.body(series, start)) // create the series: measure the known-series path
-			// Bodies are prepared outside the timer, a ring of them at
-			// increasing timestamps. With -benchtime=256x or less the ring
-			// is built once, before the timer (and a CPU profile) starts.
-			const ring = 256
-			bodies := make([][]byte, 0, ring)
-			fill := func(i int) {
-				bodies = bodies[:0]
-				for j := 0; j < ring; j++ {
-					bodies = append(bodies, c.body(series, start+int64(i+j+1)*1000))
-				}
-			}
-			fill(0)
-			b.ReportAllocs()
-			b.ResetTimer()
-			cpu0 := processCPU()
-			var fillCPU time.Duration
-			for i := 0; i < b.N; i++ {
-				if i > 0 && i%ring == 0 {
-					b.StopTimer()
-					c0 := processCPU()
-					fill(i)
-					fillCPU += processCPU() - c0
-					b.StartTimer()
-				}
-				post(bodies[i%ring])
-			}
-			b.StopTimer()
-			samples := float64(b.N * len(series))
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/samples, "ns/sample")
-			// CPU time of the whole process (GC and the TSDB's goroutines
-			// included), steadier than wall time on a shared machine.
-			b.ReportMetric(float64((processCPU()-cpu0-fillCPU).Nanoseconds())/samples, "cpu-ns/sample")
+			benchIngest(b, ti, c.ct, c.body, false)
 		})
+	}
+}
+
+// benchIngest posts a ring of 2,000-series requests (benchSeries with an HA
+// pair's labels) at increasing timestamps and reports per-sample wall and
+// CPU time. fresh: every request's series are new (a pod label changes with
+// each request), so every series is built (and relabeled); otherwise the
+// series are created before the timer starts and every request is known
+// series (the steady state).
+func benchIngest(b *testing.B, ti *testIngester, ct string, body func([][]string, int64) []byte, fresh bool) {
+	series := benchSeries()
+	for i := range series {
+		series[i] = append(series[i], "__replica__", "prometheus-0")
+	}
+	// Samples 1 s apart starting 3 h ago: up to 10,000 requests stay
+	// within the head's window and never reach the future bound.
+	start := time.Now().Add(-3 * time.Hour).UnixMilli()
+	post := func(body []byte) {
+		req := httptest.NewRequest(http.MethodPost, "/api/v1/write", bytes.NewReader(body))
+		req.Header.Set("Content-Type", ct)
+		req.Header.Set("Content-Encoding", "snappy")
+		rec := httptest.NewRecorder()
+		ti.ServeHTTP(rec, req)
+		if rec.Code != http.StatusNoContent {
+			b.Fatalf("status %d: %s", rec.Code, rec.Body.String())
+		}
+	}
+	post(body(series, start)) // create the series: measure the known-series path
+	// Bodies are prepared outside the timer, a ring of them at
+	// increasing timestamps. With -benchtime=256x or less the ring
+	// is built once, before the timer (and a CPU profile) starts.
+	const ring = 256
+	bodies := make([][]byte, 0, ring)
+	podIdx := slices.Index(series[0], "pod") + 1
+	fill := func(i int) {
+		bodies = bodies[:0]
+		for j := 0; j < ring; j++ {
+			if fresh {
+				for _, s := range series {
+					s[podIdx] = fmt.Sprintf("job-%d-worker", i+j)
+				}
+			}
+			bodies = append(bodies, body(series, start+int64(i+j+1)*1000))
+		}
+	}
+	fill(0)
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := processCPU()
+	var fillCPU time.Duration
+	for i := 0; i < b.N; i++ {
+		if i > 0 && i%ring == 0 {
+			b.StopTimer()
+			c0 := processCPU()
+			fill(i)
+			fillCPU += processCPU() - c0
+			b.StartTimer()
+		}
+		post(bodies[i%ring])
+	}
+	b.StopTimer()
+	samples := float64(b.N * len(series))
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/samples, "ns/sample")
+	// CPU time of the whole process (GC and the TSDB's goroutines
+	// included), steadier than wall time on a shared machine. ×1000 it is
+	// the CPU milliseconds per million samples.
+	b.ReportMetric(float64((processCPU()-cpu0-fillCPU).Nanoseconds())/samples, "cpu-ns/sample")
+}
+
+// twentyRules is a tenant's own rule set of the kind users write for
+// dcgm-exporter: drop unused families, drop and rename labels, derive one.
+const twentyRules = `
+- {source_labels: [__name__], regex: 'DCGM_FI_DEV_VGPU_.+', action: drop}
+- {source_labels: [__name__], regex: 'DCGM_FI_DEV_(ENC|DEC)_UTIL', action: drop}
+- {source_labels: [__name__], regex: 'DCGM_FI_PROF_NVOFA_.+', action: drop}
+- {source_labels: [namespace], regex: 'kube-system|monitoring', action: drop}
+- {regex: 'pci_bus_id', action: labeldrop}
+- {regex: 'device', action: labeldrop}
+- {regex: 'region', action: labeldrop}
+- {source_labels: [modelName], regex: 'NVIDIA (.+)', target_label: gpu_model, replacement: '$1'}
+- {regex: 'modelName', action: labeldrop}
+- {source_labels: [Hostname, gpu], separator: '/', target_label: gpu_id}
+- {source_labels: [instance], regex: '([^:]+):.*', target_label: node_ip, replacement: '$1'}
+- {regex: 'instance', action: labeldrop}
+- {source_labels: [job], regex: 'dcgm-exporter', target_label: exporter, replacement: dcgm}
+- {source_labels: [pod], regex: '(.+)-worker-\d+', target_label: training_job, replacement: '$1'}
+- {source_labels: [container], regex: '', target_label: container, replacement: none}
+- {source_labels: [namespace], regex: 'training', target_label: team, replacement: ml}
+- {source_labels: [__name__], regex: 'DCGM_FI_DEV_(.+)', target_label: dcgm_field, replacement: '$1'}
+- {regex: 'dcgm_field', action: labeldrop}
+- {source_labels: [cluster], regex: '(.+)-prod-\d+', target_label: env, replacement: prod}
+- {source_labels: [UUID], regex: 'GPU-(.{8}).*', target_label: uuid_short, replacement: '$1'}
+`
+
+// BenchmarkIngestRelabel is the ingest CPU cost of relabeling (v2, HA pair,
+// the DCGM series of BenchmarkIngest): no rules, the dcgm preset (which
+// also derives the driver info series, 1 per GPU and scrape), and 20 user
+// rules; for known series (steady) and for series all new in each request
+// (fresh: what relabeling costs per new series). cpu-ns/sample is CPU
+// milliseconds per million samples. Run (make bench-relabel):
+//
+//	go test -run XXX -bench IngestRelabel -benchtime 200x ./pkg/ingest
+func BenchmarkIngestRelabel(b *testing.B) {
+	for _, fresh := range []bool{false, true} {
+		mode := "steady"
+		if fresh {
+			mode = "fresh"
+		}
+		for _, c := range []struct{ name, preset, rules string }{{"none", "", ""}, {"dcgm", relabel.PresetDCGM, ""}, {"rules20", "", twentyRules}} {
+			b.Run(mode+"/"+c.name, func(b *testing.B) {
+				ti := newTestIngester(b, withRules(b, c.preset, c.rules), func(s *testSetup) {
+					cfg := hatracker.DefaultConfig()
+					s.ha = &cfg
+				})
+				benchIngest(b, ti, ctV2, benchBodyV2, fresh)
+			})
+		}
 	}
 }
