@@ -81,17 +81,15 @@ func (cfg *Config) setDefaults() error {
 const (
 	modelName     = "NVIDIA H100 80GB HBM3"
 	driverVersion = "570.133.20"
-	// UpgradedDriverVersion is the driver of a node after a driver_upgrade fault.
-	UpgradedDriverVersion = "580.82.07"
-	pMax                  = 700.0   // W, TDP
-	fbTotal               = 81559.0 // MiB
-	fbReserved            = 583.0   // MiB
-	memClockMHz           = 2619.0
-	idleSMClock           = 345.0
-	boostSMClock          = 1980.0
-	tauTemp               = 50.0 // s, die temperature time constant
-	overheatTemp          = 92.5
-	throttleCap           = 0.45 * pMax // HW power brake
+	pMax          = 700.0   // W, TDP
+	fbTotal       = 81559.0 // MiB
+	fbReserved    = 583.0   // MiB
+	memClockMHz   = 2619.0
+	idleSMClock   = 345.0
+	boostSMClock  = 1980.0
+	tauTemp       = 50.0 // s, die temperature time constant
+	overheatTemp  = 92.5
+	throttleCap   = 0.45 * pMax // HW power brake
 	// HBM: runs a few degrees hotter or cooler than 0.88 × die + 9 °C by
 	// GPU (hbmOffset); an hbm_overheat fault drives it towards
 	// hbmOverheatTemp with its own time constant.
@@ -104,6 +102,9 @@ const (
 	tauHBM        = 40.0 // s
 	memTotalBytes = 2164663517184.0
 )
+
+// UpgradedDriverVersion is the driver of a node after a driver_upgrade fault.
+const UpgradedDriverVersion = "580.82.07"
 
 var pciBusIDs = [...]string{"00000000:18:00.0", "00000000:2A:00.0", "00000000:3A:00.0", "00000000:5D:00.0", "00000000:9A:00.0", "00000000:AB:00.0", "00000000:BA:00.0", "00000000:DB:00.0"}
 
