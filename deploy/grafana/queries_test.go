@@ -39,7 +39,7 @@ const (
 // cuts no 2h block, so a panel reading only these may be empty here.
 var afterFirstCompaction = []string{"gpustore_compact_halted", "gpustore_compact_last_success_timestamp_seconds"}
 
-func startGpustore(t *testing.T) string {
+func startGpustore(t *testing.T, mutate ...func(*app.Config)) string {
 	t.Helper()
 	cfg := app.DefaultConfig()
 	cfg.Server.ListenAddress = "127.0.0.1:0"
@@ -47,6 +47,9 @@ func startGpustore(t *testing.T) string {
 	// The shipper reports a tenant once it has looked at it: look often, so
 	// the operations dashboard's backlog panels have data within the test.
 	cfg.Shipper.Interval = model.Duration(time.Second)
+	for _, m := range mutate {
+		m(&cfg)
+	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -100,11 +103,12 @@ func simWindow(t *testing.T, span time.Duration) time.Time {
 
 // loadSimulatedCluster remote-writes the last `span` of a simulated 4-node
 // cluster into gpustore as one Prometheus of an HA pair would: the
-// simulator's state of a busy hour, stamped so that it ends now.
-func loadSimulatedCluster(t *testing.T, base string, now time.Time, span time.Duration) {
+// simulator's state of a busy hour, stamped so that it ends now. Faults are
+// placed relative to the start of that span.
+func loadSimulatedCluster(t *testing.T, base string, now time.Time, span time.Duration, faults ...gpusim.Fault) {
 	t.Helper()
 	simEnd := simWindow(t, span)
-	c, err := gpusim.New(gpusim.Config{Name: simCluster, Nodes: simNodes, GPUsPerNode: simGPUs, Seed: 1, TargetLabels: true})
+	c, err := gpusim.New(gpusim.Config{Name: simCluster, Nodes: simNodes, GPUsPerNode: simGPUs, Seed: 1, TargetLabels: true, Faults: faults, FaultOrigin: simEnd.Add(-span)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,6 +271,74 @@ func TestPanelQueriesAgainstGpustore(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The GPU dashboards group by dcgm-exporter's `Hostname`; a newer exporter
+// names it `hostname`. With the dcgm ingest preset (which keeps Hostname by
+// default) every GPU panel still has data after the whole cluster's
+// exporters were upgraded (the test above covers the old exporter without
+// the preset). The operations dashboard reads no DCGM metric.
+func TestGPUPanelsAfterExporterUpgradeWithDCGMPreset(t *testing.T) {
+	if testing.Short() {
+		t.Skip("loads an hour of a simulated cluster into gpustore")
+	}
+	overrides := filepath.Join(t.TempDir(), "overrides.yaml")
+	if err := os.WriteFile(overrides, []byte("overrides:\n  default:\n    ingest_preset: dcgm\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := startGpustore(t, func(c *app.Config) { c.Limits.OverridesFile = overrides })
+	client, err := api.NewClient(api.Config{Address: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := v1.NewAPI(client)
+	now := time.Now().Truncate(scrape)
+	const span = time.Hour
+	var upgrades []gpusim.Fault
+	for n := 0; n < simNodes; n++ {
+		upgrades = append(upgrades, gpusim.Fault{Kind: gpusim.FaultExporterUpgrade, Node: fmt.Sprint(n), GPU: -1})
+	}
+	loadSimulatedCluster(t, base, now, span+5*time.Minute, upgrades...)
+	// The data is the new exporter's: hostname on the wire, Hostname stored.
+	// GPUs (a job change inside the lookback gives a GPU two series).
+	for _, q := range []string{`count(count by (Hostname, gpu) (DCGM_FI_DEV_GPU_TEMP{Hostname!=""}))`, `count(DCGM_FI_DEV_GPU_TEMP{hostname!=""})`} {
+		v, _, _, err := c.Query(context.Background(), q, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		if vec, ok := v.(model.Vector); ok && len(vec) == 1 {
+			n = int(vec[0].Value)
+		}
+		if want := map[bool]int{true: simNodes * simGPUs, false: 0}[strings.Contains(q, "Hostname")]; n != want {
+			t.Fatalf("%s = %d, want %d", q, n, want)
+		}
+	}
+	boards := committed(t)
+	checked := 0
+	for name, d := range boards {
+		if name == "gpustore-operations.json" {
+			continue
+		}
+		checked++
+		t.Run(strings.TrimSuffix(name, ".json"), func(t *testing.T) {
+			end := time.Now()
+			rng, err := time.ParseDuration(strings.TrimPrefix(d.Time.From, "now-"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := end.Add(-min(rng, span))
+			vals := resolveVars(t, c, d, start, end)
+			for _, p := range d.Panels {
+				for _, tg := range p.Targets {
+					checkPanelQuery(t, c, p, fillVars(tg.Expr, vals), v1.Range{Start: start, End: end, Step: scrape})
+				}
+			}
+		})
+	}
+	if checked == 0 {
+		t.Fatal("no GPU dashboard")
 	}
 }
 
