@@ -72,6 +72,33 @@ type GPUStoreMeta struct {
 	Source string `json:"source"`
 	// Files lists every object of the block except meta.json, with its size.
 	Files []File `json:"files"`
+	// SourceRanges are the time ranges of the compaction sources of a
+	// compacted block (absent on blocks compacted before it was recorded):
+	// a reader that serves some sources itself (the local TSDB keeps its
+	// recent blocks after shipping them) reads this block only where the
+	// other sources' data lies.
+	SourceRanges []SourceRange `json:"source_ranges,omitempty"`
+}
+
+// SourceRange is a compaction source and the time range of its samples,
+// half-open: [MinTime, MaxTime).
+type SourceRange struct {
+	ULID    ulid.ULID `json:"ulid"`
+	MinTime int64     `json:"minTime"`
+	MaxTime int64     `json:"maxTime"`
+}
+
+// Sources returns the time ranges of the block's sources: itself for a
+// block never compacted, the recorded ones for a compacted block, and nil
+// when they are unknown.
+func (m *Meta) Sources() []SourceRange {
+	if s := m.Compaction.Sources; len(s) == 0 || (len(s) == 1 && s[0] == m.ULID) {
+		return []SourceRange{{ULID: m.ULID, MinTime: m.MinTime, MaxTime: m.MaxTime}}
+	}
+	if len(m.GPUStore.SourceRanges) != len(m.Compaction.Sources) {
+		return nil
+	}
+	return m.GPUStore.SourceRanges
 }
 
 // Downsample describes a block's resolution.

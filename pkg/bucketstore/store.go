@@ -297,61 +297,114 @@ func (s *Store) HasDownsampled(tenantID string) bool {
 	return false
 }
 
-// blocksFor returns the tenant's blocks overlapping [mint, maxt] that skip does not exclude.
-func (s *Store) blocksFor(tenantID string, mint, maxt int64, skip func(ulid.ULID) bool) []*bucketBlock {
+// blocksFor returns the tenant's blocks overlapping [mint, maxt] that the
+// caller does not serve itself (local), with the part of each to read.
+func (s *Store) blocksFor(tenantID string, mint, maxt int64, local func(ulid.ULID) bool) ([]*bucketBlock, map[*bucketBlock]span) {
 	s.mtx.RLock()
 	defer s.mtx.RUnlock()
-	var out []*bucketBlock
+	var (
+		out   []*bucketBlock
+		parts map[*bucketBlock]span
+	)
 	for _, b := range s.tenants[tenantID] {
 		// Block time ranges are half-open: [MinTime, MaxTime).
 		if b.meta.MinTime > maxt || b.meta.MaxTime <= mint {
 			continue
 		}
-		if skip != nil && skip(b.meta.ULID) {
+		sp, ok := readSpan(b.meta, local)
+		if !ok {
 			continue
+		}
+		if sp != (span{b.meta.MinTime, b.meta.MaxTime}) {
+			if parts == nil {
+				parts = map[*bucketBlock]span{}
+			}
+			parts[b] = sp
 		}
 		out = append(out, b)
 	}
-	return out
+	return out, parts
+}
+
+// readSpan is the part of a block to read when the caller serves the blocks
+// local reports itself (the receiver's TSDB keeps its recent blocks after
+// shipping them): none of a local block; of a raw block compacted from
+// sources the caller partly holds, the span of the other sources, so that
+// the recent hours are not read twice, from disk and from the compacted
+// copy; the whole block otherwise (sources unknown). ok is false when
+// nothing is left to read.
+func readSpan(m *block.Meta, local func(ulid.ULID) bool) (_ span, ok bool) {
+	whole := span{m.MinTime, m.MaxTime}
+	if local == nil {
+		return whole, true
+	}
+	if local(m.ULID) {
+		return span{}, false
+	}
+	srcs := m.Sources()
+	if srcs == nil || m.GPUStore.Downsample.Resolution != block.ResolutionRaw {
+		return whole, true
+	}
+	out := span{math.MaxInt64, math.MinInt64}
+	for _, r := range srcs {
+		if !local(r.ULID) {
+			out.from, out.to = min(out.from, r.MinTime), max(out.to, r.MaxTime)
+		}
+	}
+	out.from, out.to = max(out.from, whole.from), min(out.to, whole.to)
+	return out, out.from < out.to
 }
 
 // Querier returns a querier over the tenant's bucket blocks overlapping
-// [mint, maxt], leaving out those skip reports (blocks the caller reads
-// elsewhere, e.g. still on local disk). It returns nil when no block is left.
-func (s *Store) Querier(tenantID string, mint, maxt int64, skip func(ulid.ULID) bool) storage.Querier {
-	bs := s.blocksFor(tenantID, mint, maxt, skip)
+// [mint, maxt], leaving out what local reports the caller serves itself
+// (blocks still on local disk, see readSpan). It returns nil when nothing is
+// left.
+func (s *Store) Querier(tenantID string, mint, maxt int64, local func(ulid.ULID) bool) storage.Querier {
+	bs, parts := s.blocksFor(tenantID, mint, maxt, local)
 	if len(bs) == 0 {
 		return nil
 	}
-	return &querier{base: base{s: s, blocks: bs, mint: mint, maxt: maxt}}
+	return &querier{base: base{s: s, blocks: bs, parts: parts, mint: mint, maxt: maxt}}
 }
 
 // ChunkQuerier is Querier for chunk queries (remote read): raw blocks only.
-func (s *Store) ChunkQuerier(tenantID string, mint, maxt int64, skip func(ulid.ULID) bool) storage.ChunkQuerier {
-	bs := slices.DeleteFunc(s.blocksFor(tenantID, mint, maxt, skip), func(b *bucketBlock) bool {
+func (s *Store) ChunkQuerier(tenantID string, mint, maxt int64, local func(ulid.ULID) bool) storage.ChunkQuerier {
+	bs, parts := s.blocksFor(tenantID, mint, maxt, local)
+	bs = slices.DeleteFunc(bs, func(b *bucketBlock) bool {
 		return b.meta.GPUStore.Downsample.Resolution != block.ResolutionRaw
 	})
 	if len(bs) == 0 {
 		return nil
 	}
-	return &chunkQuerier{base: base{s: s, blocks: bs, mint: mint, maxt: maxt}}
+	return &chunkQuerier{base: base{s: s, blocks: bs, parts: parts, mint: mint, maxt: maxt}}
 }
 
 type base struct {
 	s          *Store
 	blocks     []*bucketBlock
+	parts      map[*bucketBlock]span // blocks read in part (readSpan)
 	mint, maxt int64
 
 	mtx     sync.Mutex
 	closers []func() error
 }
 
-// selected returns the blocks overlapping the hinted range, with their index
-// headers read (several blocks at once).
+// readRange is the inclusive range of block b a select of [mint, maxt]
+// reads: within the querier's range and the part of b to read.
+func (q *base) readRange(b *bucketBlock, mint, maxt int64) (int64, int64) {
+	sp, ok := q.parts[b]
+	if !ok {
+		sp = span{b.meta.MinTime, b.meta.MaxTime}
+	}
+	return max(q.mint, mint, sp.from), min(q.maxt, maxt, sp.to-1)
+}
+
+// selected returns the blocks with something to read in the hinted range,
+// with their index headers read (several blocks at once).
 func (q *base) selected(ctx context.Context, blocks []*bucketBlock, mint, maxt int64) ([]*bucketBlock, error) {
 	var bs []*bucketBlock
 	for _, b := range blocks {
-		if b.meta.MinTime > maxt || b.meta.MaxTime <= mint {
+		if lo, hi := q.readRange(b, mint, maxt); lo > hi {
 			continue
 		}
 		bs = append(bs, b)
@@ -418,7 +471,8 @@ func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt, f
 	}
 	qs := make([]storage.Querier, 0, len(bs))
 	for _, b := range bs {
-		bq, err := tsdb.NewBlockQuerier(newView(ctx, b, mint, maxt), max(q.mint, mint), min(q.maxt, maxt))
+		lo, hi := q.readRange(b, mint, maxt)
+		bq, err := tsdb.NewBlockQuerier(newView(ctx, b, lo, hi), lo, hi)
 		if err != nil {
 			for _, o := range qs {
 				_ = o.Close()
@@ -534,7 +588,8 @@ func (q *chunkQuerier) open(ctx context.Context, mint, maxt int64) (storage.Chun
 	}
 	qs := make([]storage.ChunkQuerier, 0, len(bs))
 	for _, b := range bs {
-		bq, err := tsdb.NewBlockChunkQuerier(newView(ctx, b, mint, maxt), q.mint, q.maxt)
+		lo, hi := q.readRange(b, mint, maxt)
+		bq, err := tsdb.NewBlockChunkQuerier(newView(ctx, b, lo, hi), lo, hi)
 		if err != nil {
 			for _, o := range qs {
 				_ = o.Close()

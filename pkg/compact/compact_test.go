@@ -84,9 +84,24 @@ func TestWeekCompactedQueriesUnchanged(t *testing.T) {
 	if len(st.marked) > 0 || len(st.partial) > 0 {
 		t.Fatalf("left in the bucket: %d marked, %d partial", len(st.marked), len(st.partial))
 	}
+	shipped := map[ulid.ULID]block.SourceRange{}
+	for _, m := range metas {
+		shipped[m.ULID] = block.SourceRange{ULID: m.ULID, MinTime: m.MinTime, MaxTime: m.MaxTime}
+	}
 	var got []string
 	for _, m := range st.live {
 		got = append(got, fmt.Sprintf("%s/L%d", time.Duration(m.MaxTime-m.MinTime)*time.Millisecond, m.Compaction.Level))
+		// Every level records its sources' time ranges (the bucket store
+		// reads around the ones a receiver still holds).
+		srcs := m.Sources()
+		if len(srcs) != len(m.Compaction.Sources) {
+			t.Errorf("block %s records %d source ranges for %d sources", m.ULID, len(srcs), len(m.Compaction.Sources))
+		}
+		for _, r := range srcs {
+			if r != shipped[r.ULID] {
+				t.Errorf("block %s: source range %+v, shipped as %+v", m.ULID, r, shipped[r.ULID])
+			}
+		}
 		if m.GPUStore.Source != block.SourceCompactor || m.GPUStore.Tenant != "week" || len(m.Compaction.Parents) < 2 {
 			t.Errorf("meta.json of %s: %+v, parents %d", m.ULID, m.GPUStore, len(m.Compaction.Parents))
 		}

@@ -526,6 +526,27 @@ func sources(m *block.Meta) []ulid.ULID {
 	return m.Compaction.Sources
 }
 
+// sourceRanges are the sources' time ranges of the blocks in plan, once
+// each (nil when a block's are unknown): the result's own sources.
+func sourceRanges(plan []*block.Meta) []block.SourceRange {
+	var out []block.SourceRange
+	seen := map[ulid.ULID]bool{}
+	for _, m := range plan {
+		rs := m.Sources()
+		if rs == nil {
+			return nil
+		}
+		for _, r := range rs {
+			if !seen[r.ULID] {
+				seen[r.ULID] = true
+				out = append(out, r)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b block.SourceRange) int { return a.ULID.Compare(b.ULID) })
+	return out
+}
+
 func containsAll(super, sub []ulid.ULID) bool {
 	set := make(map[ulid.ULID]struct{}, len(super))
 	for _, s := range super {
@@ -775,7 +796,7 @@ func (p *pass) compactPlan(ctx context.Context, group string, plan []*block.Meta
 		return nil
 	}
 	first := plan[0].GPUStore
-	meta, resBytes, err := p.uploadResult(ctx, filepath.Join(work, res[0].String()), first.Labels, first.Downsample.Resolution, block.SourceCompactor)
+	meta, resBytes, err := p.uploadResult(ctx, filepath.Join(work, res[0].String()), first.Labels, first.Downsample.Resolution, block.SourceCompactor, sourceRanges(plan))
 	if err != nil {
 		return err
 	}
@@ -800,7 +821,7 @@ func (p *pass) compactPlan(ctx context.Context, group string, plan []*block.Meta
 // downsampling's result; meta.json last) with the group's labels, the given
 // resolution and source, and records it in the pass. It returns the meta
 // and the block's bytes.
-func (p *pass) uploadResult(ctx context.Context, dir string, labels map[string]string, res int64, source string) (*block.Meta, int64, error) {
+func (p *pass) uploadResult(ctx context.Context, dir string, labels map[string]string, res int64, source string, ranges []block.SourceRange) (*block.Meta, int64, error) {
 	bm, err := block.ReadLocalMeta(dir)
 	if err != nil {
 		return nil, 0, err
@@ -810,7 +831,7 @@ func (p *pass) uploadResult(ctx context.Context, dir string, labels map[string]s
 	}
 	meta := &block.Meta{BlockMeta: bm, GPUStore: block.GPUStoreMeta{
 		Version: block.MetaVersion, Tenant: p.tenant, Labels: labels,
-		Downsample: block.Downsample{Resolution: res}, Source: source,
+		Downsample: block.Downsample{Resolution: res}, Source: source, SourceRanges: ranges,
 	}}
 	if err := p.held.Check(ctx); err != nil {
 		return nil, 0, err

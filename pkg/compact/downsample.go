@@ -188,7 +188,7 @@ func (p *pass) downsampleBlock(ctx context.Context, m *block.Meta, res int64) er
 		p.c.mtx.Unlock()
 		return nil
 	}
-	_, outBytes, err := p.uploadResult(ctx, filepath.Join(out, id.String()), m.GPUStore.Labels, res, downsample.Source)
+	_, outBytes, err := p.uploadResult(ctx, filepath.Join(out, id.String()), m.GPUStore.Labels, res, downsample.Source, nil)
 	if err != nil {
 		return err
 	}
