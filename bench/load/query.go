@@ -76,8 +76,14 @@ type QueryConfig struct {
 	// rounds (defaults 5 and 1). Queries run one at a time, like one
 	// dashboard's panels loading in sequence.
 	Rounds, Warmup int
-	// Params are extra form parameters (VictoriaMetrics: nocache=1).
+	// Params are extra form parameters (VictoriaMetrics: nocache=1) and
+	// Headers extra request headers (gpustore: Cache-Control: no-store).
 	Params  url.Values
+	Headers http.Header
+	// Shift moves the window by this much each round (warm-up rounds
+	// included), as a dashboard refreshed every Shift does; start and end
+	// are aligned to the step after the shift, as Grafana does.
+	Shift   time.Duration
 	Tenant  string
 	Timeout time.Duration // per query, default 2m
 	Client  *http.Client
@@ -129,6 +135,11 @@ func RunQueries(ctx context.Context, cfg QueryConfig) (QueryResult, error) {
 	per := make([][]time.Duration, len(cfg.Queries))
 	var all []time.Duration
 	for round := 0; round < cfg.Warmup+cfg.Rounds; round++ {
+		if cfg.Shift != 0 {
+			end = cfg.End.Add(time.Duration(round) * cfg.Shift).Truncate(step)
+			start = end.Add(-cfg.Range).Truncate(step)
+			res.End = end
+		}
 		for i, q := range cfg.Queries {
 			if err := ctx.Err(); err != nil {
 				return res, err
@@ -190,6 +201,9 @@ func rangeQuery(ctx context.Context, cfg QueryConfig, expr string, start, end ti
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	if cfg.Tenant != "" {
 		req.Header.Set("X-Scope-OrgID", cfg.Tenant)
+	}
+	for k, v := range cfg.Headers {
+		req.Header[k] = v
 	}
 	t0 := time.Now()
 	resp, err := cfg.Client.Do(req)

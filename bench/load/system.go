@@ -30,7 +30,10 @@ type System struct {
 	// QueryParams are added to every query (VictoriaMetrics: nocache=1, so
 	// its rollup result cache does not answer repeated rounds).
 	QueryParams url.Values
-	LogPath     string
+	// QueryHeaders are added to every query (gpustore: Cache-Control:
+	// no-store, so its results cache does not answer repeated rounds).
+	QueryHeaders http.Header
+	LogPath      string
 	// Bucket is set for a system that keeps an object-store bucket inside
 	// DataDir (gpustore's embedded default, DataDir/BucketDirName).
 	Bucket bool
@@ -72,6 +75,7 @@ func Gpustore(bin, dataDir, addr string) *System {
 			"-compact.interval=10s", "-compact.delete-delay=0s", "-bucket-store.sync-interval=5s"},
 		WritePath: "/api/v1/write", ReadyPath: "/-/ready",
 		Bucket: true, Compacts: true,
+		QueryHeaders: http.Header{"Cache-Control": {"no-store"}},
 	}
 }
 

@@ -16,10 +16,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -54,6 +56,8 @@ type options struct {
 
 	rounds, warmup int
 	node           string
+	refresh        bool
+	refreshShift   time.Duration
 	idleTimeout    time.Duration
 	compactTimeout time.Duration
 	stopTimeout    time.Duration
@@ -94,6 +98,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.rounds, "query.rounds", 5, "Measured rounds of each window's query set.")
 	fs.IntVar(&o.warmup, "query.warmup", 1, "Unmeasured rounds before them.")
 	fs.StringVar(&o.node, "query.node", "gpu-node-003", "Node of the node-detail dashboard.")
+	fs.BoolVar(&o.refresh, "refresh", true, "Also measure gpustore's dashboard refresh pattern (panel set once, then -query.rounds rounds each shifted by -refresh.shift), results cache off and on.")
+	fs.DurationVar(&o.refreshShift, "refresh.shift", 30*time.Second, "How far each refresh round moves the window.")
 	fs.DurationVar(&o.idleTimeout, "idle.timeout", 60*time.Second, "Longest wait for a receiver to go idle after writing.")
 	fs.DurationVar(&o.compactTimeout, "compact.timeout", 15*time.Minute, "Longest wait for gpustore to ship and compact the backfilled week.")
 	fs.DurationVar(&o.stopTimeout, "stop.timeout", 60*time.Second, "Longest wait for a clean stop before SIGKILL.")
@@ -172,6 +178,9 @@ type sysResult struct {
 	bfIdle    time.Duration
 	queries   map[string]load.QueryResult
 	queryErrs int
+	// refresh holds the dashboard refresh pattern's rounds, keyed by
+	// window + "/off" or "/on" (gpustore's results cache).
+	refresh map[string]load.QueryResult
 }
 
 func (b *bench) run(ctx context.Context, stdout io.Writer) error {
@@ -317,7 +326,7 @@ func (b *bench) start(ctx context.Context, s *load.System) error {
 }
 
 func (b *bench) runSystem(ctx context.Context, name string) *sysResult {
-	r := &sysResult{name: name, queries: map[string]load.QueryResult{}}
+	r := &sysResult{name: name, queries: map[string]load.QueryResult{}, refresh: map[string]load.QueryResult{}}
 	if err := b.ingestPhase(ctx, name, r); err != nil {
 		r.err = fmt.Errorf("saturation phase: %w", err)
 		return r
@@ -393,7 +402,7 @@ func (b *bench) ingestPhase(ctx context.Context, name string, r *sysResult) (err
 		return err
 	}
 	b.log.Info("saturation: disk after a clean stop", "system", name, "usage", r.diskIngest.String())
-	return nil
+	return b.refreshPattern(ctx, s, r, []window{w})
 }
 
 // backfillPhase writes the slice's week oldest-first into a fresh instance,
@@ -459,6 +468,60 @@ func (b *bench) backfillPhase(ctx context.Context, name string, r *sysResult) (e
 		return err
 	}
 	b.log.Info("backfill: disk after a clean stop", "system", name, "usage", r.diskBF.String())
+	var ws []window
+	for _, w := range []window{{name: "24h", rng: 24 * time.Hour}, {name: "7d", rng: 7 * 24 * time.Hour}} {
+		if w.rng <= b.o.bfDuration {
+			w.interval = b.backfillWL.Interval
+			ws = append(ws, w)
+		}
+	}
+	return b.refreshPattern(ctx, s, r, ws)
+}
+
+// refreshPattern measures a dashboard being refreshed: the panel set runs
+// once (unmeasured), then -query.rounds more times, each with the window
+// moved on by -refresh.shift, first with gpustore's results cache bypassed
+// (Cache-Control: no-store), then with it. gpustore is restarted on the
+// same data (its data directory was measured already) with
+// query.results-cache.max-freshness = (now - the data's end) + 10 m: the
+// data ended when the bench began, so with the default 10 m every step
+// would be old enough to cache; this way the newest 10 minutes of data are
+// recomputed on every refresh, as on a live cluster.
+func (b *bench) refreshPattern(ctx context.Context, prev *load.System, r *sysResult, ws []window) (err error) {
+	if !b.o.refresh || prev.Name != "gpustore" || len(ws) == 0 {
+		return nil
+	}
+	fresh := (time.Since(b.end) + 10*time.Minute).Truncate(time.Minute) + time.Minute
+	s := load.Gpustore(b.o.gpustoreBin, prev.DataDir, prev.Addr)
+	s.Version = prev.Version
+	s.Args = append(s.Args, "-query.results-cache.max-freshness="+model.Duration(fresh).String())
+	s.LogPath = strings.TrimSuffix(prev.LogPath, ".log") + "-refresh.log"
+	defer func() {
+		if serr := s.Stop(b.o.stopTimeout); serr != nil && err == nil {
+			err = serr
+		}
+	}()
+	if err := b.start(ctx, s); err != nil {
+		return err
+	}
+	for _, w := range ws {
+		for _, mode := range []struct {
+			key     string
+			headers http.Header
+		}{{"off", http.Header{"Cache-Control": {"no-store"}}}, {"on", nil}} {
+			b.log.Info("dashboard refresh", "system", s.Name, "window", w.name, "results_cache", mode.key, "shift", b.o.refreshShift, "rounds", b.o.rounds, "max_freshness", fresh)
+			qr, err := load.RunQueries(ctx, load.QueryConfig{
+				BaseURL: s.BaseURL(), Queries: load.DashboardQueries(b.o.node), End: b.end, Range: w.rng,
+				ScrapeInterval: w.interval, Rounds: b.o.rounds, Warmup: 1, Shift: b.o.refreshShift, Headers: mode.headers,
+			})
+			if err != nil {
+				return err
+			}
+			r.refresh[w.name+"/"+mode.key] = qr
+			r.queryErrs += qr.Errors
+			b.log.Info("dashboard refresh done", "system", s.Name, "window", w.name, "results_cache", mode.key, "step", qr.Step, "latency", qr.Latency.String())
+		}
+	}
 	return nil
 }
 
@@ -466,7 +529,7 @@ func (b *bench) queryWindow(ctx context.Context, s *load.System, r *sysResult, w
 	b.log.Info("queries", "system", s.Name, "window", w.name, "queries", len(load.DashboardQueries(b.o.node)), "rounds", b.o.rounds)
 	qr, err := load.RunQueries(ctx, load.QueryConfig{
 		BaseURL: s.BaseURL(), Queries: load.DashboardQueries(b.o.node), End: b.end, Range: w.rng,
-		ScrapeInterval: w.interval, Rounds: b.o.rounds, Warmup: b.o.warmup, Params: s.QueryParams,
+		ScrapeInterval: w.interval, Rounds: b.o.rounds, Warmup: b.o.warmup, Params: s.QueryParams, Headers: s.QueryHeaders,
 	})
 	if err != nil {
 		return err
@@ -582,6 +645,21 @@ func (b *bench) report() string {
 			return load.FmtDuration(q.Latency.P50) + " / " + load.FmtDuration(q.Latency.P99)
 		})
 	}
+	for _, key := range []string{"1h", "24h", "7d"} {
+		for _, mode := range []string{"off", "on"} {
+			label := fmt.Sprintf("dashboard refresh p50 / p99, %s window, +%s per round, gpustore results cache %s", key, fmtDays(o.refreshShift), mode)
+			if !slices.ContainsFunc(b.results, func(r *sysResult) bool { _, ok := r.refresh[key+"/"+mode]; return ok }) {
+				continue
+			}
+			row(label, func(r *sysResult) string {
+				q, ok := r.refresh[key+"/"+mode]
+				if !ok || q.Latency.N == 0 {
+					return "—"
+				}
+				return load.FmtDuration(q.Latency.P50) + " / " + load.FmtDuration(q.Latency.P99)
+			})
+		}
+	}
 	row("errors (write answers ≠ 2xx, failed queries)", func(r *sysResult) string {
 		var bad int64
 		for _, res := range []load.Result{r.write, r.bfWrite} {
@@ -609,8 +687,12 @@ func (b *bench) report() string {
 		fmt.Fprintf(&sb, "  query data: a %d-GPU slice (%d nodes) every %s for %s, backfilled oldest first into a fresh instance: %d samples, %d series.\n",
 			o.bfNodes*8, o.bfNodes, fmtDays(o.bfInterval), fmtDays(o.bfDuration), bst.Samples, bst.Series)
 	}
-	fmt.Fprintf(&sb, "  queries: %d dashboard panels (source §3) as range queries, step ≈ range/250 (≥ scrape interval), %d measured rounds after %d warm-up, one at a time; VictoriaMetrics with nocache=1.\n",
+	fmt.Fprintf(&sb, "  queries: %d dashboard panels (source §3) as range queries, step ≈ range/250 (≥ scrape interval), %d measured rounds after %d warm-up, one at a time; VictoriaMetrics with nocache=1, gpustore with Cache-Control: no-store (its results cache bypassed; pieces still split by day).\n",
 		nq, o.rounds, o.warmup)
+	if o.refresh {
+		fmt.Fprintf(&sb, "  dashboard refresh (gpustore only): the panel set once, then %d rounds each with the window %s later (aligned to the step), after a restart on the same data with max-freshness = (now - data end) + 10m so the newest 10 minutes of data are recomputed every round; cache off = Cache-Control: no-store.\n",
+			o.rounds, fmtDays(o.refreshShift))
+	}
 	sb.WriteString("  CPU: receiver utime+stime (/proc/<pid>/stat) from the first request until it idles (<0.1 core for 3 s) after the last answer (and VictoriaMetrics' force_flush).\n")
 	sb.WriteString("  peak RSS: VmHWM of the receiver after the saturation phase, divided by the distinct series written.\n")
 	sb.WriteString("  disk: allocated bytes (du) of the data directory after a clean stop (SIGTERM), divided by the samples accepted; local TSDB = WAL, head chunks and local blocks; bucket = gpustore's embedded bucket (<data>/bucket): the shipped blocks, compacted (sources deleted at once in the bench); local blocks are kept 6 h past the newest sample.\n")
