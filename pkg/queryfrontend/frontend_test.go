@@ -86,6 +86,11 @@ func newStackOOO(t testing.TB, days int, ooo time.Duration, mutate func(*Config,
 		val float64
 	}
 	var ss []*series
+	// An HA pair not deduplicated at ingest: the same scrapes, values
+	// apart by replica (query-time dedup follows one replica).
+	for _, r := range []string{"a", "b"} {
+		ss = append(ss, &series{ls: labels.FromStrings("__name__", "ha_util", "__replica__", r, "gpu", "0")})
+	}
 	for g := 0; g < 4; g++ {
 		gpu := fmt.Sprint(g)
 		ss = append(ss,
@@ -98,7 +103,7 @@ func newStackOOO(t testing.TB, days int, ooo time.Duration, mutate func(*Config,
 	n := 0
 	for ts := s.dataStart; !ts.After(s.now); ts = ts.Add(testInterval) {
 		for i, x := range ss {
-			if i == 0 && ts.Unix()%(6*3600) < 1200 { // gaps: the series is absent 20 min every 6 h
+			if i == 2 && ts.Unix()%(6*3600) < 1200 { // gaps: the series is absent 20 min every 6 h
 				continue
 			}
 			if strings.HasSuffix(x.ls.Get("__name__"), "_total") {
@@ -170,8 +175,17 @@ type promAnswer struct {
 
 func rangeQuery(t testing.TB, srv *httptest.Server, q string, start, end time.Time, step time.Duration, headers ...string) promAnswer {
 	t.Helper()
-	form := url.Values{"query": {q}, "start": {fmt.Sprintf("%.3f", float64(start.UnixMilli())/1000)},
+	return rangeQueryForm(t, srv, rangeForm(q, start, end, step), headers...)
+}
+
+func rangeForm(q string, start, end time.Time, step time.Duration) url.Values {
+	return url.Values{"query": {q}, "start": {fmt.Sprintf("%.3f", float64(start.UnixMilli())/1000)},
 		"end": {fmt.Sprintf("%.3f", float64(end.UnixMilli())/1000)}, "step": {fmt.Sprint(step.Seconds())}}
+}
+
+func rangeQueryForm(t testing.TB, srv *httptest.Server, form url.Values, headers ...string) promAnswer {
+	t.Helper()
+	q := form.Get("query")
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/api/v1/query_range", strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	for i := 0; i+1 < len(headers); i += 2 {
@@ -470,4 +484,35 @@ func TestConcurrentRequests(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// Parameters that change the answer are part of the key: the same query
+// with dedup off, another lookback or max_source_resolution is never
+// answered from the other's cached pieces.
+func TestKeySeparatesParameters(t *testing.T) {
+	s := newStack(t, 2, nil)
+	start, end := s.now.Add(-40*time.Hour).Truncate(10*time.Minute), s.now.Truncate(10*time.Minute)
+	variants := []url.Values{{}, {"dedup": {"false"}}, {"lookback_delta": {"1s"}}, {"max_source_resolution": {"raw"}}, {"dedup": {"true"}}}
+	answers := map[string]bool{}
+	for round := 0; round < 2; round++ {
+		for _, q := range []string{`ha_util`, `count(ha_util)`} {
+			for _, v := range variants {
+				form := rangeForm(q, start, end, 10*time.Minute)
+				for k, vs := range v {
+					form[k] = vs
+				}
+				got, want := rangeQueryForm(t, s.front, form), rangeQueryForm(t, s.direct, form)
+				if d := same(got, want); d != "" {
+					t.Errorf("round %d %s %v: %s", round, q, v, d)
+				}
+				answers[string(got.Data)] = true
+			}
+		}
+	}
+	if len(answers) < 4 { // dedup on/off and the 1 s lookback change both queries' answers
+		t.Errorf("only %d different answers: the variants do not test the key", len(answers))
+	}
+	if testutil.ToFloat64(s.fe.hits.WithLabelValues("full")) == 0 {
+		t.Error("the second round was not served from the cache")
+	}
 }

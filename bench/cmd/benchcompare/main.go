@@ -58,6 +58,7 @@ type options struct {
 	node           string
 	refresh        bool
 	refreshShift   time.Duration
+	gpustoreArgs   string
 	idleTimeout    time.Duration
 	compactTimeout time.Duration
 	stopTimeout    time.Duration
@@ -98,6 +99,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.rounds, "query.rounds", 5, "Measured rounds of each window's query set.")
 	fs.IntVar(&o.warmup, "query.warmup", 1, "Unmeasured rounds before them.")
 	fs.StringVar(&o.node, "query.node", "gpu-node-003", "Node of the node-detail dashboard.")
+	fs.StringVar(&o.gpustoreArgs, "gpustore.args", "", "Extra space-separated flags for gpustore (e.g. -query.split-by-day=false).")
 	fs.BoolVar(&o.refresh, "refresh", true, "Also measure gpustore's dashboard refresh pattern (panel set once, then -query.rounds rounds each shifted by -refresh.shift), results cache off and on.")
 	fs.DurationVar(&o.refreshShift, "refresh.shift", 30*time.Second, "How far each refresh round moves the window.")
 	fs.DurationVar(&o.idleTimeout, "idle.timeout", 60*time.Second, "Longest wait for a receiver to go idle after writing.")
@@ -292,6 +294,7 @@ func (b *bench) newSystem(name, phase string) (*load.System, error) {
 	switch name {
 	case "gpustore":
 		s = load.Gpustore(b.o.gpustoreBin, data, addr)
+		s.Args = append(s.Args, strings.Fields(b.o.gpustoreArgs)...)
 		s.Version = b.o.gpustoreVersion
 	case "prometheus":
 		if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -494,7 +497,7 @@ func (b *bench) refreshPattern(ctx context.Context, prev *load.System, r *sysRes
 	fresh := (time.Since(b.end) + 10*time.Minute).Truncate(time.Minute) + time.Minute
 	s := load.Gpustore(b.o.gpustoreBin, prev.DataDir, prev.Addr)
 	s.Version = prev.Version
-	s.Args = append(s.Args, "-query.results-cache.max-freshness="+model.Duration(fresh).String())
+	s.Args = append(append(s.Args, strings.Fields(b.o.gpustoreArgs)...), "-query.results-cache.max-freshness="+model.Duration(fresh).String())
 	s.LogPath = strings.TrimSuffix(prev.LogPath, ".log") + "-refresh.log"
 	defer func() {
 		if serr := s.Stop(b.o.stopTimeout); serr != nil && err == nil {
