@@ -390,13 +390,15 @@ type base struct {
 }
 
 // readRange is the inclusive range of block b a select of [mint, maxt]
-// reads: within the querier's range and the part of b to read.
+// reads: the part of b to read within it. (Select's mint and maxt are
+// within the querier's range, but for the windows a plain selector's fill
+// reads around a downsampled segment.)
 func (q *base) readRange(b *bucketBlock, mint, maxt int64) (int64, int64) {
 	sp, ok := q.parts[b]
 	if !ok {
 		sp = span{b.meta.MinTime, b.meta.MaxTime}
 	}
-	return max(q.mint, mint, sp.from), min(q.maxt, maxt, sp.to-1)
+	return max(mint, sp.from), min(maxt, sp.to-1)
 }
 
 // selected returns the blocks with something to read in the hinted range,
@@ -463,8 +465,8 @@ type querier struct{ base }
 
 // open returns a querier over blocks (of one resolution) for [mint, maxt],
 // through the view of their resolution; downsampled plain selectors return
-// points from `from` on (mint may be a window earlier, see Select).
-func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt, from int64) (storage.Querier, error) {
+// points in [from, to] (mint and maxt may be a window beyond, see Select).
+func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt, from, to int64) (storage.Querier, error) {
 	bs, err := q.selected(ctx, blocks, mint, maxt)
 	if err != nil {
 		return nil, err
@@ -482,7 +484,7 @@ func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt, f
 		if res := b.meta.GPUStore.Downsample.Resolution; res == block.ResolutionRaw {
 			qs = append(qs, downsample.NewRawQuerier(bq))
 		} else {
-			qs = append(qs, downsample.NewQuerier(bq, res, from))
+			qs = append(qs, downsample.NewQuerier(bq, res, from, to))
 		}
 	}
 	return storage.NewMergeQuerier(qs, nil, storage.ChainedSeriesMerge), nil
@@ -491,8 +493,10 @@ func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt, f
 // Select reads each segment of the hinted range (plan) from its blocks,
 // with hints narrowed to the segment (the TSDB's block querier reads the
 // hinted range), and merges them. A plain selector's downsampled segment
-// is read from one window earlier: that window's value is what it shows
-// until the segment's first window ends.
+// is read from one window earlier to one window later: the window before
+// is what it shows until the segment's first window ends, the window after
+// lets the fill repeat the last window up to the segment's end (a range
+// ending inside a 1h window, e.g. a query frontend's day piece).
 func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
 	mint, maxt := hintRange(q.mint, q.maxt, hints)
 	var forcedRaw []span
@@ -506,19 +510,17 @@ func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.Se
 			continue
 		}
 		from, to := sg.from, sg.to-1
-		readFrom := from
+		readFrom, readTo := from, to
 		if sg.res != block.ResolutionRaw && hints != nil && hints.Range == 0 {
-			readFrom = from - sg.res
+			readFrom, readTo = from-sg.res, to+sg.res
 		}
 		blocks := sg.blocks
-		if readFrom < from {
-			for _, b := range q.blocks { // the block holding the window before, if another
-				if b.meta.GPUStore.Downsample.Resolution == sg.res && b.meta.MinTime < from && b.meta.MaxTime > readFrom && !slices.Contains(blocks, b) {
-					blocks = append(slices.Clip(blocks), b)
-				}
+		for _, b := range q.blocks { // the blocks holding the windows before and after, if others
+			if b.meta.GPUStore.Downsample.Resolution == sg.res && b.meta.MinTime <= readTo && b.meta.MaxTime > readFrom && !slices.Contains(blocks, b) {
+				blocks = append(slices.Clip(blocks), b)
 			}
 		}
-		m, err := q.open(ctx, blocks, readFrom, to, from)
+		m, err := q.open(ctx, blocks, readFrom, readTo, from, to)
 		if err != nil {
 			return storage.ErrSeriesSet(err)
 		}
@@ -529,7 +531,7 @@ func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.Se
 		var h *storage.SelectHints
 		if hints != nil {
 			c := *hints
-			c.Start, c.End = readFrom, to
+			c.Start, c.End = readFrom, readTo
 			h = &c
 		}
 		// Always sorted: blocks' series come sorted anyway, and merging needs it.
@@ -562,7 +564,7 @@ func (w withInfo) Warnings() annotations.Annotations {
 }
 
 func (q *querier) LabelValues(ctx context.Context, name string, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	m, err := q.open(ctx, q.blocks, q.mint, q.maxt, q.mint)
+	m, err := q.open(ctx, q.blocks, q.mint, q.maxt, q.mint, q.maxt)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -571,7 +573,7 @@ func (q *querier) LabelValues(ctx context.Context, name string, hints *storage.L
 }
 
 func (q *querier) LabelNames(ctx context.Context, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	m, err := q.open(ctx, q.blocks, q.mint, q.maxt, q.mint)
+	m, err := q.open(ctx, q.blocks, q.mint, q.maxt, q.mint, q.maxt)
 	if err != nil {
 		return nil, nil, err
 	}

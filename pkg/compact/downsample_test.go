@@ -375,6 +375,12 @@ func TestDownsampledQueriesMatchRaw(t *testing.T) {
 	if n, want := len(got[labels.EmptyLabels().String()]), int(end.Sub(off)/step)+1; n != want {
 		t.Errorf("avg(DCGM_FI_DEV_GPU_UTIL) over 1h data at a 37m step: %d points, want %d", n, want)
 	}
+	// A range ending inside a 1h window (a dashboard's "now", a frontend's
+	// day piece) still sees the last window's value at its end.
+	at := start.Add(22*time.Hour + 29*time.Minute)
+	if got, _ := queryRange(t, qurl, "dq", "avg(DCGM_FI_DEV_GPU_UTIL)", at, at, time.Minute, "1h"); len(got[labels.EmptyLabels().String()]) != 1 {
+		t.Errorf("avg(DCGM_FI_DEV_GPU_UTIL) at %s alone over 1h data: %v, want one point", at, got)
+	}
 	got, infos = queryRange(t, qurl, "dq", "max_over_time(DCGM_FI_DEV_GPU_TEMP[5m])", start, end, time.Hour, "raw")
 	compareSeries(t, "raw deleted, raw asked", raw["5mmax_over_time(DCGM_FI_DEV_GPU_TEMP[5m])"], got, func(string, int64) float64 { return 0 })
 	if !slices.ContainsFunc(infos, func(s string) bool { return strings.Contains(s, "5m data for") }) {

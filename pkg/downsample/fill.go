@@ -25,19 +25,22 @@ func plainSelect(h *storage.SelectHints) bool {
 // filledSeries repeats each point of s every fillEvery until the next one,
 // over gaps no longer than res (a longer gap is a series absent for a
 // window, which stays absent). Staleness markers are not repeated. Points
-// before from are read (they are what fills the start) but not returned.
+// outside [from, to] are read but not returned: the window before from is
+// what fills the start, the window after to tells that the series goes on
+// (without it the last window of the range is not repeated, as at the end
+// of a series).
 type filledSeries struct {
 	storage.Series
-	res, from int64
+	res, from, to int64
 }
 
 func (f filledSeries) Iterator(it chunkenc.Iterator) chunkenc.Iterator {
-	return &fillIterator{it: f.Series.Iterator(nil), res: f.res, from: f.from}
+	return &fillIterator{it: f.Series.Iterator(nil), res: f.res, from: f.from, to: f.to}
 }
 
 type fillIterator struct {
-	it        chunkenc.Iterator
-	res, from int64
+	it            chunkenc.Iterator
+	res, from, to int64
 
 	cur       point // the current point
 	next      point // the inner iterator's next point, when nextValid
@@ -83,6 +86,9 @@ func (f *fillIterator) Next() chunkenc.ValueType {
 	vt := f.next1()
 	for vt != chunkenc.ValNone && f.cur.t < f.from {
 		vt = f.next1()
+	}
+	if vt != chunkenc.ValNone && f.cur.t > f.to {
+		vt = chunkenc.ValNone
 	}
 	f.done = vt == chunkenc.ValNone
 	return vt

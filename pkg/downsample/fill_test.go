@@ -22,7 +22,7 @@ func TestFillRepeatsWindowsForPlainSelectors(t *testing.T) {
 		fSample{240*m - 1, 3}, // a window missing before it: not filled
 		fSample{300*m - 1, math.Float64frombits(value.StaleNaN)}, fSample{360*m - 1, 5},
 	})
-	it := filledSeries{Series: s, res: Res1h, from: math.MinInt64}.Iterator(nil)
+	it := filledSeries{Series: s, res: Res1h, from: math.MinInt64, to: math.MaxInt64}.Iterator(nil)
 	var ts []int64
 	for it.Next() == chunkenc.ValFloat {
 		tt, _ := it.At()
@@ -45,7 +45,7 @@ func TestFillRepeatsWindowsForPlainSelectors(t *testing.T) {
 			t.Fatalf("times %v\nwant %v", ts, want)
 		}
 	}
-	it = filledSeries{Series: s, res: Res1h, from: math.MinInt64}.Iterator(nil)
+	it = filledSeries{Series: s, res: Res1h, from: math.MinInt64, to: math.MaxInt64}.Iterator(nil)
 	if it.Seek(100*m) != chunkenc.ValFloat {
 		t.Fatal("seek into a filled window found nothing")
 	}
@@ -78,7 +78,7 @@ func TestFillPassesHistogramsThrough(t *testing.T) {
 	s := storage.NewListSeries(labels.FromStrings("a", "b"), []chunks.Sample{
 		hSample{60*m - 1, h}, hSample{120*m - 1, h}, hSample{180*m - 1, h},
 	})
-	it := filledSeries{Series: s, res: Res1h, from: math.MinInt64}.Iterator(nil)
+	it := filledSeries{Series: s, res: Res1h, from: math.MinInt64, to: math.MaxInt64}.Iterator(nil)
 	n := 0
 	for vt := it.Next(); vt != chunkenc.ValNone; vt = it.Next() {
 		if vt != chunkenc.ValFloatHistogram {

@@ -376,7 +376,7 @@ func TestPlainSelectorFillReadsPackedAsOld(t *testing.T) {
 			if err != nil {
 				return nil, err
 			}
-			return NewQuerier(q, Res1h, mint), nil
+			return NewQuerier(q, Res1h, mint, math.MaxInt64), nil
 		})
 	}
 	for _, qs := range []string{"avg(gauge_metric)", "gauge_metric"} {

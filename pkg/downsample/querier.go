@@ -115,13 +115,13 @@ func (q queryable) Querier(mint, maxt int64) (storage.Querier, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &querier{Querier: inner, from: math.MinInt64}, nil
+	return &querier{Querier: inner, from: math.MinInt64, to: math.MaxInt64}, nil
 }
 
 type querier struct {
 	storage.Querier
-	res  int64 // the blocks' resolution, for plain selectors' fill (0: no fill)
-	from int64 // plain selectors' points before it are read but not returned
+	res      int64 // the blocks' resolution, for plain selectors' fill (0: no fill)
+	from, to int64 // plain selectors' points outside are read but not returned
 }
 
 // aggregates read per view: the packed gauge series, the view's own
@@ -158,7 +158,7 @@ func (q *querier) Select(ctx context.Context, _ bool, hints *storage.SelectHints
 		// 5m points already tile the default 5m lookback; 1h points do not.
 		fill = q.res
 	}
-	return &joinSet{view: view, aggrs: aggrs, sets: sets, fill: fill, from: q.from}
+	return &joinSet{view: view, aggrs: aggrs, sets: sets, fill: fill, from: q.from, to: q.to}
 }
 
 func (q *querier) LabelNames(ctx context.Context, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
@@ -184,6 +184,7 @@ func (q *querier) LabelValues(ctx context.Context, name string, hints *storage.L
 type joinSet struct {
 	fill  int64 // repeat points for plain selectors over gaps up to this long (0: no fill)
 	from  int64 // and return them from here on
+	to    int64 // up to here
 	view  View
 	aggrs []string
 	sets  []storage.SeriesSet
@@ -240,7 +241,7 @@ func (j *joinSet) Next() bool {
 	}
 	j.cur = buildSeries(j.view, base, comps)
 	if j.fill > 0 {
-		j.cur = filledSeries{Series: j.cur, res: j.fill, from: j.from}
+		j.cur = filledSeries{Series: j.cur, res: j.fill, from: j.from, to: j.to}
 	}
 	return true
 }
@@ -499,10 +500,11 @@ func (o onesSet) At() storage.Series {
 
 // NewQuerier is NewQueryable's querier over one querier of downsampled
 // blocks of resolution res; plain selectors see each window's value
-// repeated until the next window (fill.go), from time from on (the caller
-// reads one window earlier, whose point fills the start).
-func NewQuerier(q storage.Querier, res, from int64) storage.Querier {
-	return &querier{Querier: q, res: res, from: from}
+// repeated until the next window (fill.go), from time from to time to (the
+// caller reads one window before and one after, which fill the start and
+// the end).
+func NewQuerier(q storage.Querier, res, from, to int64) storage.Querier {
+	return &querier{Querier: q, res: res, from: from, to: to}
 }
 
 // NewRawQuerier is NewRawQueryable's querier over one querier of raw data.
