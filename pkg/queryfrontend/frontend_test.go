@@ -17,11 +17,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/thanos-io/objstore/providers/filesystem"
 
+	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/bucketstore"
+	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/query"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
@@ -514,5 +519,151 @@ func TestKeySeparatesParameters(t *testing.T) {
 	}
 	if testutil.ToFloat64(s.fe.hits.WithLabelValues("full")) == 0 {
 		t.Error("the second round was not served from the cache")
+	}
+}
+
+// A day cached while the bucket held raw blocks only is computed again
+// once downsampled blocks appear: under max_source_resolution=auto a
+// 30-minute step then reads 5m data (a plain selector becomes the window's
+// average), and the cached raw answer would be stale. The data lives only
+// in the bucket (the receiver's local TSDB is empty), read by the real
+// bucket store; compaction and downsampling are the real compactor's.
+func TestDownsampledBlocksInvalidate(t *testing.T) {
+	ctx := context.Background()
+	logger := slog.New(slog.DiscardHandler)
+	day := time.Now().UTC().Truncate(24 * time.Hour).Add(-48 * time.Hour)
+	t0 := day.Add(2 * time.Hour)
+	cfg := tenantdb.DefaultConfig()
+	cfg.BlockDuration = model.Duration(30 * time.Minute)
+	cfg.Retention = model.Duration(365 * 24 * time.Hour)
+	cfg.Dir = t.TempDir()
+	writer, err := tenantdb.NewManager(cfg, logger, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Close()
+	db, err := writer.Get("default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := db.Appender(ctx)
+	for ts := t0; ts.Before(t0.Add(6 * time.Hour)); ts = ts.Add(testInterval) {
+		for _, gpu := range []string{"0", "1"} {
+			v := float64(ts.Unix()/30%97) + float64(len(gpu))
+			if _, err := app.Append(0, labels.FromStrings("__name__", "gpu_util", "gpu", gpu), ts.UnixMilli(), v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := app.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bkt, err := filesystem.NewBucket(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range db.Blocks() {
+		meta := block.Meta{BlockMeta: b.Meta(), GPUStore: block.GPUStoreMeta{Version: block.MetaVersion, Tenant: "default", Labels: map[string]string{}, Source: block.SourceReceive}}
+		if err := block.Upload(ctx, bkt, b.Dir(), meta); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store, err := bucketstore.New(bucketstore.DefaultConfig(), bkt, logger, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The query role's local TSDB holds nothing: everything is read from the bucket.
+	qdir := tenantdb.DefaultConfig()
+	qdir.Dir = t.TempDir()
+	dbs, err := tenantdb.NewManager(qdir, logger, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dbs.Close()
+	qcfg := query.DefaultConfig()
+	fe, err := New(DefaultConfig(), Deps{Logger: logger, Registry: prometheus.NewRegistry(), MaxConcurrency: qcfg.MaxConcurrency,
+		LookbackDelta: time.Duration(qcfg.LookbackDelta), ReplicaLabels: qcfg.ReplicaLabels, MaxSourceResolution: qcfg.MaxSourceResolution,
+		Blocks: TenantBlocks(dbs, store.Blocks)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve := func(frontend func(http.Handler) http.Handler) *httptest.Server {
+		api, err := query.New(query.Options{Config: qcfg, Tenants: tenancy.DefaultConfig(), DBs: dbs, Logger: logger, Registry: prometheus.NewRegistry(),
+			Ready: func() error { return nil }, ActiveQueryDir: t.TempDir(), Frontend: frontend, Sources: []query.Source{store}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mux := http.NewServeMux()
+		api.RegisterRoutes(mux)
+		srv := httptest.NewServer(mux)
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	s := &stack{fe: fe, front: serve(fe.Wrap), direct: serve(nil)}
+	start, end, step := day, day.Add(24*time.Hour), 30*time.Minute
+	raw := s.check(t, `gpu_util`, start, end, step)
+	s.check(t, `gpu_util`, start, end, step) // from the cache
+
+	ccfg := compact.DefaultConfig()
+	ccfg.BlockRanges = compact.DurationList{model.Duration(30 * time.Minute), model.Duration(2 * time.Hour)}
+	ccfg.LeaseSettle, ccfg.DeleteDelay = 0, 0
+	c, err := compact.New(ccfg, bkt, t.TempDir(), nil, logger, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := c.CompactTenant(ctx, "default"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := store.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !store.HasDownsampled("default") {
+		t.Fatal("the compactor made no downsampled block")
+	}
+	down := s.check(t, `gpu_util`, start, end, step)
+	if string(down.Data) == string(raw.Data) {
+		t.Fatal("the answer did not change with 5m data: the test proves nothing")
+	}
+	if testutil.ToFloat64(fe.invalidations.WithLabelValues("blocks")) == 0 {
+		t.Error("no cached day was invalidated")
+	}
+}
+
+// The layout fingerprint changes with the blocks overlapping a day (a new,
+// a deleted block, one leaving the local disk for the bucket only) and not
+// with blocks outside it or with their order.
+func TestLayout(t *testing.T) {
+	id := func(n byte) (u ulid.ULID) { u[15] = n; return u }
+	a := Block{ID: id(1), MinTime: 0, MaxTime: 100, Local: true}
+	b := Block{ID: id(2), MinTime: 100, MaxTime: 200, Local: true}
+	far := Block{ID: id(3), MinTime: 1000, MaxTime: 2000}
+	base := layout([]Block{a, b}, 50, 150)
+	for name, blocks := range map[string][]Block{
+		"b deleted":        {a},
+		"a bucket only":    {{ID: a.ID, MinTime: 0, MaxTime: 100}, b},
+		"a compacted away": {{ID: id(4), MinTime: 0, MaxTime: 200}},
+		"a new block":      {a, b, {ID: id(5), MinTime: 149, MaxTime: 150}},
+	} {
+		if layout(blocks, 50, 150) == base {
+			t.Errorf("%s: same layout", name)
+		}
+	}
+	if layout([]Block{b, far, a}, 50, 150) != base {
+		t.Error("a block outside the range, or the order, changed the layout")
+	}
+	if layout([]Block{a, {ID: id(6), MinTime: 150, MaxTime: 160}}, 50, 149) != layout([]Block{a}, 50, 149) {
+		t.Error("a block starting after the range changed the layout")
 	}
 }
