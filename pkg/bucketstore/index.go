@@ -872,6 +872,15 @@ func (r *indexReader) Series(ref storage.SeriesRef, builder *labels.ScratchBuild
 	}
 	builder.SetSymbolTable(r.h.st)
 	builder.Reset()
+	if chks != nil && !r.inRange(b) {
+		// No chunk in the view's range: returned without labels or chunks,
+		// which the TSDB's block querier skips as it skips a series whose
+		// chunks all lie outside its range. In a long block most series of a
+		// churning workload (each training job's pods) lie outside a short
+		// query; their labels are not looked up.
+		*chks = (*chks)[:0]
+		return nil
+	}
 	if err := r.dec.Series(b, builder, chks); err != nil {
 		if isStorageErr(err) {
 			return err
@@ -879,6 +888,37 @@ func (r *indexReader) Series(ref storage.SeriesRef, builder *labels.ScratchBuild
 		return r.corrupt("read series %d: %v", ref, err)
 	}
 	return nil
+}
+
+// inRange reports whether a series entry (index format v2: labels as
+// symbol references, then chunk metas delta-encoded in time order) has a
+// chunk overlapping the view's range. It reads the chunk metas only; an
+// entry it cannot read is left to the decoder to report.
+func (r *indexReader) inRange(b []byte) bool {
+	d := encoding.Decbuf{B: b}
+	for k := d.Uvarint(); k > 0 && d.Err() == nil; k-- {
+		d.Uvarint()
+		d.Uvarint()
+	}
+	k := d.Uvarint()
+	if k == 0 || d.Err() != nil {
+		return d.Err() != nil
+	}
+	mint := d.Varint64()
+	maxt := int64(d.Uvarint64()) + mint
+	d.Uvarint64()
+	for i := 1; i < k; i++ {
+		if maxt >= r.st.mint {
+			break // the chunks are in time order: this one ends in the range or after it
+		}
+		mint = int64(d.Uvarint64()) + maxt
+		maxt = int64(d.Uvarint64()) + mint
+		d.Varint64()
+	}
+	if d.Err() != nil {
+		return true
+	}
+	return maxt >= r.st.mint && mint <= r.st.maxt
 }
 
 // LabelNames returns the label names of the block, or of the series matching matchers.
