@@ -130,11 +130,13 @@ func TestDownsampleInThePass(t *testing.T) {
 	t.Logf("bytes: raw %d, 5m %d (%.1f%% of raw), 1h %d (%.2f%%); samples: raw %d; downsampled blocks written %v",
 		bytes[block.ResolutionRaw], bytes[downsample.Res5m], 100*r5, bytes[downsample.Res1h], 100*r1, st.samples(),
 		counter(t, reg, "gpustore_downsample_blocks_total"))
-	// The index does not shrink with the resolution (every gauge becomes
-	// four aggregate series), so on this slice's pod churn 5m is about a
-	// third of raw and 1h about a fifth: see bench/RESULTS.md.
-	if r5 >= 0.5 || r1 >= r5 {
-		t.Errorf("downsampled data too large: 5m %.1f%% of raw (want < 50%%), 1h %.2f%% (want below 5m)", 100*r5, 100*r1)
+	// Every raw series stays one series (a gauge's aggregates packed into
+	// one), so the index does not grow with downsampling but does not
+	// shrink either; on this slice's pod churn 5m is about a quarter of raw
+	// and 1h about a tenth (the four-series layout: 38 % and 20 %): see
+	// bench/RESULTS.md.
+	if r5 >= 0.3 || r1 >= 0.12 {
+		t.Errorf("downsampled data too large: 5m %.1f%% of raw (want < 30%%), 1h %.2f%% (want < 12%%)", 100*r5, 100*r1)
 	}
 
 	// Raw retention of 1 day (the data is months old): every raw block whose
