@@ -27,6 +27,7 @@ import (
 	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/compact"
+	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/query"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
@@ -56,6 +57,9 @@ func (l *testLimits) OutOfOrderWindow(string) time.Duration {
 }
 
 const testInterval = 30 * time.Second
+
+// downsampledInfo starts the bucket store's info annotation on downsampled reads.
+const downsampledInfo = "gpustore: served from downsampled blocks"
 
 // newStack writes days of GPU-like series, ending now, into a real TSDB,
 // and serves them through Prometheus' API and engine (pkg/query).
@@ -220,7 +224,16 @@ func same(a, b promAnswer) string {
 		return fmt.Sprintf("data differs:\nfrontend %.600s\nAPI      %.600s", a.Data, b.Data)
 	}
 	sorted := func(s []string) []string { s = slices.Clone(s); slices.Sort(s); return s }
-	if !slices.Equal(sorted(a.Warnings), sorted(b.Warnings)) || !slices.Equal(sorted(a.Infos), sorted(b.Infos)) {
+	// The bucket store's info names the time ranges it read downsampled:
+	// those of each piece after a split. It must be there or not alike.
+	downsampled := func(s []string) ([]string, bool) {
+		n := len(s)
+		s = slices.DeleteFunc(slices.Clone(s), func(x string) bool { return strings.Contains(x, downsampledInfo) })
+		return s, len(s) < n
+	}
+	aInfos, aDown := downsampled(a.Infos)
+	bInfos, bDown := downsampled(b.Infos)
+	if !slices.Equal(sorted(a.Warnings), sorted(b.Warnings)) || !slices.Equal(sorted(aInfos), sorted(bInfos)) || aDown != bDown {
 		return fmt.Sprintf("annotations differ: frontend %q %q, API %q %q", a.Warnings, a.Infos, b.Warnings, b.Infos)
 	}
 	return ""
@@ -522,17 +535,15 @@ func TestKeySeparatesParameters(t *testing.T) {
 	}
 }
 
-// A day cached while the bucket held raw blocks only is computed again
-// once downsampled blocks appear: under max_source_resolution=auto a
-// 30-minute step then reads 5m data (a plain selector becomes the window's
-// average), and the cached raw answer would be stale. The data lives only
-// in the bucket (the receiver's local TSDB is empty), read by the real
-// bucket store; compaction and downsampling are the real compactor's.
-func TestDownsampledBlocksInvalidate(t *testing.T) {
+// newBucketStack writes 6 hours of two GPU series around midnight (day ±
+// 3 h) into a TSDB with 30-minute blocks, ships the blocks to a
+// filesystem bucket and serves them through the real bucket store only
+// (the query role's local TSDB is empty). compactAll runs the real
+// compactor (30m and 2h levels, downsampling) and syncs the store.
+func newBucketStack(t *testing.T, midnight time.Time) (s *stack, compactAll func()) {
 	ctx := context.Background()
 	logger := slog.New(slog.DiscardHandler)
-	day := time.Now().UTC().Truncate(24 * time.Hour).Add(-48 * time.Hour)
-	t0 := day.Add(2 * time.Hour)
+	t0 := midnight.Add(-3 * time.Hour)
 	cfg := tenantdb.DefaultConfig()
 	cfg.BlockDuration = model.Duration(30 * time.Minute)
 	cfg.Retention = model.Duration(365 * 24 * time.Hour)
@@ -551,6 +562,9 @@ func TestDownsampledBlocksInvalidate(t *testing.T) {
 		for _, gpu := range []string{"0", "1"} {
 			v := float64(ts.Unix()/30%97) + float64(len(gpu))
 			if _, err := app.Append(0, labels.FromStrings("__name__", "gpu_util", "gpu", gpu), ts.UnixMilli(), v); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := app.Append(0, labels.FromStrings("__name__", "energy_total", "gpu", gpu), ts.UnixMilli(), float64(ts.Unix()-t0.Unix())*(2+float64(len(gpu)))); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -579,14 +593,13 @@ func TestDownsampledBlocksInvalidate(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The query role's local TSDB holds nothing: everything is read from the bucket.
 	qdir := tenantdb.DefaultConfig()
 	qdir.Dir = t.TempDir()
 	dbs, err := tenantdb.NewManager(qdir, logger, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer dbs.Close()
+	t.Cleanup(func() { _ = dbs.Close() })
 	qcfg := query.DefaultConfig()
 	fe, err := New(DefaultConfig(), Deps{Logger: logger, Registry: prometheus.NewRegistry(), MaxConcurrency: qcfg.MaxConcurrency,
 		LookbackDelta: time.Duration(qcfg.LookbackDelta), ReplicaLabels: qcfg.ReplicaLabels, MaxSourceResolution: qcfg.MaxSourceResolution,
@@ -606,38 +619,79 @@ func TestDownsampledBlocksInvalidate(t *testing.T) {
 		t.Cleanup(srv.Close)
 		return srv
 	}
-	s := &stack{fe: fe, front: serve(fe.Wrap), direct: serve(nil)}
-	start, end, step := day, day.Add(24*time.Hour), 30*time.Minute
-	raw := s.check(t, `gpu_util`, start, end, step)
-	s.check(t, `gpu_util`, start, end, step) // from the cache
-
-	ccfg := compact.DefaultConfig()
-	ccfg.BlockRanges = compact.DurationList{model.Duration(30 * time.Minute), model.Duration(2 * time.Hour)}
-	ccfg.LeaseSettle, ccfg.DeleteDelay = 0, 0
-	c, err := compact.New(ccfg, bkt, t.TempDir(), nil, logger, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		if err := c.CompactTenant(ctx, "default"); err != nil {
+	s = &stack{fe: fe, front: serve(fe.Wrap), direct: serve(nil), dbs: dbs, now: t0.Add(6 * time.Hour), dataStart: t0}
+	compactAll = func() {
+		ccfg := compact.DefaultConfig()
+		ccfg.BlockRanges = compact.DurationList{model.Duration(30 * time.Minute), model.Duration(2 * time.Hour)}
+		ccfg.LeaseSettle, ccfg.DeleteDelay = 0, 0
+		c, err := compact.New(ccfg, bkt, t.TempDir(), nil, logger, nil)
+		if err != nil {
 			t.Fatal(err)
 		}
+		if err := c.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			if err := c.CompactTenant(ctx, "default"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := store.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		res := map[int64]int{}
+		for _, m := range store.Blocks("default") {
+			res[m.GPUStore.Downsample.Resolution]++
+		}
+		if res[downsample.Res5m] == 0 || res[downsample.Res1h] == 0 {
+			t.Fatalf("the compactor made no 5m or no 1h block: blocks by resolution %v", res)
+		}
 	}
-	if err := store.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if !store.HasDownsampled("default") {
-		t.Fatal("the compactor made no downsampled block")
-	}
+	return s, compactAll
+}
+
+// A day cached while the bucket held raw blocks only is computed again
+// once downsampled blocks appear: under max_source_resolution=auto a
+// 30-minute step then reads 5m data (a plain selector becomes the window's
+// average), and the cached raw answer would be stale.
+func TestDownsampledBlocksInvalidate(t *testing.T) {
+	midnight := time.Now().UTC().Truncate(24 * time.Hour).Add(-48 * time.Hour)
+	s, compactAll := newBucketStack(t, midnight)
+	start, end, step := midnight.Add(-24*time.Hour), midnight.Add(24*time.Hour), 30*time.Minute
+	raw := s.check(t, `gpu_util`, start, end, step)
+	s.check(t, `gpu_util`, start, end, step) // from the cache
+	compactAll()
 	down := s.check(t, `gpu_util`, start, end, step)
 	if string(down.Data) == string(raw.Data) {
 		t.Fatal("the answer did not change with 5m data: the test proves nothing")
 	}
-	if testutil.ToFloat64(fe.invalidations.WithLabelValues("blocks")) == 0 {
+	if testutil.ToFloat64(s.fe.invalidations.WithLabelValues("blocks")) == 0 {
 		t.Error("no cached day was invalidated")
+	}
+}
+
+// Over compacted and downsampled bucket blocks (auto resolution: raw, 5m
+// or 1h by step) the frontend's answers are the API's, across midnight:
+// random queries, steps and ranges, each asked twice and shifted by 30 s.
+func TestBucketAnswersEqualUncached(t *testing.T) {
+	midnight := time.Now().UTC().Truncate(24 * time.Hour).Add(-48 * time.Hour)
+	s, compactAll := newBucketStack(t, midnight)
+	compactAll()
+	queries := []string{`gpu_util`, `sum(gpu_util)`, `avg_over_time(gpu_util[30m])`, `max_over_time(gpu_util[1h])`,
+		`count_over_time(gpu_util[1h])`, `rate(energy_total[30m])`, `sum(increase(energy_total[1h]))`, `min_over_time(gpu_util[2h:5m])`}
+	steps := []time.Duration{time.Minute, 7 * time.Minute, 25 * time.Minute, 30 * time.Minute, 37 * time.Minute, time.Hour, 5 * time.Hour}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := 0; i < 120; i++ {
+		q := queries[rng.IntN(len(queries))]
+		step := steps[rng.IntN(len(steps))]
+		start := s.dataStart.Add(-time.Hour + time.Duration(rng.Int64N(int64(5*time.Hour))))
+		end := start.Add(time.Duration(rng.Int64N(int64(6*time.Hour))) + step)
+		if rng.IntN(2) == 0 {
+			start, end = start.Truncate(step), end.Truncate(step)
+		}
+		s.check(t, q, start, end, step)
+		s.check(t, q, start, end, step)
+		s.check(t, q, start.Add(30*time.Second), end.Add(30*time.Second), step)
 	}
 }
 
