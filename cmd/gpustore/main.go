@@ -46,6 +46,10 @@ func run(args []string) int {
 		return 2
 	}
 
+	if err := cfg.Runtime.Apply(logger); err != nil {
+		logger.Error("configure", "err", err)
+		return 1
+	}
 	a, err := app.New(cfg, logger)
 	if err != nil {
 		logger.Error("configure", "err", err)

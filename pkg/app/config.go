@@ -49,6 +49,8 @@ type Config struct {
 	Shipper     shipper.Config     `yaml:"shipper"`
 	BucketStore bucketstore.Config `yaml:"bucket_store"`
 	Compact     compact.Config     `yaml:"compact"`
+	// Runtime tunes Go's garbage collector (GOGC, GOMEMLIMIT).
+	Runtime RuntimeConfig `yaml:"runtime"`
 }
 
 // LogConfig chooses the log level and format.
@@ -77,6 +79,7 @@ func DefaultConfig() Config {
 		Shipper:     shipper.DefaultConfig(),
 		BucketStore: bucketstore.DefaultConfig(),
 		Compact:     compact.DefaultConfig(),
+		Runtime:     DefaultRuntimeConfig(),
 	}
 	// dskit sets memberlist's defaults when its flags are registered.
 	cfg.Memberlist.RegisterFlags(flag.NewFlagSet("defaults", flag.ContinueOnError))
@@ -95,7 +98,7 @@ func (c *Config) Validate() error {
 	if err := checkRoles(targets); err != nil {
 		errs = append(errs, err)
 	}
-	for _, v := range []interface{ Validate() error }{c.TSDB, c.Tenant, c.Ingest, c.Query, c.QueryFrontend, c.Limits, c.HA, c.Rules, c.Compact} {
+	for _, v := range []interface{ Validate() error }{c.TSDB, c.Tenant, c.Ingest, c.Query, c.QueryFrontend, c.Limits, c.HA, c.Rules, c.Compact, c.Runtime} {
 		if err := v.Validate(); err != nil {
 			errs = append(errs, err)
 		}
@@ -147,6 +150,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Memberlist.RegisterFlagsWithPrefix(fs, "")
 	c.registerObjstoreFlags(fs)
 	c.Compact.RegisterFlags(fs)
+	c.Runtime.RegisterFlags(fs)
 }
 
 // Load builds the configuration from defaults, the YAML file named by
