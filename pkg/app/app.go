@@ -292,7 +292,8 @@ func (a *App) initQuery() (services.Service, error) {
 	}
 	frontendDeps := queryfrontend.Deps{
 		Logger: a.Logger.With("component", "query-frontend"), Registry: a.Registry,
-		MaxConcurrency: a.Cfg.Query.MaxConcurrency, LookbackDelta: time.Duration(a.Cfg.Query.LookbackDelta),
+		MaxConcurrency: a.Cfg.Query.MaxConcurrency, Timeout: time.Duration(a.Cfg.Query.Timeout),
+		LookbackDelta: time.Duration(a.Cfg.Query.LookbackDelta),
 		ReplicaLabels: a.Cfg.Query.ReplicaLabels, MaxSourceResolution: a.Cfg.Query.MaxSourceResolution,
 		Blocks: queryfrontend.TenantBlocks(a.DBs, bucketBlocks),
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"net/http"
@@ -52,6 +53,8 @@ type Deps struct {
 	// overlapping what it reads are the same. nil: the data layout never
 	// changes (tests of the head only).
 	Blocks func(tenant string) []Block
+	// Timeout bounds a split request as a whole (query.timeout); 0: none.
+	Timeout time.Duration
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
@@ -338,7 +341,13 @@ func (f *Frontend) store(pl *plan, step, cacheable int64) {
 // slots. A job that fails (an API error answer) cancels the others. It
 // returns errNotJoinable if an answer cannot be joined.
 func (f *Frontend) runJobs(r *http.Request, next http.Handler, jobs []*job) error {
+	// The request, not each piece, gets query.timeout: pieces waiting for
+	// a slot count against it, as the unsplit query would (and the server's
+	// write timeout, which must exceed query.timeout, is never reached).
 	ctx, cancel := context.WithCancel(r.Context())
+	if f.deps.Timeout > 0 {
+		ctx, cancel = context.WithTimeout(r.Context(), f.deps.Timeout)
+	}
 	defer cancel()
 	form := url.Values{}
 	for k, v := range r.Form {
@@ -384,19 +393,26 @@ func (f *Frontend) runJobs(r *http.Request, next http.Handler, jobs []*job) erro
 			return errNotJoinable
 		}
 	}
+	// An answer that did not decode (a fault of ours: 500) before the
+	// pieces it cancelled; the request's deadline (503, as the API answers
+	// a timeout) or its client gone.
+	var failed *job
 	for _, j := range jobs {
-		if j.err != nil {
-			// A cancelled client, or an answer that did not decode: a
-			// fault of ours, answered in the API's error envelope.
-			rec := newRecorder()
-			status, typ := http.StatusInternalServerError, "internal"
-			if r.Context().Err() != nil {
-				status, typ = http.StatusServiceUnavailable, "canceled"
-			}
-			rec.writeError(status, typ, j.err)
-			j.rec = rec
-			return nil
+		if j.err != nil && (failed == nil || errors.Is(failed.err, context.Canceled) && !errors.Is(j.err, context.Canceled)) {
+			failed = j
 		}
+	}
+	if failed != nil {
+		rec := newRecorder()
+		switch {
+		case errors.Is(failed.err, context.DeadlineExceeded):
+			rec.writeError(http.StatusServiceUnavailable, "timeout", fmt.Errorf("query timed out: %w", failed.err))
+		case r.Context().Err() != nil:
+			rec.writeError(http.StatusServiceUnavailable, "canceled", failed.err)
+		default:
+			rec.writeError(http.StatusInternalServerError, "internal", failed.err)
+		}
+		failed.rec = rec
 	}
 	return nil
 }

@@ -721,3 +721,13 @@ func TestLayout(t *testing.T) {
 		t.Error("a block starting after the range changed the layout")
 	}
 }
+
+// query.timeout bounds a split request as a whole: past it the answer is
+// the API's timeout (503, errorType timeout), never a partial join.
+func TestTimeoutBoundsWholeRequest(t *testing.T) {
+	s := newStack(t, 3, func(_ *Config, d *Deps) { d.Timeout = time.Nanosecond })
+	a := rangeQuery(t, s.front, `sum(rate(energy_total[5m]))`, s.now.Add(-70*time.Hour), s.now, time.Minute)
+	if a.code != http.StatusServiceUnavailable || a.Status != "error" || a.ErrorType != "timeout" {
+		t.Errorf("%d %s %s %s, want 503 timeout", a.code, a.Status, a.ErrorType, a.Error)
+	}
+}
