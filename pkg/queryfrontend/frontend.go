@@ -194,7 +194,52 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, next http.Handl
 		return
 	}
 	f.requests.WithLabelValues("split").Inc()
+	plans, jobs, cacheable := f.planPieces(req, tenantID, pieces, useCache)
 
+	if err := f.runJobs(r, next, jobs); err != nil {
+		// Not joinable (native histograms): the API answers it whole.
+		f.requests.WithLabelValues("pass_" + string(passHistograms)).Inc()
+		next.ServeHTTP(w, r)
+		return
+	}
+	for _, j := range jobs { // the first failed piece's answer is the request's
+		if j.rec != nil {
+			j.rec.copyTo(w)
+			return
+		}
+	}
+
+	parts := make([]answer, 0, 3*len(plans))
+	for _, pl := range plans {
+		var day []answer
+		if pl.head != nil {
+			day = append(day, pl.head.ans)
+		}
+		if pl.cached != nil {
+			day = append(day, *pl.cached)
+		}
+		if pl.tail != nil {
+			day = append(day, pl.tail.ans)
+		}
+		parts = append(parts, day...)
+		if useCache {
+			f.store(pl, cacheable)
+		}
+	}
+	body, err := encodeAnswer(join(parts...))
+	if err != nil {
+		f.deps.Logger.Error("encode joined query_range answer", "err", err)
+		next.ServeHTTP(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
+}
+
+// planPieces looks each piece up in the cache (when used) and returns what each
+// needs computed, the jobs to run, and the last step that may be cached.
+func (f *Frontend) planPieces(req *rangeRequest, tenantID string, pieces []piece, useCache bool) ([]*plan, []*job, int64) {
 	var (
 		ooo       time.Duration
 		cacheable = int64(-1 << 62) // last step that may be cached
@@ -265,51 +310,13 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, next http.Handl
 		}
 	}
 
-	if err := f.runJobs(r, next, jobs); err != nil {
-		// Not joinable (native histograms): the API answers it whole.
-		f.requests.WithLabelValues("pass_" + string(passHistograms)).Inc()
-		next.ServeHTTP(w, r)
-		return
-	}
-	for _, j := range jobs { // the first failed piece's answer is the request's
-		if j.rec != nil {
-			j.rec.copyTo(w)
-			return
-		}
-	}
-
-	parts := make([]answer, 0, 3*len(plans))
-	for _, pl := range plans {
-		var day []answer
-		if pl.head != nil {
-			day = append(day, pl.head.ans)
-		}
-		if pl.cached != nil {
-			day = append(day, *pl.cached)
-		}
-		if pl.tail != nil {
-			day = append(day, pl.tail.ans)
-		}
-		parts = append(parts, day...)
-		if useCache {
-			f.store(pl, req.step, cacheable)
-		}
-	}
-	body, err := encodeAnswer(join(parts...))
-	if err != nil {
-		f.deps.Logger.Error("encode joined query_range answer", "err", err)
-		next.ServeHTTP(w, r)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(body)
+	return plans, jobs, cacheable
 }
 
 // store puts what a day piece knows now, up to the last cacheable step,
 // into the cache: the previous entry grown by the steps just computed
 // next to it, or a new entry.
-func (f *Frontend) store(pl *plan, step, cacheable int64) {
+func (f *Frontend) store(pl *plan, cacheable int64) {
 	var parts []answer
 	start, end := int64(0), int64(0)
 	switch e := pl.entry; {
