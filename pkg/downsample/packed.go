@@ -32,8 +32,10 @@ import (
 // packed point whose Sum is the stale NaN.
 var packedBounds = []float64{0}
 
-// packedSpans is the one span of a packed point's two buckets.
-var packedSpans = []histogram.Span{{Offset: 0, Length: 2}}
+// packedSpan is the one span of a packed point's two buckets. Each point
+// gets its own spans slice (spans are not immutable in Prometheus' code);
+// CustomValues are, and are shared, as the TSDB's iterators share them.
+var packedSpan = histogram.Span{Offset: 0, Length: 2}
 
 // packAggr returns the packed point of a, written into fh when fh is not nil.
 func packAggr(a aggr, fh *histogram.FloatHistogram) *histogram.FloatHistogram {
@@ -45,7 +47,7 @@ func packAggr(a aggr, fh *histogram.FloatHistogram) *histogram.FloatHistogram {
 		Schema:           histogram.CustomBucketsSchema,
 		Count:            a.count,
 		Sum:              a.sum,
-		PositiveSpans:    packedSpans,
+		PositiveSpans:    append(fh.PositiveSpans[:0], packedSpan),
 		PositiveBuckets:  append(fh.PositiveBuckets[:0], a.min, a.max),
 		CustomValues:     packedBounds,
 	}
