@@ -3,10 +3,12 @@
 // default, job churn, a rolling dcgm-exporter upgrade (Hostname → hostname)
 // and a rolling driver upgrade) through remote write 2.0 into an in-process
 // gpustore, once without relabeling and once with ingest_preset: dcgm, each
-// in a fresh data directory, and prints per variant: series created and
-// active at the end, Go heap held after the run (the TSDB head and the
-// ingest caches), bytes per sample of the blocks cut, and the process CPU
-// time (simulator and sender included). `make bench-relabel` runs it.
+// in a fresh data directory, and prints per variant: series created, the
+// head's peak series and the Go heap's peak after GC (the TSDB head and the
+// ingest caches; sampled every simulated 2 h), series active at the end
+// (a sample in the last 5 minutes), bytes per sample of the blocks cut, and
+// the process CPU time (simulator and sender included). `make bench-relabel`
+// runs it.
 package main
 
 import (
@@ -26,6 +28,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/labels"
 
 	"github.com/gpustore/gpustore/bench/gpusim"
 	"github.com/gpustore/gpustore/pkg/app"
@@ -34,33 +37,37 @@ import (
 func main() {
 	nodes := flag.Int("nodes", 128, "GPU nodes of the simulated cluster (8 GPUs each)")
 	duration := flag.Duration("duration", 24*time.Hour, "simulated time")
-	interval := flag.Duration("interval", 2*time.Minute, "scrape interval of the simulated Prometheus")
+	interval := flag.Duration("interval", 4*time.Minute, "scrape interval of the simulated Prometheus (4m keeps make bench-relabel under 5 minutes)")
 	variants := flag.String("variants", "plain,dcgm", "comma-separated: plain (no rules), dcgm (ingest_preset: dcgm)")
 	keep := flag.Bool("keep", false, "keep the data directories")
 	flag.Parse()
 	fmt.Printf("relabelbench: %d GPUs, %s simulated at a %s scrape interval; exporter upgrade rolling from %s, driver upgrade rolling from %s (each over %s)\n\n",
 		*nodes*8, *duration, *interval, *duration/3, 2**duration/3, *duration/12)
-	fmt.Printf("| variant | samples sent | series created | active series at end | heap after GC | bytes/sample (blocks) | CPU s (sim + ingest) | wall s |\n|---|---|---|---|---|---|---|---|\n")
+	fmt.Printf("| variant | samples sent | series created | head series, peak | heap after GC, peak | active series at end | bytes/sample (blocks) | CPU s (sim + ingest) | wall s |\n|---|---|---|---|---|---|---|---|---|\n")
+	// One simulated day for every variant, ending now (so the blocks and
+	// the head are where a real day's would be).
+	end := time.Now().Truncate(*interval)
 	for _, v := range strings.Split(*variants, ",") {
-		r, err := run(v, *nodes, *duration, *interval, *keep)
+		r, err := run(v, *nodes, end.Add(-*duration), end, *interval, *keep)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "relabelbench %s: %v\n", v, err)
 			os.Exit(1)
 		}
-		fmt.Printf("| %s | %d | %d | %d | %.1f MiB | %.2f | %.1f | %.1f |\n", v, r.sent, r.created, r.active, float64(r.heap)/(1<<20), r.bytesPerSample, r.cpu.Seconds(), r.wall.Seconds())
+		fmt.Printf("| %s | %d | %d | %d | %.1f MiB | %d | %.2f | %.1f | %.1f |\n", v, r.sent, r.created, r.peakHead, float64(r.heap)/(1<<20), r.active, r.bytesPerSample, r.cpu.Seconds(), r.wall.Seconds())
 	}
 }
 
 type result struct {
-	sent, created, active int64
-	heap                  uint64
+	sent, created, active, peakHead int64
+	heap                            uint64
 	bytesPerSample        float64
 	cpu, wall             time.Duration
 }
 
 const tenant = "bench"
 
-func run(variant string, nodes int, duration, interval time.Duration, keep bool) (result, error) {
+func run(variant string, nodes int, start, end time.Time, interval time.Duration, keep bool) (result, error) {
+	duration := end.Sub(start)
 	var r result
 	overrides := "overrides: {}\n"
 	switch variant {
@@ -82,10 +89,6 @@ func run(variant string, nodes int, duration, interval time.Duration, keep bool)
 		return r, err
 	}
 
-	// Simulated time ends now, so the blocks and the head are where a
-	// real day's would be.
-	end := time.Now().Truncate(interval)
-	start := end.Add(-duration)
 	var faults []gpusim.Fault
 	for n := 0; n < nodes; n++ {
 		stagger := time.Duration(n) * (duration / 12) / time.Duration(nodes)
@@ -136,11 +139,21 @@ func run(variant string, nodes int, duration, interval time.Duration, keep bool)
 		return r, err
 	}
 	cpu0, wall0 := processCPU(), time.Now()
+	var sampleCPU time.Duration
 	var buf []gpusim.Series
+	nextPeak := start
 	for ts := start; !ts.After(end); ts = ts.Add(interval) {
 		buf = sim.AppendSamples(buf[:0], ts, gpusim.Replica{Name: "prometheus-0"})
 		if err := snd.Send(ctx, buf); err != nil {
 			return r, err
+		}
+		if !ts.Before(nextPeak) || !ts.Add(interval).Before(end) {
+			c0 := processCPU()
+			if err := r.samplePeaks(a.Registry, heap0); err != nil {
+				return r, err
+			}
+			sampleCPU += processCPU() - c0
+			nextPeak = nextPeak.Add(2 * time.Hour)
 		}
 	}
 	st := snd.Stats()
@@ -148,15 +161,12 @@ func run(variant string, nodes int, duration, interval time.Duration, keep bool)
 		return r, fmt.Errorf("the receiver refused %d samples: %+v", st.DroppedSamples, st)
 	}
 	r.sent = st.Samples
-	r.cpu, r.wall = processCPU()-cpu0, time.Since(wall0)
+	r.cpu, r.wall = processCPU()-cpu0-sampleCPU, time.Since(wall0)
 
-	runtime.GC()
-	runtime.ReadMemStats(&ms)
-	r.heap = ms.HeapAlloc - min(ms.HeapAlloc, heap0)
 	if r.created, err = gauge(a.Registry, "prometheus_tsdb_head_series_created_total"); err != nil {
 		return r, err
 	}
-	if r.active, err = gauge(a.Registry, "prometheus_tsdb_head_series"); err != nil {
+	if r.active, err = activeSeries(a, end); err != nil {
 		return r, err
 	}
 	stopped = true
@@ -165,6 +175,42 @@ func run(variant string, nodes int, duration, interval time.Duration, keep bool)
 	}
 	r.bytesPerSample, err = blockBytesPerSample(cfg.TSDB.Dir)
 	return r, err
+}
+
+// samplePeaks notes the head's series and the heap after a GC, keeping the
+// largest seen.
+func (r *result) samplePeaks(g prometheus.Gatherer, heap0 uint64) error {
+	n, err := gauge(g, "prometheus_tsdb_head_series")
+	if err != nil {
+		return err
+	}
+	r.peakHead = max(r.peakHead, n)
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	r.heap = max(r.heap, ms.HeapAlloc-min(ms.HeapAlloc, heap0))
+	return nil
+}
+
+// activeSeries counts the tenant's series with a sample in the 5 minutes
+// before end (what an instant query sees), independent of when the head
+// last dropped series that ended.
+func activeSeries(a *app.App, end time.Time) (int64, error) {
+	db := a.DBs.Existing(tenant)
+	if db == nil {
+		return 0, fmt.Errorf("tenant %q has no database", tenant)
+	}
+	q, err := db.Querier(end.Add(-5*time.Minute).UnixMilli(), end.UnixMilli())
+	if err != nil {
+		return 0, err
+	}
+	defer q.Close()
+	ss := q.Select(context.Background(), false, nil, labels.MustNewMatcher(labels.MatchRegexp, labels.MetricName, ".+"))
+	var n int64
+	for ss.Next() {
+		n++
+	}
+	return n, ss.Err()
 }
 
 // gauge reads the tenant's value of a TSDB metric (labelled tenant=…).
