@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -424,5 +425,48 @@ func TestDCGMPresetDriverInfo(t *testing.T) {
 	}
 	if w := testutil.ToFloat64(ti.metrics.samples.WithLabelValues("default", "sample")); w != 3*6+6 {
 		t.Errorf("gpustore_ingest_written_total = %v, want %d (the info samples are written too)", w, 3*6+6)
+	}
+}
+
+// Concurrent requests of a tenant with the preset (Prometheus' shards: each
+// request a part of a scrape's series) write one driver info sample per GPU
+// and timestamp, whichever request carries the GPU's first series.
+func TestDCGMPresetDriverInfoConcurrentShards(t *testing.T) {
+	ti := newTestIngester(t, withRules(t, relabel.PresetDCGM, ""))
+	start := time.Now().Add(-time.Hour).UnixMilli()
+	const scrapes, shards = 20, 4
+	for s := int64(0); s < scrapes; s++ {
+		ts := start + s*15000
+		var wg sync.WaitGroup
+		for sh := 0; sh < shards; sh++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var series [][]string
+				for i, m := range benchMetrics {
+					if i%shards == sh {
+						for gpu := 0; gpu < 4; gpu++ {
+							series = append(series, dcgmLabels(m, 2, gpu))
+						}
+					}
+				}
+				if resp := ti.postSeries(t, sh%2 == 0, ts, series); resp.code != http.StatusNoContent {
+					t.Errorf("shard %d: %d %s", sh, resp.code, resp.body)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	n := 0
+	for k, v := range ti.stored(t, "default") {
+		if strings.Contains(k, relabel.DriverInfoMetric) {
+			n++
+			if len(v) != scrapes {
+				t.Errorf("%s: %d samples, want one per scrape (%d)", k, len(v), scrapes)
+			}
+		}
+	}
+	if n != 4 {
+		t.Errorf("%d driver info series, want one per GPU (4)", n)
 	}
 }
