@@ -515,9 +515,11 @@ func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.Se
 			readFrom, readTo = from-sg.res, to+sg.res
 		}
 		blocks := sg.blocks
-		for _, b := range q.blocks { // the blocks holding the windows before and after, if others
-			if b.meta.GPUStore.Downsample.Resolution == sg.res && b.meta.MinTime <= readTo && b.meta.MaxTime > readFrom && !slices.Contains(blocks, b) {
-				blocks = append(slices.Clip(blocks), b)
+		if readFrom < from {
+			for _, b := range q.blocks { // the blocks holding the windows before and after, if others
+				if b.meta.GPUStore.Downsample.Resolution == sg.res && b.meta.MinTime <= readTo && b.meta.MaxTime > readFrom && !slices.Contains(blocks, b) {
+					blocks = append(slices.Clip(blocks), b)
+				}
 			}
 		}
 		m, err := q.open(ctx, blocks, readFrom, readTo, from, to)
