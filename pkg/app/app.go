@@ -27,6 +27,7 @@ import (
 	"github.com/grafana/dskit/kv"
 	"github.com/grafana/dskit/kv/memberlist"
 	"github.com/grafana/dskit/modules"
+	"github.com/grafana/dskit/ring"
 	"github.com/grafana/dskit/services"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -63,25 +64,29 @@ const (
 )
 
 // Targets lists what -target accepts.
-func Targets() []string { return []string{All, Ingest, Query, Rules, Compact} }
+func Targets() []string { return []string{All, Distributor, Ingest, Query, Rules, Compact} }
 
 func isTarget(t string) bool { return slices.Contains(Targets(), t) }
 
-// checkRoles refuses the targets that would hide or lose data until scale-out
-// (issue 15) lets roles in different processes reach each other: a query
-// role reads only its own process's heads, and a rules role writes its
-// results into its own process's TSDBs, which only the ingest role ships.
-func checkRoles(targets []string) error {
+// checkRoles refuses the targets that would hide or lose data: without the
+// ring a query role reads only its own process's heads; a rules role writes
+// its results into its own process's TSDBs, which only the ingest role ships
+// (rules behind the ring's write path are still to come); a distributor
+// needs the ring to find receivers.
+func checkRoles(targets []string, ringEnabled bool) error {
 	has := func(role string) bool { return slices.Contains(targets, role) || slices.Contains(targets, All) }
+	if slices.Contains(targets, Distributor) && !ringEnabled {
+		return errors.New("target distributor needs the ring (-ring.enabled): it writes to the receivers the ring lists")
+	}
 	switch {
 	case has(Ingest):
 		return nil
 	case has(Rules):
 		return errors.New("target rules needs ingest in the same process (-target=all or -target=ingest,rules): " +
 			"rule results go to this process's TSDB, which nothing would ship to the bucket")
-	case has(Query):
+	case has(Query) && !ringEnabled:
 		return errors.New("target query needs ingest in the same process (-target=all or -target=ingest,query): " +
-			"a query process cannot read another process's head, so the samples not yet in the bucket would be missing")
+			"a query process without the ring (-ring.enabled) cannot read another process's head, so the samples not yet in the bucket would be missing")
 	}
 	return nil
 }
@@ -100,8 +105,14 @@ type App struct {
 	HA           *hatracker.Tracker // nil when HA dedup is off
 	DBs          *tenantdb.Manager
 	Ingester     *ingest.Ingester
-	API          *query.API
-	Ruler        *rules.Ruler
+	// Scale-out (ring.go): nil without ring.enabled. Distributor is the
+	// write handler in front of the ring.
+	Ring        *ring.Ring
+	Lifecycler  *ring.BasicLifecycler
+	Distributor *ingest.Ingester
+	Receivers   query.Source // what the query role reads of the ring's receivers
+	API         *query.API
+	Ruler       *rules.Ruler
 
 	// Object storage (objstore.go): nil when the role does not run.
 	Bucket      objstore.InstrumentedBucket
@@ -149,6 +160,9 @@ func New(cfg Config, logger *slog.Logger) (*App, error) {
 	if err := a.registerCompactModule(); err != nil {
 		return nil, err
 	}
+	if err := a.registerRingModules(); err != nil {
+		return nil, err
+	}
 	return a, nil
 }
 
@@ -191,13 +205,15 @@ func (a *App) initOverrides() (services.Service, error) {
 }
 
 // initMemberlistKV prepares the gossip KV; it only runs (joins the cluster)
-// when a KV client needs it, i.e. with ha_tracker.kvstore: memberlist.
+// when a KV client needs it: ha_tracker.kvstore or ring.kvstore memberlist.
 func (a *App) initMemberlistKV() (services.Service, error) {
-	if !a.Cfg.HA.Enabled || a.Cfg.HA.KVStore != "memberlist" {
+	haGossip := a.Cfg.HA.Enabled && a.Cfg.HA.KVStore == "memberlist"
+	ringGossip := a.Cfg.Ring.Enabled && a.Cfg.Ring.KVStore == "memberlist"
+	if !haGossip && !ringGossip {
 		return nil, nil
 	}
 	cfg := a.Cfg.Memberlist
-	cfg.Codecs = append(cfg.Codecs, hatracker.Codec())
+	cfg.Codecs = append(cfg.Codecs, hatracker.Codec(), ring.GetCodec())
 	logger := logging.GoKit(a.Logger.With("component", "memberlist"))
 	dnsProvider := dns.NewProvider(dns.GolangResolverType, 0, logger, a.Registry)
 	a.MemberlistKV = memberlist.NewKVInitService(&cfg, logger, dnsProvider, a.Registry)
@@ -225,7 +241,7 @@ func (a *App) initStorage() (services.Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	dbs.SetLimits(a.Limits)
+	dbs.SetLimits(a.storageLimits())
 	a.DBs = dbs
 	a.Registry.MustRegister(tenantdb.NewCollector(dbs))
 	start := func(ctx context.Context) error { return dbs.OpenExisting(ctx) }
@@ -264,14 +280,22 @@ func (a *App) initStorage() (services.Service, error) {
 }
 
 func (a *App) initIngest() (services.Service, error) {
-	ing, err := ingest.New(a.Cfg.Ingest, ingest.Deps{
+	deps := ingest.Deps{
 		Tenants: a.Cfg.Tenant, DBs: a.DBs, Limits: a.Limits, HA: a.HA,
 		Logger: a.Logger.With("component", "ingest"), Registry: a.Registry, Ready: a.ready,
-	})
+	}
+	if a.Cfg.Ring.Enabled {
+		deps.Downstream, deps.Registry = true, wrapStage(a.Registry, "receiver")
+	}
+	ing, err := ingest.New(a.Cfg.Ingest, deps)
 	if err != nil {
 		return nil, err
 	}
 	a.Ingester = ing
+	if a.Cfg.Ring.Enabled {
+		a.receiverRoutes(ing)
+		return a.receiverService(ing.SweepCaches)
+	}
 	ing.RegisterRoutes(a.Server.Writes)
 	if a.HA != nil {
 		a.Server.Mux.Handle("/ha-tracker", a.HA.Handler())
@@ -304,6 +328,9 @@ func (a *App) initQuery() (services.Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	if a.Receivers, err = a.receiversSource(); err != nil {
+		return nil, err
+	}
 	api, err := query.New(query.Options{
 		Frontend:       frontend.Wrap,
 		Config:         a.Cfg.Query,
@@ -315,7 +342,8 @@ func (a *App) initQuery() (services.Service, error) {
 		ActiveQueryDir: filepath.Join(a.Cfg.TSDB.Dir, "query"),
 		Flags:          a.Flags,
 		Sources:        a.querySources(),
-		Rules:          a.rulesRetriever,
+		Receivers:      a.Receivers, ReceiversLookback: a.receiversLookback(),
+		Rules: a.rulesRetriever,
 		BuildInfo: v1.PrometheusVersion{
 			Version: version.Version, Revision: version.Revision, Branch: version.Branch,
 			BuildUser: version.BuildUser, BuildDate: version.BuildDate, GoVersion: version.GoVersion,
@@ -328,6 +356,26 @@ func (a *App) initQuery() (services.Service, error) {
 	api.RegisterRoutes(a.Server.Mux)
 	a.Server.AdminOnly("/api/v1/status/self_metrics") // every tenant's metrics
 	return services.NewIdleService(nil, nil), nil
+}
+
+// runs tells whether this process runs role (itself or through all).
+func (a *App) runs(role string) bool {
+	targets := strings.Split(a.Cfg.Target, ",")
+	return slices.Contains(targets, role) || slices.Contains(targets, All)
+}
+
+// wrapStage labels the ingest metrics of one side of the ring (the
+// distributor's and the receiver's handlers are both pkg/ingest's).
+func wrapStage(reg prometheus.Registerer, stage string) prometheus.Registerer {
+	return prometheus.WrapRegistererWith(prometheus.Labels{"stage": stage}, reg)
+}
+
+// memberlistKV is the process' gossip KV for the KV clients that use it.
+func (a *App) memberlistKV() func() (*memberlist.KV, error) {
+	if a.MemberlistKV == nil {
+		return nil
+	}
+	return a.MemberlistKV.GetMemberlistKV
 }
 
 // Start initialises the target's modules and starts them; it returns once

@@ -20,6 +20,7 @@ import (
 	"github.com/gpustore/gpustore/pkg/limits"
 	"github.com/gpustore/gpustore/pkg/query"
 	"github.com/gpustore/gpustore/pkg/queryfrontend"
+	"github.com/gpustore/gpustore/pkg/receiverring"
 	"github.com/gpustore/gpustore/pkg/rules"
 	"github.com/gpustore/gpustore/pkg/server"
 	"github.com/gpustore/gpustore/pkg/shipper"
@@ -42,8 +43,11 @@ type Config struct {
 	Rules         rules.Config         `yaml:"rules"`
 	Limits        limits.Config        `yaml:"limits"`
 	HA            hatracker.Config     `yaml:"ha_tracker"`
-	// Memberlist is the gossip KV used when ha_tracker.kvstore is memberlist.
+	// Memberlist is the gossip KV used when ha_tracker.kvstore or
+	// ring.kvstore is memberlist.
 	Memberlist memberlist.KVConfig `yaml:"memberlist"`
+	// Ring is scale-out: the ring of receivers (pkg/receiverring).
+	Ring receiverring.Config `yaml:"ring"`
 	// Bucket is the object storage blocks are shipped to (objstore's client config).
 	Bucket      bucket.Config      `yaml:"bucket"`
 	Shipper     shipper.Config     `yaml:"shipper"`
@@ -74,6 +78,7 @@ func DefaultConfig() Config {
 		Rules:         rules.DefaultConfig(),
 		Limits:        limits.DefaultConfig(),
 		HA:            hatracker.DefaultConfig(),
+		Ring:          receiverring.DefaultConfig(),
 
 		Bucket:      bucket.DefaultConfig(),
 		Shipper:     shipper.DefaultConfig(),
@@ -95,10 +100,10 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("unknown target %q: want one of %s", t, strings.Join(Targets(), ", ")))
 		}
 	}
-	if err := checkRoles(targets); err != nil {
+	if err := checkRoles(targets, c.Ring.Enabled); err != nil {
 		errs = append(errs, err)
 	}
-	for _, v := range []interface{ Validate() error }{c.TSDB, c.Tenant, c.Ingest, c.Query, c.QueryFrontend, c.Limits, c.HA, c.Rules, c.Compact, c.Runtime} {
+	for _, v := range []interface{ Validate() error }{c.TSDB, c.Tenant, c.Ingest, c.Query, c.QueryFrontend, c.Limits, c.HA, c.Rules, c.Compact, c.Runtime, c.Ring} {
 		if err := v.Validate(); err != nil {
 			errs = append(errs, err)
 		}
@@ -148,6 +153,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Rules.RegisterFlags(fs)
 	c.HA.RegisterFlags(fs)
 	c.Memberlist.RegisterFlagsWithPrefix(fs, "")
+	c.Ring.RegisterFlags(fs)
 	c.registerObjstoreFlags(fs)
 	c.Compact.RegisterFlags(fs)
 	c.Runtime.RegisterFlags(fs)

@@ -1,13 +1,20 @@
 package app
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
+	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/golang/snappy"
+	"github.com/prometheus/prometheus/prompb"
 )
 
 // TestRolesThatWouldHideDataAreRefused: until scale-out, a query or rules
@@ -56,4 +63,117 @@ func TestRolesThatWouldHideDataAreRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRingRoles: with the ring, a distributor or a querier runs alone (a
+// distributor without the ring is refused), and -target=all on the ring is
+// a distributor, a receiver and a querier in one process: a write goes
+// through the ring to its own receiver and comes back through the query API.
+func TestRingRoles(t *testing.T) {
+	load := func(args ...string) (Config, error) {
+		cfg, _, err := Load(flag.NewFlagSet("gpustore", flag.ContinueOnError), append([]string{
+			"-storage.tsdb.path=" + t.TempDir(), "-web.listen-address=127.0.0.1:0"}, args...))
+		return cfg, err
+	}
+	if _, err := load("-target=distributor"); err == nil || !strings.Contains(err.Error(), "target distributor needs the ring") {
+		t.Errorf("distributor without the ring: %v, want refused", err)
+	}
+	for _, target := range []string{"distributor", "query", "distributor,query"} {
+		if _, err := load("-target="+target, "-ring.enabled"); err != nil {
+			t.Errorf("-target=%s -ring.enabled: %v", target, err)
+		}
+	}
+
+	cfg, err := load("-ring.enabled", "-ring.store=inmemory", "-ring.replication-factor=1", "-ring.instance-id=solo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := a.Stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	base := "http://" + a.Server.Addr().String()
+	now := time.Now().UnixMilli()
+	var status int
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		// The receiver turns ACTIVE in the ring client's view within a poll.
+		if status = postWrite(t, base, `DCGM_FI_DEV_GPU_TEMP{gpu="0"}`, now, 61); status == http.StatusNoContent {
+			break
+		}
+	}
+	if status != http.StatusNoContent {
+		t.Fatalf("write through the ring: %d", status)
+	}
+	if got := instantValue(t, base, "DCGM_FI_DEV_GPU_TEMP"); got != "61" {
+		t.Fatalf("query after a write through the ring: %q, want 61", got)
+	}
+	if a.Ingester == nil || a.Distributor == nil || a.Lifecycler == nil {
+		t.Fatal("-target=all on the ring runs a receiver, a distributor and a lifecycler")
+	}
+}
+
+// postWrite sends one sample of one series (a PromQL selector's name and
+// labels) as remote write 1.0 and returns the status.
+func postWrite(t *testing.T, base, selector string, ts int64, v float64) int {
+	t.Helper()
+	name, rest, _ := strings.Cut(strings.TrimSuffix(selector, "}"), "{")
+	ls := []prompb.Label{{Name: "__name__", Value: name}}
+	for kv := range strings.SplitSeq(rest, ",") {
+		if k, val, ok := strings.Cut(kv, "="); ok {
+			ls = append(ls, prompb.Label{Name: k, Value: strings.Trim(val, `"`)})
+		}
+	}
+	b, err := (&prompb.WriteRequest{Timeseries: []prompb.TimeSeries{{Labels: ls, Samples: []prompb.Sample{{Timestamp: ts, Value: v}}}}}).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodPost, base+"/api/v1/write", bytes.NewReader(snappy.Encode(nil, b)))
+	req.Header.Set("Content-Type", "application/x-protobuf")
+	req.Header.Set("Content-Encoding", "snappy")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// instantValue evaluates expr now and returns the value of its only result.
+func instantValue(t *testing.T, base, expr string) string {
+	t.Helper()
+	resp, err := http.Get(base + "/api/v1/query?query=" + url.QueryEscape(expr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Data struct {
+			Result []struct {
+				Value [2]any `json:"value"`
+			} `json:"result"`
+		} `json:"data"`
+		Warnings []string `json:"warnings"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Warnings) > 0 {
+		t.Errorf("%s: warnings %v", expr, out.Warnings)
+	}
+	if len(out.Data.Result) != 1 {
+		t.Fatalf("%s: %d results, want 1", expr, len(out.Data.Result))
+	}
+	s, _ := out.Data.Result[0].Value[1].(string)
+	return s
 }

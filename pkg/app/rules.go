@@ -24,7 +24,10 @@ func (a *App) initRules() (services.Service, error) {
 		// Rules read what queries read: the tenant's TSDB merged with the
 		// query sources (bucket blocks), deduplicated by replica labels as
 		// the API does by default.
-		Queryable: query.TenantQueryable{DBs: a.DBs, Sources: a.querySources()},
+		Queryable: query.TenantQueryable{
+			DBs: a.DBs, Sources: a.querySources(),
+			Receivers: a.Receivers, ReceiversLookback: a.receiversLookback(),
+		},
 		EvalContext: func(ctx context.Context) context.Context {
 			if len(replicaLabels) == 0 {
 				return ctx

@@ -28,6 +28,7 @@ import (
 	"github.com/grafana/dskit/limiter"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/storage"
 
 	"github.com/gpustore/gpustore/pkg/hatracker"
@@ -68,10 +69,48 @@ const (
 	headerExemplarsWritten  = "X-Prometheus-Remote-Write-Exemplars-Written"
 )
 
+// Store is where the ingester writes each tenant's data: the tenants' own
+// TSDBs (DBStore, the default) or, in front of the ring of receivers, the
+// receivers that own each series (pkg/distributor).
+type Store interface {
+	Tenant(id string) (TenantStore, error)
+}
+
+// TenantStore takes one tenant's appends, committed per request, and its
+// metric families' metadata.
+type TenantStore interface {
+	storage.AppendableV2
+	SetMetadata(family string, m metadata.Metadata)
+}
+
+// DBStore is the Store of the tenants' TSDBs.
+func DBStore(dbs *tenantdb.Manager) Store { return dbStore{dbs} }
+
+type dbStore struct{ dbs *tenantdb.Manager }
+
+func (s dbStore) Tenant(id string) (TenantStore, error) {
+	db, err := s.dbs.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	return dbTenant{db}, nil
+}
+
+type dbTenant struct{ *tenantdb.DB }
+
+func (t dbTenant) SetMetadata(family string, m metadata.Metadata) { t.Metadata.Set(family, m) }
+
 // Deps are what the ingester works with.
 type Deps struct {
 	Tenants tenancy.Config
-	DBs     *tenantdb.Manager
+	// Store takes the writes; nil means the tenants' TSDBs in DBs.
+	Store Store
+	DBs   *tenantdb.Manager
+	// Downstream marks a receiver behind distributors (the ring): its
+	// writes were already HA-deduplicated, relabeled and rate-limited once,
+	// by the distributor, so it does none of that again (relabel rules
+	// need not be idempotent, and a rate is the tenant's, not a share's).
+	Downstream bool
 	// Limits are the per-tenant limits; nil means the defaults.
 	Limits *limits.Overrides
 	// HA deduplicates Prometheus HA pairs; nil turns dedup off.
@@ -86,14 +125,16 @@ type Deps struct {
 type Ingester struct {
 	cfg     Config
 	tenants tenancy.Config
-	dbs     *tenantdb.Manager
-	limits  *limits.Overrides
-	ha      *hatracker.Tracker
-	rate    *limiter.RateLimiter
-	logger  *slog.Logger
-	metrics *metrics
-	ready   func() error
-	now     func() time.Time
+	sink    Store
+	// downstream: see Deps.Downstream.
+	downstream bool
+	limits     *limits.Overrides
+	ha         *hatracker.Tracker
+	rate       *limiter.RateLimiter
+	logger     *slog.Logger
+	metrics    *metrics
+	ready      func() error
+	now        func() time.Time
 
 	pool sync.Pool // *requestState
 
@@ -104,8 +145,7 @@ type Ingester struct {
 // tenantState is what the ingester keeps per tenant next to its database.
 type tenantState struct {
 	id string
-	db *tenantdb.DB
-	// appendable is db; tests wrap it to inject storage faults.
+	// appendable is the tenant's store; tests wrap it to inject storage faults.
 	appendable storage.AppendableV2
 	cache      *seriesCache
 	ha         *haTable
@@ -161,8 +201,14 @@ func New(cfg Config, d Deps) (*Ingester, error) {
 			return nil, err
 		}
 	}
+	if d.Store == nil {
+		d.Store = DBStore(d.DBs)
+	}
+	if d.Downstream {
+		d.HA = nil
+	}
 	i := &Ingester{
-		cfg: cfg, tenants: d.Tenants, dbs: d.DBs, limits: d.Limits, ha: d.HA, logger: d.Logger,
+		cfg: cfg, tenants: d.Tenants, sink: d.Store, downstream: d.Downstream, limits: d.Limits, ha: d.HA, logger: d.Logger,
 		rate:    limiter.NewRateLimiter(limits.RateStrategy{O: d.Limits}, 10*time.Second),
 		metrics: newMetrics(d.Registry), ready: d.Ready, now: time.Now,
 		caches: map[string]*tenantState{},
@@ -186,7 +232,7 @@ func (i *Ingester) tenant(id string) (*tenantState, error) {
 	if ok {
 		return st, nil
 	}
-	db, err := i.dbs.Get(id)
+	ts, err := i.sink.Tenant(id)
 	if err != nil {
 		return nil, err
 	}
@@ -195,7 +241,7 @@ func (i *Ingester) tenant(id string) (*tenantState, error) {
 	if st, ok := i.caches[id]; ok {
 		return st, nil
 	}
-	st = &tenantState{id: id, db: db, appendable: db, cache: newSeriesCache(), ha: newHATable(), md: &metadataSink{set: db.Metadata.Set}, m: i.metrics.forTenant(id), drivers: newDriverMemo()}
+	st = &tenantState{id: id, appendable: ts, cache: newSeriesCache(), ha: newHATable(), md: &metadataSink{set: ts.SetMetadata}, m: i.metrics.forTenant(id), drivers: newDriverMemo()}
 	ll := labelLimitsOf(i.limits.For(id))
 	st.labelLimits.Store(&ll)
 	i.caches[id] = st
@@ -326,14 +372,28 @@ type httpError struct {
 
 func (e *httpError) Error() string { return e.msg }
 
+// StatusError is a store's error that says how the write is answered: the
+// distributor's outcome of a quorum of receivers (400 when they rejected
+// the data, 503 when too few could take it).
+type StatusError interface {
+	error
+	HTTPStatus() int
+}
+
 // fail answers err and returns the status: the httpError's own, 400 for what
 // will never be accepted, 503 for what may be retried soon, 500 otherwise.
 func (i *Ingester) fail(w http.ResponseWriter, err error) int {
 	status, retryAfter := http.StatusInternalServerError, 0
 	var he *httpError
+	var se StatusError
 	switch {
 	case errors.As(err, &he):
 		status, retryAfter = he.status, he.retryAfter
+	case errors.As(err, &se):
+		status = se.HTTPStatus()
+		if status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests {
+			retryAfter = 1
+		}
 	case errors.Is(err, errMalformed), errors.Is(err, errTooManySeries):
 		status = http.StatusBadRequest
 	case errors.Is(err, errHAConflict):

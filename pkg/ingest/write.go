@@ -198,6 +198,11 @@ func (i *Ingester) store(ctx context.Context, st *tenantState, rs *requestState,
 	now := i.now()
 	w := &rs.w
 	w.reset(ctx, st, &lim, gen, i.ha, now)
+	if i.downstream {
+		// The distributor rate-limited and relabeled this data already.
+		lim.IngestionRate = 0
+		w.rules, w.dcgmHost = nil, ""
+	}
 	if v2 {
 		w.v2 = rs.v2
 	}

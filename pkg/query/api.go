@@ -98,6 +98,10 @@ type Options struct {
 	Flags map[string]string
 	// Sources are merged with each tenant's local TSDB (the bucket's blocks).
 	Sources []Source
+	// Receivers are the ring's receivers, read over ReceiversLookback
+	// (TenantQueryable); nil without the ring.
+	Receivers         Source
+	ReceiversLookback time.Duration
 	// Frontend, when set, wraps the chain after tenant resolution
 	// (pkg/queryfrontend: query_range split by day and cached).
 	Frontend func(http.Handler) http.Handler
@@ -135,7 +139,7 @@ func New(opts Options) (*API, error) {
 		EnableNegativeOffset:     true,
 	})
 
-	q := TenantQueryable{DBs: opts.DBs, Sources: opts.Sources}
+	q := TenantQueryable{DBs: opts.DBs, Sources: opts.Sources, Receivers: opts.Receivers, ReceiversLookback: opts.ReceiversLookback}
 	rr := opts.Rules
 	if rr == nil {
 		rr = func(context.Context) v1.RulesRetriever { return noRules{} }

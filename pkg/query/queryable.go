@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/grafana/dskit/tenant"
 	"github.com/prometheus/prometheus/model/exemplar"
@@ -29,12 +30,17 @@ type TenantQueryable struct {
 	// Sources are merged with the head and local blocks (see sources.go):
 	// the bucket's blocks when the bucket store runs.
 	Sources []Source
+	// Receivers are the ring's receivers (scale-out; nil without it): their
+	// heads and local blocks are raw data like the local TSDB's, read over
+	// the last ReceiversLookback only (what receivers keep locally).
+	Receivers         Source
+	ReceiversLookback time.Duration
 }
 
 // Querier implements storage.Queryable.
 func (q TenantQueryable) Querier(mint, maxt int64) (storage.Querier, error) {
 	return &tenantQuerier[storage.SeriesSet, storage.Querier]{
-		open: func(id string) (storage.Querier, error) { return openQuerier(q.DBs, q.Sources, id, mint, maxt) },
+		open: func(id string) (storage.Querier, error) { return q.openQuerier(id, mint, maxt) },
 		sel:  selectSamples,
 		fail: storage.ErrSeriesSet,
 	}, nil
@@ -44,7 +50,7 @@ func (q TenantQueryable) Querier(mint, maxt int64) (storage.Querier, error) {
 func (q TenantQueryable) ChunkQuerier(mint, maxt int64) (storage.ChunkQuerier, error) {
 	return &tenantQuerier[storage.ChunkSeriesSet, storage.ChunkQuerier]{
 		open: func(id string) (storage.ChunkQuerier, error) {
-			return openChunkQuerier(q.DBs, q.Sources, id, mint, maxt)
+			return q.openChunkQuerier(id, mint, maxt)
 		},
 		sel:  selectChunks,
 		fail: storage.ErrChunkSeriesSet,

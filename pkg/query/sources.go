@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/prometheus/model/labels"
@@ -77,28 +78,50 @@ func (q localFromQuerier) Select(ctx context.Context, sortSeries bool, hints *st
 	return q.Querier.Select(ctx, sortSeries, hints, ms...)
 }
 
-// openQuerier merges the tenant's head and local blocks with every source.
-// Series present in several sources are merged (storage.ChainedSeriesMerge
-// keeps one sample per timestamp), and every source is primary: an error of
-// any (a bucket outage) fails the query rather than silently answering
-// without its data.
-func openQuerier(dbs *tenantdb.Manager, sources []Source, tenantID string, mint, maxt int64) (storage.Querier, error) {
+// receiversFrom is the oldest time the ring's receivers are read from (and
+// with them, raw bucket data); math.MaxInt64 without receivers.
+func (q TenantQueryable) receiversFrom() int64 {
+	if q.Receivers == nil {
+		return math.MaxInt64
+	}
+	return time.Now().Add(-q.ReceiversLookback).UnixMilli()
+}
+
+// openQuerier merges the tenant's head and local blocks, the ring's
+// receivers and every source. Series present in several of them are merged
+// (storage.ChainedSeriesMerge keeps one sample per timestamp: a receiver's
+// replicas, a block both on disk and in the bucket), and every source is
+// primary: an error of any (a bucket outage) fails the query rather than
+// silently answering without its data. (The receivers source tolerates its
+// replicas' failures itself, with a warning.)
+//
+// The receivers are read only from receiversFrom on, and the bucket reads
+// raw data from there: a receiver's older blocks, not yet past its local
+// retention, would otherwise be raw samples beside the same data
+// downsampled.
+func (q TenantQueryable) openQuerier(tenantID string, mint, maxt int64) (storage.Querier, error) {
 	var qs []storage.Querier
 	local := noLocalBlocks
 	localFrom := int64(math.MaxInt64)
-	if db := dbs.Existing(tenantID); db != nil {
-		q, err := db.Querier(mint, maxt)
+	if db := q.DBs.Existing(tenantID); db != nil {
+		dq, err := db.Querier(mint, maxt)
 		if err != nil {
 			return nil, fmt.Errorf("open querier of tenant %q: %w", tenantID, err)
 		}
 		// Raw data answers the explicit aggregates of rewritten queries
 		// (see API.resolution) as downsampled data does.
-		qs = append(qs, downsample.NewRawQuerier(q))
+		qs = append(qs, downsample.NewRawQuerier(dq))
 		local, localFrom = localBlocks(db), localMinTime(db)
 	}
-	for _, src := range sources {
-		if q := src.Querier(tenantID, mint, maxt, local); q != nil {
-			qs = append(qs, localFromQuerier{Querier: q, from: localFrom})
+	if from := q.receiversFrom(); maxt >= from {
+		if rq := q.Receivers.Querier(tenantID, max(mint, from), maxt, noLocalBlocks); rq != nil {
+			qs = append(qs, downsample.NewRawQuerier(rq))
+			localFrom = min(localFrom, from)
+		}
+	}
+	for _, src := range q.Sources {
+		if sq := src.Querier(tenantID, mint, maxt, local); sq != nil {
+			qs = append(qs, localFromQuerier{Querier: sq, from: localFrom})
 		}
 	}
 	switch len(qs) {
@@ -111,20 +134,25 @@ func openQuerier(dbs *tenantdb.Manager, sources []Source, tenantID string, mint,
 }
 
 // openChunkQuerier is openQuerier for chunk queries.
-func openChunkQuerier(dbs *tenantdb.Manager, sources []Source, tenantID string, mint, maxt int64) (storage.ChunkQuerier, error) {
+func (q TenantQueryable) openChunkQuerier(tenantID string, mint, maxt int64) (storage.ChunkQuerier, error) {
 	var qs []storage.ChunkQuerier
 	local := noLocalBlocks
-	if db := dbs.Existing(tenantID); db != nil {
-		q, err := db.ChunkQuerier(mint, maxt)
+	if db := q.DBs.Existing(tenantID); db != nil {
+		dq, err := db.ChunkQuerier(mint, maxt)
 		if err != nil {
 			return nil, fmt.Errorf("open chunk querier of tenant %q: %w", tenantID, err)
 		}
-		qs = append(qs, q)
+		qs = append(qs, dq)
 		local = localBlocks(db)
 	}
-	for _, src := range sources {
-		if q := src.ChunkQuerier(tenantID, mint, maxt, local); q != nil {
-			qs = append(qs, q)
+	if from := q.receiversFrom(); maxt >= from {
+		if rq := q.Receivers.ChunkQuerier(tenantID, max(mint, from), maxt, noLocalBlocks); rq != nil {
+			qs = append(qs, rq)
+		}
+	}
+	for _, src := range q.Sources {
+		if sq := src.ChunkQuerier(tenantID, mint, maxt, local); sq != nil {
+			qs = append(qs, sq)
 		}
 	}
 	switch len(qs) {

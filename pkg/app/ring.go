@@ -1,0 +1,168 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/grafana/dskit/modules"
+	"github.com/grafana/dskit/services"
+
+	"github.com/gpustore/gpustore/pkg/distributor"
+	"github.com/gpustore/gpustore/pkg/ingest"
+	"github.com/gpustore/gpustore/pkg/query"
+	"github.com/gpustore/gpustore/pkg/receiverring"
+	"github.com/gpustore/gpustore/pkg/receivers"
+	"github.com/gpustore/gpustore/pkg/tenantdb"
+)
+
+// Scale-out modules (ring.enabled):
+//
+//	memberlist-kv ◀── ring ◀── distributor (also: server, overrides, ha-tracker)
+//	                       ◀── ingest: a receiver, registered in the ring by its lifecycler
+//	                       ◀── query: reads every receiver
+//
+// Without ring.enabled the ring module runs nothing and the distributor
+// refuses to start (checkRoles).
+const (
+	Distributor = "distributor"
+	RingClient  = "ring"
+)
+
+func (a *App) registerRingModules() error {
+	a.mm.RegisterModule(RingClient, a.initRing, modules.UserInvisibleModule)
+	a.mm.RegisterModule(Distributor, a.initDistributor)
+	deps := [][2]string{
+		{RingClient, MemberlistKV}, {RingClient, Server},
+		{Distributor, Server}, {Distributor, Overrides}, {Distributor, HATracker}, {Distributor, RingClient},
+	}
+	if a.Cfg.Ring.Enabled {
+		deps = append(deps, [2]string{Ingest, RingClient}, [2]string{Query, RingClient}, [2]string{All, Distributor})
+	}
+	for _, d := range deps {
+		if err := a.mm.AddDependency(d[0], d[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (a *App) initRing() (services.Service, error) {
+	if !a.Cfg.Ring.Enabled {
+		return nil, nil
+	}
+	r, err := a.Cfg.Ring.NewClient(a.memberlistKV(), a.Logger.With("component", "ring"), a.Registry)
+	if err != nil {
+		return nil, err
+	}
+	a.Ring = r
+	a.Server.Mux.Handle("/ring", r) // dskit's status page: instances, tokens, heartbeats
+	a.Server.AdminOnly("/ring")     // it can forget instances
+	return r, nil
+}
+
+// receiverService runs a receiver in the ring: its lifecycler joins the
+// ring once the receiver takes writes (the storage module, which ingest
+// depends on, has replayed the WAL) and, on shutdown, leaves it before the
+// storage closes, so distributors stop writing to it first.
+func (a *App) receiverService(sweep func()) (services.Service, error) {
+	l, err := a.Cfg.Ring.NewLifecycler(a.Server.Addr().String(), a.memberlistKV(), a.Logger.With("component", "lifecycler"), a.Registry)
+	if err != nil {
+		return nil, err
+	}
+	a.Lifecycler = l
+	period := time.Duration(a.Cfg.TSDB.BlockDuration)
+	failed := services.NewFailureWatcher()
+	failed.WatchService(l)
+	return services.NewBasicService(
+		func(ctx context.Context) error { return services.StartAndAwaitRunning(ctx, l) },
+		func(ctx context.Context) error {
+			t := time.NewTicker(period)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case err := <-failed.Chan():
+					return fmt.Errorf("ring lifecycler: %w", err)
+				case <-t.C:
+					sweep()
+				}
+			}
+		},
+		func(error) error { return services.StopAndAwaitTerminated(context.Background(), l) },
+	), nil
+}
+
+func (a *App) initDistributor() (services.Service, error) {
+	if !a.Cfg.Ring.Enabled {
+		return nil, nil // only checkRoles' error reaches a user who asks for it
+	}
+	reg := wrapStage(a.Registry, "distributor")
+	d, err := distributor.New(a.Cfg.Ring, a.Ring, a.Logger.With("component", "distributor"), reg)
+	if err != nil {
+		return nil, err
+	}
+	ing, err := ingest.New(a.Cfg.Ingest, ingest.Deps{
+		Tenants: a.Cfg.Tenant, Store: d, Limits: a.Limits, HA: a.HA,
+		Logger: a.Logger.With("component", "distributor"), Registry: reg, Ready: a.ready,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.Distributor = ing
+	ing.RegisterRoutes(a.Server.Writes)
+	if a.HA != nil {
+		a.Server.Mux.Handle("/ha-tracker", a.HA.Handler())
+		a.Server.AdminOnly("/ha-tracker")
+	}
+	sweep := time.Duration(a.Cfg.TSDB.BlockDuration)
+	return services.NewTimerService(sweep, nil, func(context.Context) error {
+		ing.SweepCaches()
+		d.Sweep()
+		return nil
+	}, nil), nil
+}
+
+// storageLimits are the limits the tenants' TSDBs apply; a receiver in the
+// ring widens the out-of-order window (receiverring.ReplicaLimits).
+func (a *App) storageLimits() tenantdb.TenantLimits {
+	if !a.Cfg.Ring.Enabled {
+		return a.Limits
+	}
+	return a.Cfg.Ring.ReplicaLimits(a.Limits)
+}
+
+// receiverRoutes are a receiver's routes in the ring: writes from
+// distributors and remote reads from queriers, on paths of their own (a
+// process may run the distributor's and the query API's public routes too).
+func (a *App) receiverRoutes(ing *ingest.Ingester) {
+	a.Server.Writes.Handle(receiverring.WritePath, ing)
+	a.Server.Mux.Handle(receivers.ReadPath, receivers.ReadHandler(a.DBs, a.Cfg.Tenant, a.Logger.With("component", "receiver-read"), a.Registry))
+}
+
+// receiversSource reads the ring's receivers for the query role; nil
+// without the ring. This process's own receiver (if any) is read from disk.
+func (a *App) receiversSource() (query.Source, error) {
+	if a.Ring == nil {
+		return nil, nil
+	}
+	cfg := receivers.SourceConfig{
+		Client: a.Cfg.Ring.Client, Scheme: a.Cfg.Ring.Scheme, Timeout: time.Duration(a.Cfg.Query.Timeout),
+	}
+	if a.runs(Ingest) {
+		id, err := a.Cfg.Ring.ID()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Self = id
+	}
+	return receivers.NewSource(cfg, a.Ring, a.Logger.With("component", "receivers"), a.Registry)
+}
+
+// receiversLookback is how far back the receivers hold data: their local
+// retention (gpustore's processes share one configuration), plus a block
+// that retention has not deleted yet.
+func (a *App) receiversLookback() time.Duration {
+	return time.Duration(a.Cfg.TSDB.Retention) + time.Duration(a.Cfg.TSDB.BlockDuration)
+}

@@ -1,0 +1,210 @@
+// Package receiverring is the ring of receivers: dskit's hash ring, gossiped
+// by memberlist, in which every process running the ingest role registers
+// itself (tokens, heartbeats, state) and which distributors and queriers read
+// to find the receivers of a series. Membership, sharding and replication are
+// dskit's; this package only holds gpustore's configuration of them.
+package receiverring
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/grafana/dskit/kv"
+	"github.com/grafana/dskit/kv/memberlist"
+	"github.com/grafana/dskit/ring"
+	"github.com/prometheus/client_golang/prometheus"
+	config_util "github.com/prometheus/common/config"
+	"github.com/prometheus/common/model"
+
+	"github.com/gpustore/gpustore/internal/logging"
+	"github.com/gpustore/gpustore/pkg/tenantdb"
+)
+
+// The ring's name (in dskit's metrics and status page) and its key in the KV.
+const (
+	Name = "receiver"
+	Key  = "receivers"
+)
+
+// WritePath is where receivers take distributors' writes (not users'); they
+// serve queriers at receivers.ReadPath.
+const (
+	WritePath = "/receiver/write"
+)
+
+// Config is the ring section of the configuration.
+type Config struct {
+	// Enabled turns scale-out on: receivers join the ring, distributors
+	// and queriers use it.
+	Enabled bool `yaml:"enabled"`
+	// KVStore is where the ring lives: memberlist (the memberlist section
+	// says whom to join) or inmemory (one process only, for tests).
+	KVStore           string `yaml:"kvstore"`
+	ReplicationFactor int    `yaml:"replication_factor"`
+	// InstanceID names this receiver in the ring; default: the hostname.
+	InstanceID string `yaml:"instance_id"`
+	// InstanceAddr is the host:port other processes reach this one at;
+	// default: the listen address when it names a host, else the first
+	// private address of eth0/en0 with the listen port.
+	InstanceAddr     string         `yaml:"instance_addr"`
+	NumTokens        int            `yaml:"num_tokens"`
+	HeartbeatPeriod  model.Duration `yaml:"heartbeat_period"`
+	HeartbeatTimeout model.Duration `yaml:"heartbeat_timeout"`
+	// Scheme and Client are how distributors and queriers call receivers
+	// (TLS, basic auth of an identity allowed every tenant, ...).
+	Scheme string                       `yaml:"scheme"`
+	Client config_util.HTTPClientConfig `yaml:"client"`
+	// RemoteTimeout bounds one call to a receiver.
+	RemoteTimeout model.Duration `yaml:"remote_timeout"`
+}
+
+// DefaultConfig is off, with the settings scale-out starts from.
+func DefaultConfig() Config {
+	return Config{
+		KVStore: "memberlist", ReplicationFactor: 3, NumTokens: 128,
+		HeartbeatPeriod: model.Duration(5 * time.Second), HeartbeatTimeout: model.Duration(time.Minute),
+		Scheme: "http", Client: config_util.DefaultHTTPClientConfig,
+		RemoteTimeout: model.Duration(10 * time.Second),
+	}
+}
+
+// RegisterFlags binds the common knobs.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.BoolVar(&c.Enabled, "ring.enabled", c.Enabled, "Scale out: receivers join the ring of receivers, distributors shard and replicate writes by it, queriers read every receiver.")
+	fs.StringVar(&c.KVStore, "ring.store", c.KVStore, "Where the ring lives: memberlist or inmemory (one process, tests).")
+	fs.IntVar(&c.ReplicationFactor, "ring.replication-factor", c.ReplicationFactor, "Receivers each series is written to; a write succeeds once a quorum (RF/2+1) has it in its WAL.")
+	fs.StringVar(&c.InstanceID, "ring.instance-id", c.InstanceID, "This receiver's name in the ring (default: hostname).")
+	fs.StringVar(&c.InstanceAddr, "ring.instance-addr", c.InstanceAddr, "host:port other gpustore processes reach this one at (default: from the listen address).")
+	fs.Var(&c.HeartbeatPeriod, "ring.heartbeat-period", "How often a receiver renews its entry in the ring.")
+	fs.Var(&c.HeartbeatTimeout, "ring.heartbeat-timeout", "A receiver whose heartbeat is older is unhealthy: not written to, and its failures tolerated by reads.")
+}
+
+// Validate checks the section.
+func (c Config) Validate() error {
+	if !c.Enabled {
+		return nil
+	}
+	var errs []error
+	if c.KVStore != "memberlist" && c.KVStore != "inmemory" {
+		errs = append(errs, fmt.Errorf("ring.kvstore %q: want memberlist or inmemory", c.KVStore))
+	}
+	if c.ReplicationFactor < 1 {
+		errs = append(errs, errors.New("ring.replication_factor must be at least 1"))
+	}
+	if c.NumTokens < 1 {
+		errs = append(errs, errors.New("ring.num_tokens must be at least 1"))
+	}
+	if c.HeartbeatPeriod <= 0 || c.HeartbeatTimeout <= c.HeartbeatPeriod {
+		errs = append(errs, errors.New("ring.heartbeat_timeout must exceed a positive ring.heartbeat_period"))
+	}
+	if c.Scheme != "http" && c.Scheme != "https" {
+		errs = append(errs, fmt.Errorf("ring.scheme %q: want http or https", c.Scheme))
+	}
+	if err := c.Client.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("ring.client: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// KV is the ring's KV configuration; memberlistKV is the process' gossip.
+func (c Config) KV(memberlistKV func() (*memberlist.KV, error)) kv.Config {
+	return kv.Config{Store: c.KVStore, StoreConfig: kv.StoreConfig{MemberlistKV: memberlistKV}}
+}
+
+// NewClient returns the ring as distributors and queriers read it (a dskit
+// service: start it before use).
+func (c Config) NewClient(memberlistKV func() (*memberlist.KV, error), logger *slog.Logger, reg prometheus.Registerer) (*ring.Ring, error) {
+	rc := ring.Config{
+		KVStore:           c.KV(memberlistKV),
+		HeartbeatTimeout:  time.Duration(c.HeartbeatTimeout),
+		ReplicationFactor: c.ReplicationFactor,
+	}
+	return ring.New(rc, Name, Key, logging.GoKit(logger), reg)
+}
+
+// NewLifecycler registers this process as a receiver: ACTIVE with fresh
+// tokens once started, heartbeats while running, and out of the ring when
+// stopped (so writes go elsewhere at once). An instance that died without
+// leaving is forgotten after ten heartbeat timeouts.
+func (c Config) NewLifecycler(listenAddr string, memberlistKV func() (*memberlist.KV, error), logger *slog.Logger, reg prometheus.Registerer) (*ring.BasicLifecycler, error) {
+	id, addr, err := c.identity(listenAddr, logger)
+	if err != nil {
+		return nil, err
+	}
+	store, err := kv.NewClient(c.KV(memberlistKV), ring.GetCodec(), kv.RegistererWithKVName(reg, Name+"-lifecycler"), logging.GoKit(logger))
+	if err != nil {
+		return nil, fmt.Errorf("ring kv: %w", err)
+	}
+	gk := logging.GoKit(logger)
+	var delegate ring.BasicLifecyclerDelegate = ring.NewInstanceRegisterDelegate(ring.ACTIVE, c.NumTokens)
+	delegate = ring.NewLeaveOnStoppingDelegate(delegate, gk)
+	delegate = ring.NewAutoForgetDelegate(10*time.Duration(c.HeartbeatTimeout), delegate, gk)
+	logger.Info("joining the ring of receivers", "instance", id, "addr", addr)
+	return ring.NewBasicLifecycler(ring.BasicLifecyclerConfig{
+		ID: id, Addr: addr,
+		HeartbeatPeriod:  time.Duration(c.HeartbeatPeriod),
+		HeartbeatTimeout: time.Duration(c.HeartbeatTimeout),
+		NumTokens:        c.NumTokens,
+	}, Name, Key, store, delegate, gk, reg)
+}
+
+// ID is this process' instance ID in the ring.
+func (c Config) ID() (string, error) {
+	if c.InstanceID != "" {
+		return c.InstanceID, nil
+	}
+	id, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("ring.instance_id: %w", err)
+	}
+	return id, nil
+}
+
+// identity resolves the instance ID and address the defaults leave open.
+func (c Config) identity(listenAddr string, logger *slog.Logger) (id, addr string, err error) {
+	if id, err = c.ID(); err != nil {
+		return "", "", err
+	}
+	addr = c.InstanceAddr
+	if addr != "" {
+		return id, addr, nil
+	}
+	host, port, err := net.SplitHostPort(listenAddr)
+	if err != nil {
+		return "", "", fmt.Errorf("ring.instance_addr from listen address %q: %w", listenAddr, err)
+	}
+	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+		return id, listenAddr, nil
+	}
+	host, err = ring.GetInstanceAddr("", []string{"eth0", "en0"}, logging.GoKit(logger), false)
+	if err != nil {
+		return "", "", fmt.Errorf("ring.instance_addr: %w (set it)", err)
+	}
+	p, _ := strconv.Atoi(port)
+	return id, net.JoinHostPort(host, strconv.Itoa(p)), nil
+}
+
+// ReplicaLimits are a receiver's TSDB limits in the ring: every tenant's
+// out-of-order window is at least the remote timeout. A distributor
+// acknowledges a write once a quorum of replicas committed it, and the
+// sender's next write can overtake the slowest replica's copy on its way;
+// without the window that replica would reject the earlier sample as out of
+// order and hold less than the others.
+func (c Config) ReplicaLimits(l tenantdb.TenantLimits) tenantdb.TenantLimits {
+	return replicaWindow{TenantLimits: l, min: time.Duration(c.RemoteTimeout)}
+}
+
+type replicaWindow struct {
+	tenantdb.TenantLimits
+	min time.Duration
+}
+
+func (r replicaWindow) OutOfOrderWindow(tenant string) time.Duration {
+	return max(r.TenantLimits.OutOfOrderWindow(tenant), r.min)
+}

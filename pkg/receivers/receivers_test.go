@@ -1,0 +1,623 @@
+package receivers
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/grafana/dskit/kv/consul"
+	"github.com/grafana/dskit/ring"
+	"github.com/grafana/dskit/services"
+	"github.com/grafana/dskit/user"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/prometheus/config"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/promql"
+	"github.com/prometheus/prometheus/storage"
+	"github.com/prometheus/prometheus/storage/remote"
+	"github.com/prometheus/prometheus/tsdb/chunkenc"
+	"github.com/prometheus/prometheus/tsdb/chunks"
+	"github.com/prometheus/prometheus/util/annotations"
+
+	"github.com/gpustore/gpustore/internal/logging"
+	"github.com/gpustore/gpustore/pkg/query"
+	"github.com/gpustore/gpustore/pkg/tenancy"
+	"github.com/gpustore/gpustore/pkg/tenantdb"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// receiver is one real receiver: its own tenant databases behind
+// ReadHandler on a real HTTP server.
+type receiver struct {
+	id  string
+	dbs *tenantdb.Manager
+	srv *httptest.Server
+}
+
+func newReceiver(t *testing.T, id string, tenants tenancy.Config) *receiver {
+	t.Helper()
+	dbs := newManager(t)
+	mux := http.NewServeMux()
+	mux.Handle(ReadPath, ReadHandler(dbs, tenants, quiet, prometheus.NewRegistry()))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return &receiver{id: id, dbs: dbs, srv: srv}
+}
+
+func newManager(t *testing.T) *tenantdb.Manager {
+	t.Helper()
+	cfg := tenantdb.DefaultConfig()
+	cfg.Dir = t.TempDir()
+	dbs, err := tenantdb.NewManager(cfg, quiet, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dbs.Close() })
+	return dbs
+}
+
+func (r *receiver) addr() string { return r.srv.Listener.Addr().String() }
+
+// write stores the samples at the steps of the tenant's series.
+func (r *receiver) write(t *testing.T, tenant, series string, steps []int, value func(step int) float64) {
+	t.Helper()
+	db, err := r.dbs.Get(tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := parseSeries(series)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := db.Appender(context.Background())
+	for _, i := range steps {
+		if _, err := app.Append(0, ls, ts(i), value(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := app.Commit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func parseSeries(s string) (labels.Labels, error) {
+	// Only what the tests use: name{a="x",b="y"}.
+	name, rest, _ := strings.Cut(s, "{")
+	b := labels.NewBuilder(labels.EmptyLabels())
+	b.Set(labels.MetricName, name)
+	for _, kv := range strings.Split(strings.TrimSuffix(rest, "}"), ",") {
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return labels.EmptyLabels(), fmt.Errorf("bad pair %q", kv)
+		}
+		b.Set(k, strings.Trim(v, `"`))
+	}
+	return b.Labels(), nil
+}
+
+// Samples every 15s over the last few minutes: receivers hold recent data.
+var t0 = time.Now().Add(-10 * time.Minute).Truncate(time.Minute).UnixMilli()
+
+const nSteps = 15
+
+func ts(step int) int64 { return t0 + int64(step)*15_000 }
+
+func steps(from, to int) []int { // [from, to]
+	var s []int
+	for i := from; i <= to; i++ {
+		s = append(s, i)
+	}
+	return s
+}
+
+// cluster is three receivers in a ring with replication factor 3.
+type cluster struct {
+	rs   []*receiver
+	ring *ring.Ring
+}
+
+// newCluster writes, for tenant team-a:
+//   - gpu_util{gpu="0"} = 1 on all three receivers, identical;
+//   - gpu_util{gpu="1"} = 10+step split so that every sample is on two
+//     receivers and no receiver has them all (r0 0-9, r1 5-14, r2 0-4 and
+//     10-14), as a write quorum of 2 out of 3 leaves them;
+//   - gpu_temp{gpu="3"} = 70 on r2 only;
+//
+// and for team-b gpu_util{gpu="9"} = 5 on r1 and r2.
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	c := &cluster{}
+	for i := range 3 {
+		c.rs = append(c.rs, newReceiver(t, fmt.Sprintf("r%d", i), tenancy.DefaultConfig()))
+	}
+	one := func(int) float64 { return 1 }
+	for _, r := range c.rs {
+		r.write(t, "team-a", `gpu_util{gpu="0",host="a"}`, steps(0, nSteps-1), one)
+	}
+	ramp := func(i int) float64 { return 10 + float64(i) }
+	c.rs[0].write(t, "team-a", `gpu_util{gpu="1",host="a"}`, steps(0, 9), ramp)
+	c.rs[1].write(t, "team-a", `gpu_util{gpu="1",host="a"}`, steps(5, 14), ramp)
+	c.rs[2].write(t, "team-a", `gpu_util{gpu="1",host="a"}`, append(steps(0, 4), steps(10, 14)...), ramp)
+	c.rs[2].write(t, "team-a", `gpu_temp{gpu="3",host="b"}`, steps(0, nSteps-1), func(int) float64 { return 70 })
+	for _, r := range c.rs[1:] {
+		r.write(t, "team-b", `gpu_util{gpu="9"}`, steps(0, nSteps-1), func(int) float64 { return 5 })
+	}
+	c.ring = newRing(t, 3, c.rs...)
+	return c
+}
+
+// newRing registers the receivers, ACTIVE, in a dskit ring over an
+// in-memory KV store and starts a ring client on it.
+func newRing(t *testing.T, rf int, rs ...*receiver) *ring.Ring {
+	t.Helper()
+	ctx := context.Background()
+	kit := logging.GoKit(quiet)
+	kv, closer := consul.NewInMemoryClient(ring.GetCodec(), kit, prometheus.NewRegistry())
+	t.Cleanup(func() { _ = closer.Close() })
+	err := kv.CAS(ctx, "receiver", func(any) (any, bool, error) {
+		d := ring.NewDesc()
+		for i, r := range rs {
+			tokens := []uint32{uint32(i)*1_000_000 + 1, uint32(i)*1_000_000 + 2}
+			d.AddIngester(r.id, r.addr(), "", tokens, ring.ACTIVE, time.Now(), false, time.Time{}, nil)
+		}
+		return d, true, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := ring.Config{HeartbeatTimeout: time.Hour, ReplicationFactor: rf}
+	rg, err := ring.NewWithStoreClientAndStrategy(cfg, "receiver", "receiver", kv, ring.NewDefaultReplicationStrategy(), prometheus.NewRegistry(), kit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := services.StartAndAwaitRunning(ctx, rg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(ctx, rg) })
+	return rg
+}
+
+func newSource(t *testing.T, r ring.ReadRing, self string) (*Source, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	src, err := NewSource(SourceConfig{Self: self, Timeout: 10 * time.Second}, r, quiet, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src, reg
+}
+
+var all = labels.MustNewMatcher(labels.MatchRegexp, labels.MetricName, "gpu_.*")
+
+// dump selects from a querier of the source (tenant in the context as the
+// query path puts it) and prints each series with its samples.
+func dump(ctx context.Context, src *Source, tenant string, ms ...*labels.Matcher) (string, annotations.Annotations, error) {
+	q := src.Querier(tenant, ts(0), ts(nSteps-1), nil)
+	defer q.Close()
+	return dumpSet(q.Select(user.InjectOrgID(ctx, tenant), false, nil, ms...))
+}
+
+func dumpSet(ss storage.SeriesSet) (string, annotations.Annotations, error) {
+	var b strings.Builder
+	var it chunkenc.Iterator
+	for ss.Next() {
+		b.WriteString(ss.At().Labels().String())
+		it = ss.At().Iterator(it)
+		for it.Next() == chunkenc.ValFloat {
+			t, v := it.At()
+			fmt.Fprintf(&b, " %d=%g", (t-t0)/15_000, v)
+		}
+		b.WriteString("\n")
+	}
+	return b.String(), ss.Warnings(), ss.Err()
+}
+
+// want prints the expected series the way dump does.
+func want(series map[string]func(int) (float64, bool)) string {
+	names := make([]string, 0, len(series))
+	for n := range series {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	var b strings.Builder
+	for _, n := range names {
+		ls, _ := parseSeries(n)
+		b.WriteString(ls.String())
+		for i := range nSteps {
+			if v, ok := series[n](i); ok {
+				fmt.Fprintf(&b, " %d=%g", i, v)
+			}
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+func constant(v float64) func(int) (float64, bool) {
+	return func(int) (float64, bool) { return v, true }
+}
+
+var (
+	wantTeamA = want(map[string]func(int) (float64, bool){
+		`gpu_util{gpu="0",host="a"}`: constant(1),
+		`gpu_util{gpu="1",host="a"}`: func(i int) (float64, bool) { return 10 + float64(i), true },
+		`gpu_temp{gpu="3",host="b"}`: constant(70),
+	})
+	wantTeamB = want(map[string]func(int) (float64, bool){`gpu_util{gpu="9"}`: constant(5)})
+)
+
+func TestSelectMergesReplicas(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t)
+	src, reg := newSource(t, c.ring, "")
+
+	got, ws, err := dump(ctx, src, "team-a", all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != wantTeamA {
+		t.Errorf("team-a:\n%s\nwant:\n%s", got, wantTeamA)
+	}
+	if len(ws) != 0 {
+		t.Errorf("warnings with every receiver up: %v", ws)
+	}
+
+	// Tenants see only their own series.
+	if got, _, err := dump(ctx, src, "team-b", all); err != nil || got != wantTeamB {
+		t.Errorf("team-b: %v\n%s\nwant:\n%s", err, got, wantTeamB)
+	}
+	if got, _, err := dump(ctx, src, "team-c", all); err != nil || got != "" {
+		t.Errorf("team-c (never wrote): %v\n%s", err, got)
+	}
+
+	// A matcher narrows the selection on every receiver.
+	sel := labels.MustNewMatcher(labels.MatchEqual, "gpu", "1")
+	wantOne := want(map[string]func(int) (float64, bool){
+		`gpu_util{gpu="1",host="a"}`: func(i int) (float64, bool) { return 10 + float64(i), true },
+	})
+	if got, _, err := dump(ctx, src, "team-a", all, sel); err != nil || got != wantOne {
+		t.Errorf("gpu=1: %v\n%s\nwant:\n%s", err, got, wantOne)
+	}
+
+	// The chunk querier (remote read through this process) is the same.
+	cq := src.ChunkQuerier("team-a", ts(0), ts(nSteps-1), nil)
+	got, _, err = dumpSet(storage.NewSeriesSetFromChunkSeriesSet(cq.Select(user.InjectOrgID(ctx, "team-a"), true, nil, all)))
+	if err != nil || got != wantTeamA {
+		t.Errorf("chunk querier: %v\n%s\nwant:\n%s", err, got, wantTeamA)
+	}
+
+	// Five fan-outs to three receivers, all answered.
+	if n := testutil.ToFloat64(src.requests.WithLabelValues("ok")); n != 5*3 {
+		t.Errorf("ok requests: %v, want 15", n)
+	}
+	if n, err := testutil.GatherAndCount(reg, "gpustore_receivers_read_request_duration_seconds"); err != nil || n != 1 {
+		t.Errorf("duration histogram: %d, %v", n, err)
+	}
+	// Selects are answered with streamed chunks.
+	if got := clientReads(t, c.rs[0]); got["chunked"] != 5 || got["sampled"] != 0 {
+		t.Errorf("reads of r0 by response type: %v", got)
+	}
+}
+
+// TestSelfIsSkipped: the process's own receiver is read from disk by the
+// caller, never over HTTP, and counts as answered.
+func TestSelfIsSkipped(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t)
+	src, _ := newSource(t, c.ring, "r2")
+	c.rs[2].srv.Close() // would fail if asked
+
+	// gpu_temp is only on r2; gpu_util is complete from r0 and r1.
+	wantNoR2 := want(map[string]func(int) (float64, bool){
+		`gpu_util{gpu="0",host="a"}`: constant(1),
+		`gpu_util{gpu="1",host="a"}`: func(i int) (float64, bool) { return 10 + float64(i), true },
+	})
+	got, ws, err := dump(ctx, src, "team-a", all)
+	if err != nil || got != wantNoR2 || len(ws) != 0 {
+		t.Errorf("Self=r2: %v %v\n%s\nwant:\n%s", err, ws, got, wantNoR2)
+	}
+
+	// Self down does not use up the tolerance: one more failure is fine.
+	c.rs[0].srv.Close()
+	if _, ws, err := dump(ctx, src, "team-a", all); err != nil || len(ws) != 1 {
+		t.Errorf("Self=r2, r0 down: %v, warnings %v", err, ws)
+	}
+}
+
+func TestToleratesFailures(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t)
+	src, _ := newSource(t, c.ring, "")
+
+	// One receiver down of three with RF 3: every sample is still on one
+	// that answers; the answer says which receiver is missing.
+	c.rs[0].srv.Close()
+	got, ws, err := dump(ctx, src, "team-a", all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != wantTeamA {
+		t.Errorf("r0 down:\n%s\nwant:\n%s", got, wantTeamA)
+	}
+	if len(ws) != 1 || !strings.Contains(fmt.Sprint(ws.AsErrors()), "receiver r0 ("+c.rs[0].addr()+") unavailable") {
+		t.Errorf("r0 down: warnings %v", ws)
+	}
+	if n := testutil.ToFloat64(src.tolerated); n != 1 {
+		t.Errorf("tolerated failures: %v", n)
+	}
+
+	// Label calls tolerate it the same way.
+	names, ws, err := src.Querier("team-a", ts(0), ts(nSteps-1), nil).LabelNames(user.InjectOrgID(ctx, "team-a"), nil)
+	if err != nil || !slices.Equal(names, []string{"__name__", "gpu", "host"}) || len(ws) != 1 {
+		t.Errorf("LabelNames with r0 down: %v %v %v", names, ws, err)
+	}
+
+	// Two down: data may be missing, so the read fails, naming both.
+	c.rs[1].srv.Close()
+	_, _, err = dump(ctx, src, "team-a", all)
+	if err == nil {
+		t.Fatal("r0 and r1 down: no error")
+	}
+	for _, s := range []string{"2 of 3 receivers failed, at most 1 may", "receiver r0 (" + c.rs[0].addr(), "receiver r1 (" + c.rs[1].addr()} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q does not contain %q", err, s)
+		}
+	}
+	if _, _, err := src.Querier("team-a", ts(0), ts(nSteps-1), nil).LabelValues(user.InjectOrgID(ctx, "team-a"), "gpu", nil); err == nil {
+		t.Error("LabelValues with r0 and r1 down: no error")
+	}
+	if n := testutil.ToFloat64(src.requests.WithLabelValues("error")); n < 4 {
+		t.Errorf("error requests: %v", n)
+	}
+}
+
+// clientReads counts the remote-read client's reads of r by response type
+// (Prometheus registers these metrics globally).
+func clientReads(t *testing.T, r *receiver) map[string]float64 {
+	t.Helper()
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "prometheus_remote_read_client_queries_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			lv := map[string]string{}
+			for _, l := range m.GetLabel() {
+				lv[l.GetName()] = l.GetValue()
+			}
+			if lv["url"] == r.srv.URL+ReadPath {
+				out[lv["response_type"]] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
+}
+
+func TestLabels(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t)
+	src, _ := newSource(t, c.ring, "")
+	q := src.Querier("team-a", ts(0), ts(nSteps-1), nil)
+	actx := user.InjectOrgID(ctx, "team-a")
+
+	for _, tc := range []struct {
+		name  string // "" for LabelNames
+		hints *storage.LabelHints
+		ms    []*labels.Matcher
+		want  []string
+	}{
+		{"", nil, nil, []string{"__name__", "gpu", "host"}},
+		{"", nil, []*labels.Matcher{labels.MustNewMatcher(labels.MatchEqual, "host", "b")}, []string{"__name__", "gpu", "host"}},
+		{"gpu", nil, nil, []string{"0", "1", "3"}},
+		{"gpu", nil, []*labels.Matcher{labels.MustNewMatcher(labels.MatchEqual, "__name__", "gpu_util")}, []string{"0", "1"}},
+		{"gpu", &storage.LabelHints{Limit: 2}, nil, []string{"0", "1"}},
+		{"__name__", nil, nil, []string{"gpu_temp", "gpu_util"}},
+		{"host", nil, []*labels.Matcher{labels.MustNewMatcher(labels.MatchEqual, "gpu", "3")}, []string{"b"}},
+		{"nope", nil, nil, []string{}},
+	} {
+		var got []string
+		var err error
+		if tc.name == "" {
+			got, _, err = q.LabelNames(actx, tc.hints, tc.ms...)
+		} else {
+			got, _, err = q.LabelValues(actx, tc.name, tc.hints, tc.ms...)
+		}
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("label %q %v: %v %v, want %v", tc.name, tc.ms, got, err, tc.want)
+		}
+	}
+
+	// Tenants see only their own labels.
+	qb := src.Querier("team-b", ts(0), ts(nSteps-1), nil)
+	if got, _, err := qb.LabelValues(user.InjectOrgID(ctx, "team-b"), "gpu", nil); err != nil || !slices.Equal(got, []string{"9"}) {
+		t.Errorf("team-b gpu values: %v %v", got, err)
+	}
+	if got, _, err := qb.LabelNames(user.InjectOrgID(ctx, "team-b"), nil); err != nil || !slices.Equal(got, []string{"__name__", "gpu"}) {
+		t.Errorf("team-b names: %v %v", got, err)
+	}
+
+	// The series API's select (Func "series") returns the series, each
+	// once, without samples.
+	got, _, err := dumpSet(q.Select(actx, true, &storage.SelectHints{Start: ts(0), End: ts(nSteps - 1), Func: "series"}, all))
+	wantSeries := "{__name__=\"gpu_temp\", gpu=\"3\", host=\"b\"}\n{__name__=\"gpu_util\", gpu=\"0\", host=\"a\"}\n{__name__=\"gpu_util\", gpu=\"1\", host=\"a\"}\n"
+	if err != nil || got != wantSeries {
+		t.Errorf("series select: %v\n%s\nwant:\n%s", err, got, wantSeries)
+	}
+
+	// Label calls and the series select ask for samples, which a receiver
+	// answers with series alone: its TSDB reads no chunk for them.
+	if got := clientReads(t, c.rs[0]); got["sampled"] != 11 || got["chunked"] != 0 {
+		t.Errorf("reads of r0 by response type: %v", got)
+	}
+}
+
+// TestPromQL runs the engine over the query package's TenantQueryable with
+// the receivers as its only source, as a query process without local data.
+func TestPromQL(t *testing.T) {
+	c := newCluster(t)
+	src, _ := newSource(t, c.ring, "")
+	qa := query.TenantQueryable{DBs: newManager(t), Sources: []query.Source{src}}
+	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 1e6, Timeout: time.Minute, LookbackDelta: 5 * time.Minute})
+	ctx := user.InjectOrgID(context.Background(), "team-a")
+	at := time.UnixMilli(ts(nSteps - 1))
+
+	run := func(expr string) (float64, annotations.Annotations) {
+		t.Helper()
+		qry, err := engine.NewInstantQuery(ctx, qa, nil, expr, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer qry.Close()
+		res := qry.Exec(ctx)
+		if res.Err != nil {
+			t.Fatalf("%s: %v", expr, res.Err)
+		}
+		v, err := res.Vector()
+		if err != nil || len(v) != 1 {
+			t.Fatalf("%s: %v %v", expr, v, err)
+		}
+		return v[0].F, res.Warnings
+	}
+	// Replicated samples count once: 15 + 15 distinct timestamps.
+	if got, ws := run(`sum(count_over_time(gpu_util[1h]))`); got != 2*nSteps || len(ws) != 0 {
+		t.Errorf("count: %v, want %d; warnings %v", got, 2*nSteps, ws)
+	}
+	// 1 + (10+14).
+	if got, _ := run(`sum(gpu_util)`); got != 25 {
+		t.Errorf("sum: %v, want 25", got)
+	}
+
+	c.rs[1].srv.Close()
+	got, ws := run(`sum(count_over_time(gpu_util[1h]))`)
+	if got != 2*nSteps || len(ws) != 1 || !strings.Contains(fmt.Sprint(ws.AsErrors()), "receiver r1") {
+		t.Errorf("r1 down: count %v, warnings %v", got, ws)
+	}
+}
+
+func TestEmptyRing(t *testing.T) {
+	ctx := context.Background()
+
+	src, _ := newSource(t, newRing(t, 3), "")
+	if _, _, err := dump(ctx, src, "team-a", all); err == nil || !strings.Contains(err.Error(), "empty ring") {
+		t.Errorf("empty ring: %v", err)
+	}
+
+	// The process's own receiver alone (a single node, replication factor
+	// 1): nothing to ask, nothing missing.
+	r := newReceiver(t, "r0", tenancy.DefaultConfig())
+	src, _ = newSource(t, newRing(t, 1, r), "r0")
+	if got, ws, err := dump(ctx, src, "team-a", all); err != nil || got != "" || len(ws) != 0 {
+		t.Errorf("Self alone: %q %v %v", got, ws, err)
+	}
+}
+
+func TestMaxLookback(t *testing.T) {
+	src, err := NewSource(SourceConfig{MaxLookback: time.Hour}, newRing(t, 3), quiet, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if q := src.Querier("team-a", now.Add(-3*time.Hour).UnixMilli(), now.Add(-2*time.Hour).UnixMilli(), nil); q != nil {
+		t.Error("querier for a range receivers no longer hold")
+	}
+	if q := src.ChunkQuerier("team-a", now.Add(-3*time.Hour).UnixMilli(), now.Add(-2*time.Hour).UnixMilli(), nil); q != nil {
+		t.Error("chunk querier for a range receivers no longer hold")
+	}
+	if q := src.Querier("team-a", now.Add(-3*time.Hour).UnixMilli(), now.Add(-30*time.Minute).UnixMilli(), nil); q == nil {
+		t.Error("no querier for a recent range")
+	}
+}
+
+func TestNewSourceConfig(t *testing.T) {
+	if _, err := NewSource(SourceConfig{Scheme: "ftp"}, nil, quiet, nil); err == nil {
+		t.Error("scheme ftp accepted")
+	}
+	src, err := NewSource(SourceConfig{}, nil, quiet, nil)
+	if err != nil || src.cfg.Scheme != "http" || src.cfg.Timeout != DefaultTimeout {
+		t.Errorf("defaults: %+v %v", src, err)
+	}
+}
+
+// TestReadHandlerTenant: the handler answers a request without a usable
+// tenant with tenancy's status, before reading anything.
+func TestReadHandlerTenant(t *testing.T) {
+	r := newReceiver(t, "r0", tenancy.Config{Allowed: []string{"team-a"}})
+	for _, tc := range []struct {
+		tenant string
+		status int
+	}{
+		{"", http.StatusUnauthorized},       // no default tenant
+		{"team-x", http.StatusUnauthorized}, // not allowed
+		{"a/b", http.StatusBadRequest},      // invalid
+		{"team-a", http.StatusBadRequest},   // valid tenant, empty body
+	} {
+		req, _ := http.NewRequest(http.MethodPost, r.srv.URL+ReadPath, nil)
+		if tc.tenant != "" {
+			req.Header.Set(tenancy.OrgIDHeader, tc.tenant)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Errorf("tenant %q: status %d, want %d", tc.tenant, resp.StatusCode, tc.status)
+		}
+	}
+}
+
+// TestReadHandlerBesideQueryAPI: a process running the query API (whose
+// Prometheus handler registers remote-read metrics) and a receiver shares
+// one registry.
+func TestReadHandlerBesideQueryAPI(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	dbs := newManager(t)
+	remote.NewReadHandler(quiet, reg, query.TenantQueryable{DBs: dbs}, func() config.Config { return config.Config{} }, 0, 1, 1)
+	ReadHandler(dbs, tenancy.DefaultConfig(), quiet, reg) // panics on a duplicate
+	if n, err := testutil.GatherAndCount(reg, "gpustore_receiver_prometheus_remote_read_handler_queries"); err != nil || n != 1 {
+		t.Errorf("read handler gauge: %d %v", n, err)
+	}
+}
+
+// TestDrainJoinsSplitSeries: a streamed answer splits a long series over
+// frames (consecutive parts with the same labels); drain joins them.
+func TestDrainJoinsSplitSeries(t *testing.T) {
+	a := labels.FromStrings("__name__", "a")
+	b := labels.FromStrings("__name__", "b")
+	part := func(ls labels.Labels, from, to int64) storage.Series {
+		return storage.NewListSeries(ls, chunks.GenerateSamples(int(from), int(to-from+1)))
+	}
+	in := &listSet{series: []storage.Series{part(a, 0, 2), part(a, 3, 5), part(a, 6, 6), part(b, 0, 1)}, i: -1}
+	ss, err := drain(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	var it chunkenc.Iterator
+	for ss.Next() {
+		it = ss.At().Iterator(it)
+		n := 0
+		for it.Next() != chunkenc.ValNone {
+			n++
+		}
+		got = append(got, fmt.Sprintf("%s:%d", ss.At().Labels().Get("__name__"), n))
+	}
+	if !slices.Equal(got, []string{"a:7", "b:2"}) {
+		t.Errorf("got %v", got)
+	}
+}
