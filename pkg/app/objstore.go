@@ -86,6 +86,10 @@ func (a *App) initShipper() (services.Service, error) {
 	}
 	// Before storage starts: every tenant database opens with the gate.
 	a.DBs.SetDeletionGate(sh.MayDelete)
+	if a.Cfg.Ring.Enabled {
+		// Queriers elsewhere see an upload at their next bucket listing.
+		sh.KeepAfterUpload = 2 * time.Duration(a.Cfg.BucketStore.SyncInterval)
+	}
 	sh.OnUpload = func(tenant string, meta block.Meta) {
 		if a.BucketStore != nil { // this process also serves queries: show the block at once
 			if err := a.BucketStore.Add(meta); err != nil {

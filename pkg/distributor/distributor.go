@@ -5,7 +5,7 @@
 // validation), so all of that happens once, before the split; only where
 // the data goes differs. Each request's series are sharded by a hash of
 // tenant and labels (the HA replica label is already gone), sent as remote
-// write 2.0 to the replication_factor receivers that own each series
+// write 1.0 to the replication_factor receivers that own each series
 // (dskit's ring.DoBatch), and the request is acknowledged once a quorum of
 // receivers has committed every series to its WAL. A quorum that rejects
 // the data (out of order, too old) makes a 400 the sender must not retry;
@@ -19,7 +19,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,9 +38,10 @@ import (
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/metadata"
-	writev2 "github.com/prometheus/prometheus/prompb/io/prometheus/write/v2"
+	"github.com/prometheus/prometheus/prompb"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/gpustore/gpustore/pkg/ingest"
 	"github.com/gpustore/gpustore/pkg/receiverring"
@@ -94,7 +97,7 @@ func (d *Distributor) Tenant(id string) (ingest.TenantStore, error) {
 	t = &tenant{
 		d: d, id: id, idHash: xxhash.Sum64String(id),
 		byRef: map[storage.SeriesRef]*series{}, byHash: map[uint64]storage.SeriesRef{},
-		meta: map[string]metadata.Metadata{},
+		meta: map[string]*familyMetadata{},
 	}
 	d.tenants[id] = t
 	return t, nil
@@ -124,44 +127,77 @@ type tenant struct {
 	byRef   map[storage.SeriesRef]*series
 	byHash  map[uint64]storage.SeriesRef
 	nextRef storage.SeriesRef
-	meta    map[string]metadata.Metadata
+	meta    map[string]*familyMetadata
+	// metaGen advances with every metadata change; a series' cached
+	// family (series.meta) of an older generation is looked up again.
+	metaGen atomic.Uint64
 }
 
 type series struct {
 	ref   storage.SeriesRef
 	ls    labels.Labels
+	name  string // the metric name, for its family's metadata
 	hash  uint64
 	token uint32
 	used  atomic.Bool // since the last sweep
+	// pbLabels are the labels as remote write 1.0 encodes them in a
+	// TimeSeries, encoded once: a request is then mostly copies of these.
+	pbLabels []byte
+	meta     atomic.Pointer[seriesMeta]
+}
+
+// seriesMeta caches a series' family metadata (nil: none) as of a
+// generation of the tenant's metadata.
+type seriesMeta struct {
+	gen uint64
+	fm  *familyMetadata
 }
 
 func (t *tenant) SetMetadata(family string, m metadata.Metadata) {
 	t.mtx.RLock()
 	old, ok := t.meta[family]
 	t.mtx.RUnlock()
-	if ok && old == m {
+	if ok && old.Metadata == m {
 		return
 	}
 	t.mtx.Lock()
-	t.meta[family] = m
+	t.meta[family] = &familyMetadata{Metadata: m, family: family}
 	t.mtx.Unlock()
+	t.metaGen.Add(1)
 }
 
-// metadataOf finds the metadata of the family a series belongs to.
-func (t *tenant) metadataOf(name string) (metadata.Metadata, bool) {
+// familyOf is the metadata of the family of s, nil if none is known.
+func (t *tenant) familyOf(s *series) *familyMetadata {
+	gen := t.metaGen.Load()
+	if c := s.meta.Load(); c != nil && c.gen == gen {
+		return c.fm
+	}
+	fm := t.metadataOf(s.name)
+	s.meta.Store(&seriesMeta{gen: gen, fm: fm})
+	return fm
+}
+
+// familyMetadata is a family's metadata and the family's name.
+type familyMetadata struct {
+	metadata.Metadata
+	family string
+}
+
+// metadataOf finds the metadata of the family a metric name belongs to.
+func (t *tenant) metadataOf(name string) *familyMetadata {
 	t.mtx.RLock()
 	defer t.mtx.RUnlock()
 	if m, ok := t.meta[name]; ok {
-		return m, true
+		return m
 	}
 	for _, suf := range []string{"_bucket", "_count", "_sum", "_created"} {
 		if base, ok := strings.CutSuffix(name, suf); ok {
 			if m, ok := t.meta[base]; ok && (m.Type != model.MetricTypeCounter || suf == "_created") {
-				return m, true
+				return m
 			}
 		}
 	}
-	return metadata.Metadata{}, false
+	return nil
 }
 
 // errUnknownRef makes the ingester resolve a series again from its labels,
@@ -201,6 +237,8 @@ func (t *tenant) resolve(ref storage.SeriesRef, ls labels.Labels) (*series, erro
 	// receivers whoever sends it, and tenants spread independently.
 	x := h ^ t.idHash
 	s = &series{ref: t.nextRef, ls: ls.Copy(), hash: h, token: uint32(x ^ x>>32)}
+	s.name = s.ls.Get(labels.MetricName)
+	s.pbLabels = encodeLabels(s.ls)
 	t.byRef[s.ref] = s
 	if _, taken := t.byHash[h]; !taken {
 		t.byHash[h] = s.ref // a colliding second series is found by ref only
@@ -224,53 +262,67 @@ func (t *tenant) sweep() {
 
 // AppenderV2 implements storage.AppendableV2: one request's appends.
 func (t *tenant) AppenderV2(ctx context.Context) storage.AppenderV2 {
-	return &appender{t: t, ctx: ctx, index: map[storage.SeriesRef]int{}}
+	return &appender{t: t, ctx: ctx}
 }
 
 // appender gathers a request's samples per series until Commit sends them.
+// The ingester appends a series' samples one after the other, so they are
+// kept in one slice per data type and each pending series is a range of
+// it; a series met again later in the request gets a second range.
 type appender struct {
-	t       *tenant
-	ctx     context.Context
-	pending []pending
-	index   map[storage.SeriesRef]int
+	t          *tenant
+	ctx        context.Context
+	pending    []pending
+	samples    []prompb.Sample
+	histograms []prompb.Histogram
+	exemplars  []prompb.Exemplar
 }
 
+// pending is one series of the request and its ranges of the appender's
+// slices (end-exclusive).
 type pending struct {
-	s          *series
-	samples    []writev2.Sample
-	histograms []writev2.Histogram
-	exemplars  []exemplar.Exemplar
+	s                          *series
+	samples, histograms, exems [2]int
 }
 
+// series returns the pending entry samples of ref (or ls) go to.
 func (a *appender) series(ref storage.SeriesRef, ls labels.Labels) (*pending, error) {
+	if n := len(a.pending); n > 0 && ref != 0 && a.pending[n-1].s.ref == ref {
+		return &a.pending[n-1], nil
+	}
 	s, err := a.t.resolve(ref, ls)
 	if err != nil {
 		return nil, err
 	}
-	s.used.Store(true)
-	i, ok := a.index[s.ref]
-	if !ok {
-		i = len(a.pending)
-		a.pending = append(a.pending, pending{s: s})
-		a.index[s.ref] = i
+	if n := len(a.pending); n > 0 && a.pending[n-1].s == s {
+		return &a.pending[n-1], nil
 	}
-	return &a.pending[i], nil
+	s.used.Store(true)
+	ns, nh, ne := len(a.samples), len(a.histograms), len(a.exemplars)
+	a.pending = append(a.pending, pending{s: s, samples: [2]int{ns, ns}, histograms: [2]int{nh, nh}, exems: [2]int{ne, ne}})
+	return &a.pending[len(a.pending)-1], nil
 }
 
-func (a *appender) Append(ref storage.SeriesRef, ls labels.Labels, st, t int64, v float64, h *histogram.Histogram, fh *histogram.FloatHistogram, _ storage.AppendV2Options) (storage.SeriesRef, error) {
+// Append takes a sample or histogram. The start timestamp st is not sent:
+// remote write 1.0 has no place for it, and the receivers' TSDBs do not
+// store it (they do not inject start-time zero samples).
+func (a *appender) Append(ref storage.SeriesRef, ls labels.Labels, _, t int64, v float64, h *histogram.Histogram, fh *histogram.FloatHistogram, _ storage.AppendV2Options) (storage.SeriesRef, error) {
 	p, err := a.series(ref, ls)
 	if err != nil {
 		return 0, err
 	}
-	// Histograms are copied: the ingester decodes the next request into
-	// the same buffers while the slowest replica's send may still run.
+	// Histograms are encoded now: the ingester decodes the next request
+	// into the same buffers while the slowest replica's send may still run.
 	switch {
 	case fh != nil:
-		p.histograms = append(p.histograms, writev2.FromFloatHistogram(st, t, fh.Copy()))
+		a.histograms = append(a.histograms, prompb.FromFloatHistogram(t, fh.Copy()))
+		p.histograms[1] = len(a.histograms)
 	case h != nil:
-		p.histograms = append(p.histograms, writev2.FromIntHistogram(st, t, h.Copy()))
+		a.histograms = append(a.histograms, prompb.FromIntHistogram(t, h.Copy()))
+		p.histograms[1] = len(a.histograms)
 	default:
-		p.samples = append(p.samples, writev2.Sample{Value: v, Timestamp: t, StartTimestamp: st})
+		a.samples = append(a.samples, prompb.Sample{Value: v, Timestamp: t})
+		p.samples[1] = len(a.samples)
 	}
 	return p.s.ref, nil
 }
@@ -281,7 +333,12 @@ func (a *appender) AppendExemplars(ref storage.SeriesRef, ls labels.Labels, es [
 	if err != nil {
 		return 0, err
 	}
-	p.exemplars = append(p.exemplars, es...)
+	for _, e := range es {
+		pe := prompb.Exemplar{Value: e.Value, Timestamp: e.Ts}
+		e.Labels.Range(func(l labels.Label) { pe.Labels = append(pe.Labels, prompb.Label{Name: l.Name, Value: l.Value}) })
+		a.exemplars = append(a.exemplars, pe)
+	}
+	p.exems[1] = len(a.exemplars)
 	return p.s.ref, nil
 }
 
@@ -323,14 +380,17 @@ func (a *appender) Commit() error {
 func (a *appender) send(ctx context.Context, inst ring.InstanceDesc, idx []int) error {
 	d := a.t.d
 	start := time.Now()
-	body, n := a.request(idx)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.scheme+"://"+inst.Addr+receiverring.WritePath, bytes.NewReader(body))
+	enc := a.request(idx)
+	body := enc.reader()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.scheme+"://"+inst.Addr+receiverring.WritePath, body)
 	if err != nil {
+		_ = body.Close()
 		return err
 	}
-	req.Header.Set("Content-Type", "application/x-protobuf;proto=io.prometheus.write.v2.Request")
+	req.ContentLength = int64(len(enc.compressed))
+	req.Header.Set("Content-Type", "application/x-protobuf")
 	req.Header.Set("Content-Encoding", "snappy")
-	req.Header.Set("X-Prometheus-Remote-Write-Version", "2.0.0")
+	req.Header.Set("X-Prometheus-Remote-Write-Version", "0.1.0")
 	req.Header.Set("X-Scope-OrgID", a.t.id)
 	resp, err := d.client.Do(req)
 	if err != nil {
@@ -341,7 +401,7 @@ func (a *appender) send(ctx context.Context, inst ring.InstanceDesc, idx []int) 
 	d.metrics.duration.Observe(time.Since(start).Seconds())
 	d.metrics.requests.WithLabelValues(fmt.Sprintf("%dxx", resp.StatusCode/100)).Inc()
 	if resp.StatusCode/100 == 2 {
-		d.metrics.series.Add(float64(n))
+		d.metrics.series.Add(float64(len(idx)))
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return nil
 	}
@@ -349,32 +409,128 @@ func (a *appender) send(ctx context.Context, inst ring.InstanceDesc, idx []int) 
 	return &receiverError{addr: inst.Addr, id: inst.Id, status: resp.StatusCode, msg: strings.TrimSpace(string(msg))}
 }
 
-// request encodes the series at idx, with their families' metadata.
-func (a *appender) request(idx []int) ([]byte, int) {
-	syms := writev2.NewSymbolTable()
-	req := writev2.Request{Timeseries: make([]writev2.TimeSeries, 0, len(idx))}
-	var refs []uint32
+// request encodes the series at idx as a remote write 1.0 request, with
+// their families' metadata, snappy-compressed. It is written with protowire
+// rather than built as a prompb.WriteRequest: each series' labels were
+// encoded once (series.pbLabels) and are copied, which takes a fraction of
+// the CPU of encoding (or symbolizing, for 2.0) every label of every series
+// for every replica.
+func (a *appender) request(idx []int) *encoder {
+	enc := encoders.Get().(*encoder)
+	body := enc.body[:0]
+	families := enc.families
+	clear(families)
 	for _, i := range idx {
 		p := &a.pending[i]
-		ts := writev2.TimeSeries{
-			LabelsRefs: syms.SymbolizeLabels(p.s.ls, nil),
-			Samples:    p.samples, Histograms: p.histograms,
+		samples := a.samples[p.samples[0]:p.samples[1]]
+		exemplars := a.exemplars[p.exems[0]:p.exems[1]]
+		histograms := a.histograms[p.histograms[0]:p.histograms[1]]
+		// The TimeSeries is written straight into the body: its size first.
+		size := len(p.s.pbLabels)
+		for _, smp := range samples {
+			size += messageSize(sampleSize(smp))
 		}
-		for _, e := range p.exemplars {
-			refs = syms.SymbolizeLabels(e.Labels, refs[:0])
-			ts.Exemplars = append(ts.Exemplars, writev2.Exemplar{LabelsRefs: append([]uint32(nil), refs...), Value: e.Value, Timestamp: e.Ts})
+		for j := range exemplars {
+			size += messageSize(exemplars[j].Size())
 		}
-		if m, ok := a.t.metadataOf(p.s.ls.Get(labels.MetricName)); ok {
-			ts.Metadata = writev2.Metadata{Type: writev2.FromMetadataType(m.Type), HelpRef: syms.Symbolize(m.Help), UnitRef: syms.Symbolize(m.Unit)}
+		for j := range histograms {
+			size += messageSize(histograms[j].Size())
 		}
-		req.Timeseries = append(req.Timeseries, ts)
+		body = protowire.AppendTag(body, 1, protowire.BytesType)
+		body = protowire.AppendVarint(body, uint64(size))
+		body = append(body, p.s.pbLabels...)
+		for _, smp := range samples {
+			body = protowire.AppendTag(body, 2, protowire.BytesType)
+			body = protowire.AppendVarint(body, uint64(sampleSize(smp)))
+			body = protowire.AppendTag(body, 1, protowire.Fixed64Type)
+			body = protowire.AppendFixed64(body, math.Float64bits(smp.Value))
+			body = protowire.AppendTag(body, 2, protowire.VarintType)
+			body = protowire.AppendVarint(body, uint64(smp.Timestamp))
+		}
+		for j := range exemplars {
+			body = appendMessage(body, 3, &exemplars[j])
+		}
+		for j := range histograms {
+			body = appendMessage(body, 4, &histograms[j])
+		}
+		if fm := a.t.familyOf(p.s); fm != nil {
+			families[fm] = struct{}{}
+		}
 	}
-	req.Symbols = syms.Symbols()
-	b, err := req.Marshal()
-	if err != nil {
-		panic(fmt.Sprintf("marshal remote write 2.0 request: %v", err)) // only fails on a programming error
+	for fm := range families {
+		md := prompb.MetricMetadata{Type: prompb.FromMetadataType(fm.Type), MetricFamilyName: fm.family, Help: fm.Help, Unit: fm.Unit}
+		body = appendMessage(body, 3, &md)
 	}
-	return snappy.Encode(nil, b), len(idx)
+	enc.body = body
+	enc.compressed = snappy.Encode(enc.compressed[:cap(enc.compressed)], body)
+	return enc
+}
+
+func sampleSize(s prompb.Sample) int {
+	return 1 + 8 + 1 + protowire.SizeVarint(uint64(s.Timestamp))
+}
+
+// messageSize is the size of a message field of n bytes (tag, length, bytes).
+func messageSize(n int) int { return 1 + protowire.SizeVarint(uint64(n)) + n }
+
+type marshaler interface {
+	Size() int
+	MarshalToSizedBuffer([]byte) (int, error)
+}
+
+// appendMessage appends m as field num of the message in b.
+func appendMessage(b []byte, num protowire.Number, m marshaler) []byte {
+	n := m.Size()
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(n))
+	b = slices.Grow(b, n)
+	if _, err := m.MarshalToSizedBuffer(b[len(b) : len(b)+n]); err != nil {
+		panic(fmt.Sprintf("marshal %T: %v", m, err)) // only fails on a programming error
+	}
+	return b[:len(b)+n]
+}
+
+// encodeLabels encodes ls as the labels field of a remote write 1.0 TimeSeries.
+func encodeLabels(ls labels.Labels) []byte {
+	var b, l []byte
+	ls.Range(func(lb labels.Label) {
+		l = protowire.AppendTag(l[:0], 1, protowire.BytesType)
+		l = protowire.AppendString(l, lb.Name)
+		l = protowire.AppendTag(l, 2, protowire.BytesType)
+		l = protowire.AppendString(l, lb.Value)
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendBytes(b, l)
+	})
+	return b
+}
+
+// encoder is the scratch space of request and the request body it made;
+// it goes back to the pool when the HTTP transport closes the body.
+type encoder struct {
+	body, compressed []byte
+	families         map[*familyMetadata]struct{}
+}
+
+var encoders = sync.Pool{New: func() any { return &encoder{families: map[*familyMetadata]struct{}{}} }}
+
+// reader returns the compressed body as one request's body.
+func (e *encoder) reader() io.ReadCloser {
+	return &requestBody{Reader: bytes.NewReader(e.compressed), enc: e}
+}
+
+type requestBody struct {
+	*bytes.Reader
+	enc    *encoder
+	closed atomic.Bool
+}
+
+// Close is called by the transport (maybe more than once) when it no
+// longer reads the body: only then may the encoder serve another request.
+func (b *requestBody) Close() error {
+	if !b.closed.Swap(true) {
+		encoders.Put(b.enc)
+	}
+	return nil
 }
 
 // receiverError is a receiver's failure to take a write.

@@ -207,11 +207,16 @@ func (a *API) Engine() *promql.Engine { return a.engine }
 // the engine reports as 503 elsewhere. (Generic only to match the unexported
 // parameter type of v1.OverrideErrorCode.)
 func timeoutIs503[N any](_ N, err error) (int, bool) {
-	if errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrUnavailable) {
 		return http.StatusServiceUnavailable, true
 	}
 	return 0, false
 }
+
+// ErrUnavailable is wrapped by a source's error when too much of it is down
+// to answer (more receivers than the replication tolerates): the query is
+// answered 503, to be retried, not 422 as if it were wrong.
+var ErrUnavailable = errors.New("data source unavailable")
 
 // noStepSubqueryInterval is the step of a subquery that names none.
 const noStepSubqueryInterval = time.Minute

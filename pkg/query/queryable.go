@@ -31,8 +31,8 @@ type TenantQueryable struct {
 	// the bucket's blocks when the bucket store runs.
 	Sources []Source
 	// Receivers are the ring's receivers (scale-out; nil without it): their
-	// heads and local blocks are raw data like the local TSDB's, read over
-	// the last ReceiversLookback only (what receivers keep locally).
+	// heads and local blocks are raw data like the local TSDB's; they keep
+	// about the last ReceiversLookback, which the bucket then reads raw.
 	Receivers         Source
 	ReceiversLookback time.Duration
 }

@@ -78,8 +78,8 @@ func (q localFromQuerier) Select(ctx context.Context, sortSeries bool, hints *st
 	return q.Querier.Select(ctx, sortSeries, hints, ms...)
 }
 
-// receiversFrom is the oldest time the ring's receivers are read from (and
-// with them, raw bucket data); math.MaxInt64 without receivers.
+// receiversFrom is the oldest time the bucket is read raw from because the
+// ring's receivers hold that range raw; math.MaxInt64 without receivers.
 func (q TenantQueryable) receiversFrom() int64 {
 	if q.Receivers == nil {
 		return math.MaxInt64
@@ -95,10 +95,14 @@ func (q TenantQueryable) receiversFrom() int64 {
 // silently answering without its data. (The receivers source tolerates its
 // replicas' failures itself, with a warning.)
 //
-// The receivers are read only from receiversFrom on, and the bucket reads
-// raw data from there: a receiver's older blocks, not yet past its local
-// retention, would otherwise be raw samples beside the same data
-// downsampled.
+// The receivers are read over the whole range: what they hold is there
+// (backfilled or late samples older than their lookback; a block shipped
+// but not yet seen by the bucket store), and a query must not hide it. The
+// bucket reads raw data from receiversFrom on, where the receivers keep
+// their data: a range both answers raw is merged sample by sample. (Only
+// data older than that, still on a receiver and already downsampled in the
+// bucket, could meet its own aggregates; the compactor downsamples only
+// what has been in the bucket for longer than receivers keep blocks.)
 func (q TenantQueryable) openQuerier(tenantID string, mint, maxt int64) (storage.Querier, error) {
 	var qs []storage.Querier
 	local := noLocalBlocks
@@ -113,10 +117,10 @@ func (q TenantQueryable) openQuerier(tenantID string, mint, maxt int64) (storage
 		qs = append(qs, downsample.NewRawQuerier(dq))
 		local, localFrom = localBlocks(db), localMinTime(db)
 	}
-	if from := q.receiversFrom(); maxt >= from {
-		if rq := q.Receivers.Querier(tenantID, max(mint, from), maxt, noLocalBlocks); rq != nil {
+	if q.Receivers != nil {
+		if rq := q.Receivers.Querier(tenantID, mint, maxt, noLocalBlocks); rq != nil {
 			qs = append(qs, downsample.NewRawQuerier(rq))
-			localFrom = min(localFrom, from)
+			localFrom = min(localFrom, q.receiversFrom())
 		}
 	}
 	for _, src := range q.Sources {
@@ -145,8 +149,8 @@ func (q TenantQueryable) openChunkQuerier(tenantID string, mint, maxt int64) (st
 		qs = append(qs, dq)
 		local = localBlocks(db)
 	}
-	if from := q.receiversFrom(); maxt >= from {
-		if rq := q.Receivers.ChunkQuerier(tenantID, max(mint, from), maxt, noLocalBlocks); rq != nil {
+	if q.Receivers != nil {
+		if rq := q.Receivers.ChunkQuerier(tenantID, mint, maxt, noLocalBlocks); rq != nil {
 			qs = append(qs, rq)
 		}
 	}

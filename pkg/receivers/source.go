@@ -2,7 +2,6 @@ package receivers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -26,6 +25,7 @@ import (
 	"github.com/prometheus/prometheus/storage/remote"
 	"github.com/prometheus/prometheus/util/annotations"
 
+	"github.com/gpustore/gpustore/pkg/query"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 )
 
@@ -251,10 +251,10 @@ type failure struct {
 func (s *Source) read(ctx context.Context, tenant string, pq *prompb.Query, seriesOnly bool) ([]storage.SeriesSet, annotations.Annotations, error) {
 	rs, err := s.ring.GetReplicationSetForOperation(ring.Read)
 	if err != nil {
-		return nil, nil, fmt.Errorf("receivers: ring: %w", err)
+		return nil, nil, fmt.Errorf("receivers: ring: %w (%w)", err, query.ErrUnavailable)
 	}
 	if len(rs.Instances) == 0 {
-		return nil, nil, errors.New("receivers: no receiver in the ring")
+		return nil, nil, fmt.Errorf("receivers: no receiver in the ring (%w)", query.ErrUnavailable)
 	}
 	s.pruneClients(rs.Instances)
 	ctx = user.InjectOrgID(ctx, tenant) // the tenant header, see tenantHeader
@@ -318,6 +318,9 @@ type readError struct {
 	rs     ring.ReplicationSet
 	failed []failure
 }
+
+// Is makes the query API answer 503 (query.ErrUnavailable).
+func (e *readError) Is(target error) bool { return target == query.ErrUnavailable }
 
 func (e *readError) Error() string {
 	var b strings.Builder

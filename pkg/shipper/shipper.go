@@ -99,6 +99,11 @@ type Shipper struct {
 	// OnUpload, when set, is called after each confirmed upload (the bucket
 	// store uses it to see the block at once).
 	OnUpload func(tenant string, meta block.Meta)
+	// KeepAfterUpload is how long an uploaded block stays on disk at least
+	// (past the local retention too): with the ring, queriers in other
+	// processes see a new block only at their next bucket listing, and
+	// until then the receiver must still serve it.
+	KeepAfterUpload time.Duration
 
 	mtx     sync.Mutex
 	tenants map[string]*tenantState
@@ -111,8 +116,8 @@ type tenantState struct {
 	syncMtx sync.Mutex // one sync of the tenant at a time
 
 	// Guarded by Shipper.mtx.
-	shipped     map[ulid.ULID]struct{}
-	pending     []ulid.ULID // local blocks not yet shipped, as of the last sync
+	shipped     map[ulid.ULID]time.Time // when the upload was confirmed (zero: before a restart)
+	pending     []ulid.ULID             // local blocks not yet shipped, as of the last sync
 	backoff     time.Duration
 	nextAttempt time.Time
 }
@@ -144,7 +149,7 @@ func (s *Shipper) stateLocked(tenant string) *tenantState {
 	if st, ok := s.tenants[tenant]; ok {
 		return st
 	}
-	st := &tenantState{tenant: tenant, path: filepath.Join(s.dbs.TenantDir(tenant), StateFilename), shipped: map[ulid.ULID]struct{}{}}
+	st := &tenantState{tenant: tenant, path: filepath.Join(s.dbs.TenantDir(tenant), StateFilename), shipped: map[ulid.ULID]time.Time{}}
 	b, err := os.ReadFile(st.path)
 	switch {
 	case err == nil:
@@ -154,7 +159,7 @@ func (s *Shipper) stateLocked(tenant string) *tenantState {
 			s.logger.Warn("ignoring damaged shipper state; blocks are checked against the bucket", "tenant", tenant, "file", st.path, "err", err)
 		}
 		for _, id := range f.Uploaded {
-			st.shipped[id] = struct{}{}
+			st.shipped[id] = time.Time{}
 		}
 	case !errors.Is(err, os.ErrNotExist):
 		s.logger.Warn("read shipper state", "tenant", tenant, "file", st.path, "err", err)
@@ -164,16 +169,22 @@ func (s *Shipper) stateLocked(tenant string) *tenantState {
 }
 
 // MayDelete is the TSDB's deletion gate (tenantdb.DeletionGate): a block past
-// the local retention may go once its upload is confirmed.
+// the local retention may go once its upload is confirmed, and
+// KeepAfterUpload has passed since.
 func (s *Shipper) MayDelete(tenant string, id ulid.ULID) bool {
+	s.mtx.Lock()
+	defer s.mtx.Unlock()
+	at, ok := s.stateLocked(tenant).shipped[id]
+	return ok && time.Since(at) >= s.KeepAfterUpload
+}
+
+// Shipped reports whether the block's upload is confirmed.
+func (s *Shipper) Shipped(tenant string, id ulid.ULID) bool {
 	s.mtx.Lock()
 	defer s.mtx.Unlock()
 	_, ok := s.stateLocked(tenant).shipped[id]
 	return ok
 }
-
-// Shipped reports whether the block's upload is confirmed.
-func (s *Shipper) Shipped(tenant string, id ulid.ULID) bool { return s.MayDelete(tenant, id) }
 
 // Run syncs every Interval until ctx ends (a dskit service's running function).
 func (s *Shipper) Run(ctx context.Context) error {
@@ -270,7 +281,7 @@ func (s *Shipper) SyncTenant(ctx context.Context, tenant string, db *tsdb.DB, fo
 			return fmt.Errorf("block %s: %w", b.Meta().ULID, err)
 		}
 		s.mtx.Lock()
-		st.shipped[b.Meta().ULID] = struct{}{}
+		st.shipped[b.Meta().ULID] = time.Now()
 		st.pending = slices.DeleteFunc(st.pending, func(id ulid.ULID) bool { return id == b.Meta().ULID })
 		st.backoff, st.nextAttempt = 0, time.Time{}
 		s.mtx.Unlock()
