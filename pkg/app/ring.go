@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/grafana/dskit/modules"
+	"github.com/grafana/dskit/ring"
 	"github.com/grafana/dskit/services"
 
 	"github.com/gpustore/gpustore/pkg/distributor"
@@ -64,7 +65,10 @@ func (a *App) initRing() (services.Service, error) {
 // receiverService runs a receiver in the ring: its lifecycler joins the
 // ring once the receiver takes writes (the storage module, which ingest
 // depends on, has replayed the WAL) and, on shutdown, leaves it before the
-// storage closes, so distributors stop writing to it first.
+// storage closes, so distributors stop writing to it first. With
+// ring.flush_on_shutdown the receiver first turns LEAVING (no new writes),
+// then flushes its heads into blocks and ships them: a receiver removed
+// for good (scale-in) leaves its samples in the bucket, not in a WAL.
 func (a *App) receiverService(sweep func()) (services.Service, error) {
 	l, err := a.Cfg.Ring.NewLifecycler(a.Server.Addr().String(), a.memberlistKV(), a.Logger.With("component", "lifecycler"), a.Registry)
 	if err != nil {
@@ -90,8 +94,41 @@ func (a *App) receiverService(sweep func()) (services.Service, error) {
 				}
 			}
 		},
-		func(error) error { return services.StopAndAwaitTerminated(context.Background(), l) },
+		func(error) error {
+			if a.Cfg.Ring.FlushOnShutdown {
+				a.flushAndShip(l)
+			}
+			return services.StopAndAwaitTerminated(context.Background(), l)
+		},
 	), nil
+}
+
+// flushAndShip is a leaving receiver's last work: LEAVING in the ring, a
+// heartbeat period for distributors to see it, then heads to blocks and
+// blocks to the bucket. Failures are logged: what is not shipped stays on
+// disk (blocks) and is shipped at the next start.
+func (a *App) flushAndShip(l *ring.BasicLifecycler) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	log := a.Logger.With("component", "lifecycler")
+	if err := l.ChangeState(ctx, ring.LEAVING); err != nil {
+		log.Warn("turn LEAVING in the ring", "err", err)
+	}
+	time.Sleep(time.Duration(a.Cfg.Ring.HeartbeatPeriod))
+	start := time.Now()
+	log.Info("leaving the ring: flushing heads into blocks and shipping them")
+	if err := a.DBs.FlushHeads(ctx); err != nil {
+		log.Error("flush heads before leaving; the WAL keeps what was not flushed", "err", err)
+	}
+	if a.Shipper == nil {
+		log.Warn("shipper disabled: flushed blocks stay on local disk")
+		return
+	}
+	if err := a.Shipper.Flush(ctx); err != nil {
+		log.Error("ship blocks before leaving; they stay on local disk and are shipped at the next start", "err", err)
+		return
+	}
+	log.Info("heads flushed and shipped", "took", time.Since(start).Round(time.Millisecond))
 }
 
 func (a *App) initDistributor() (services.Service, error) {

@@ -62,6 +62,9 @@ type Config struct {
 	Client config_util.HTTPClientConfig `yaml:"client"`
 	// RemoteTimeout bounds one call to a receiver.
 	RemoteTimeout model.Duration `yaml:"remote_timeout"`
+	// FlushOnShutdown: a stopping receiver turns LEAVING, flushes its heads
+	// into blocks and ships them before it leaves the ring.
+	FlushOnShutdown bool `yaml:"flush_on_shutdown"`
 }
 
 // DefaultConfig is off, with the settings scale-out starts from.
@@ -70,7 +73,8 @@ func DefaultConfig() Config {
 		KVStore: "memberlist", ReplicationFactor: 3, NumTokens: 128,
 		HeartbeatPeriod: model.Duration(5 * time.Second), HeartbeatTimeout: model.Duration(time.Minute),
 		Scheme: "http", Client: config_util.DefaultHTTPClientConfig,
-		RemoteTimeout: model.Duration(10 * time.Second),
+		RemoteTimeout:   model.Duration(10 * time.Second),
+		FlushOnShutdown: true,
 	}
 }
 
@@ -83,6 +87,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.InstanceAddr, "ring.instance-addr", c.InstanceAddr, "host:port other gpustore processes reach this one at (default: from the listen address).")
 	fs.Var(&c.HeartbeatPeriod, "ring.heartbeat-period", "How often a receiver renews its entry in the ring.")
 	fs.Var(&c.HeartbeatTimeout, "ring.heartbeat-timeout", "A receiver whose heartbeat is older is unhealthy: not written to, and its failures tolerated by reads.")
+	fs.BoolVar(&c.FlushOnShutdown, "ring.flush-on-shutdown", c.FlushOnShutdown, "A stopping receiver stops taking writes, flushes its heads into blocks and ships them before it leaves the ring (so scale-in leaves nothing in a WAL).")
 }
 
 // Validate checks the section.

@@ -217,6 +217,20 @@ func (s *Shipper) Sync(ctx context.Context) {
 	}
 }
 
+// Flush uploads every tenant's unshipped blocks now, whatever the backoff,
+// and returns what failed (a receiver leaving the ring ships all it has).
+func (s *Shipper) Flush(ctx context.Context) error {
+	var errs []error
+	for _, t := range s.dbs.Tenants() {
+		if db := s.dbs.Existing(t); db != nil {
+			if err := s.SyncTenant(ctx, t, db.DB, true); err != nil {
+				errs = append(errs, fmt.Errorf("tenant %q: %w", t, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // SyncTenant uploads the tenant's unshipped blocks, oldest first. force
 // ignores the backoff. It stops at the first failure.
 func (s *Shipper) SyncTenant(ctx context.Context, tenant string, db *tsdb.DB, force bool) error {

@@ -396,6 +396,49 @@ func openTSDB(dir string, l *slog.Logger, r prometheus.Registerer, opts *tsdb.Op
 	return tsdb.Open(dir, l, r, opts, nil)
 }
 
+// FlushHeads writes every tenant's head into blocks (out-of-order samples
+// first, then the in-order head one block range at a time) and truncates the
+// WAL: what a receiver does before it leaves the ring for good, so that its
+// samples reach the bucket with the shipper's next sync rather than stay in
+// a WAL nobody replays. Blocks overlapping later ones are merged by the
+// compactor and, until then, by queries.
+func (m *Manager) FlushHeads(ctx context.Context) error {
+	m.mtx.RLock()
+	dbs := make([]*DB, 0, len(m.dbs))
+	for _, db := range m.dbs {
+		dbs = append(dbs, db)
+	}
+	m.mtx.RUnlock()
+	rng := time.Duration(m.cfg.BlockDuration).Milliseconds()
+	var errs []error
+	for _, db := range dbs {
+		if err := db.flushHead(ctx, rng); err != nil {
+			errs = append(errs, fmt.Errorf("flush head of tenant %q: %w", db.Tenant, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (db *DB) flushHead(ctx context.Context, rng int64) error {
+	if err := db.CompactOOOHead(ctx); err != nil {
+		return err
+	}
+	h := db.Head()
+	if h.NumSeries() == 0 {
+		return nil
+	}
+	mint, maxt := h.MinTime(), h.MaxTime()
+	for start := mint - ((mint%rng)+rng)%rng; start <= maxt; start += rng {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := db.CompactHead(tsdb.NewRangeHead(h, max(start, mint), min(start+rng-1, maxt))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // FlushMetadata writes every tenant's metadata that changed since the last flush.
 func (m *Manager) FlushMetadata() error {
 	m.mtx.RLock()
