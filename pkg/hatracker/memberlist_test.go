@@ -99,3 +99,32 @@ func TestMemberlistReceiversAgree(t *testing.T) {
 	}
 	mustAccept(t, a, "t", "gpu-a", "p0", false)
 }
+
+// TestMergeConcurrentElections: two processes that elected different
+// replicas before gossip carried either choice converge on the first
+// election whichever view merges into which (the replica already taking
+// writes keeps the cluster); a failover (next term) wins over the election
+// it replaced even though the latter was first.
+func TestMergeConcurrentElections(t *testing.T) {
+	first := ReplicaDesc{Replica: "p1", ElectedAt: 1000, ReceivedAt: 1500, Term: 1}
+	second := ReplicaDesc{Replica: "p0", ElectedAt: 1015, ReceivedAt: 1600, Term: 1}
+	failover := ReplicaDesc{Replica: "p0", ElectedAt: 40000, ReceivedAt: 40000, Term: 2}
+	merge := func(a, b ReplicaDesc) string {
+		if _, err := a.Merge(&b, false); err != nil {
+			t.Fatal(err)
+		}
+		return a.Replica
+	}
+	if got := merge(first, second); got != "p1" {
+		t.Errorf("first's view merging second's: %s, want p1 (elected first)", got)
+	}
+	if got := merge(second, first); got != "p1" {
+		t.Errorf("second's view merging first's: %s, want p1 (elected first)", got)
+	}
+	if got := merge(first, failover); got != "p0" {
+		t.Errorf("a failover merged into the election it replaced: %s, want p0", got)
+	}
+	if got := merge(failover, first); got != "p0" {
+		t.Errorf("the replaced election merged into a failover: %s, want p0", got)
+	}
+}

@@ -16,9 +16,15 @@ type ReplicaDesc struct {
 	// ReceivedAt is the wall-clock time (ms) of the latest write from the
 	// elected replica that was recorded in the store.
 	ReceivedAt int64 `json:"received_at"`
-	// ElectedAt is when Replica won the election (ms); it orders elections
-	// when two receivers' views are merged.
+	// ElectedAt is when Replica won the election (ms).
 	ElectedAt int64 `json:"elected_at"`
+	// Term counts the elections of the cluster: a failover's is one more
+	// than the election it replaced. Two processes that elected at once
+	// (before gossip carried either choice) hold the same term, and the
+	// first election of the term wins when their views merge, so an
+	// established replica is not replaced by a late concurrent election.
+	// 0: written before terms existed (later ElectedAt wins, as then).
+	Term int64 `json:"term,omitempty"`
 	// DeletedAt marks a cluster that stopped writing (a tombstone), ms.
 	DeletedAt int64 `json:"deleted_at,omitempty"`
 }
@@ -45,10 +51,12 @@ func (replicaCodec) Encode(v any) ([]byte, error) {
 	return json.Marshal(d)
 }
 
-// Merge implements memberlist.Mergeable so that receivers gossiping their
-// views converge on one elected replica: the later election wins (a failover
-// supersedes what it replaced); for the same election the later ReceivedAt
-// wins; ties go to the smaller replica name so every node decides alike.
+// Merge implements memberlist.Mergeable so that processes gossiping their
+// views converge on one elected replica: the higher term wins (a failover
+// supersedes what it replaced); within a term the earlier election (the
+// replica that was elected first keeps the cluster); for the same election
+// the later ReceivedAt wins; ties go to the smaller replica name so every
+// node decides alike.
 func (d *ReplicaDesc) Merge(other memberlist.Mergeable, _ bool) (memberlist.Mergeable, error) {
 	o, ok := other.(*ReplicaDesc)
 	if !ok || o == nil {
@@ -63,8 +71,12 @@ func (d *ReplicaDesc) Merge(other memberlist.Mergeable, _ bool) (memberlist.Merg
 
 func (d *ReplicaDesc) newerThan(x *ReplicaDesc) bool {
 	switch {
-	case d.ElectedAt != x.ElectedAt:
+	case d.Term != x.Term:
+		return d.Term > x.Term
+	case d.ElectedAt != x.ElectedAt && d.Term == 0:
 		return d.ElectedAt > x.ElectedAt
+	case d.ElectedAt != x.ElectedAt:
+		return d.ElectedAt < x.ElectedAt
 	case d.Replica != x.Replica:
 		return d.Replica < x.Replica
 	case d.ReceivedAt != x.ReceivedAt:

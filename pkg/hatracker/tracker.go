@@ -312,15 +312,18 @@ func (t *Tracker) elect(ctx context.Context, k key, replica string, now, failove
 	err := t.kv.CAS(ctx, k.String(), func(in any) (any, bool, error) {
 		cur, _ := in.(*ReplicaDesc)
 		switch {
-		case cur == nil || cur.DeletedAt != 0:
-			result = ReplicaDesc{Replica: replica, ReceivedAt: now, ElectedAt: now}
+		case cur == nil:
+			result = ReplicaDesc{Replica: replica, ReceivedAt: now, ElectedAt: now, Term: 1}
+			accepted, changed = true, true
+		case cur.DeletedAt != 0:
+			result = ReplicaDesc{Replica: replica, ReceivedAt: now, ElectedAt: now, Term: cur.Term + 1}
 			accepted, changed = true, true
 		case cur.Replica == replica:
 			result = *cur
 			result.ReceivedAt = max(cur.ReceivedAt, now)
 			accepted, changed = true, false
 		case now-cur.ReceivedAt >= failover && now-t.localLastSeen(k, cur.Replica) >= failover:
-			result = ReplicaDesc{Replica: replica, ReceivedAt: now, ElectedAt: max(now, cur.ElectedAt+1)}
+			result = ReplicaDesc{Replica: replica, ReceivedAt: now, ElectedAt: max(now, cur.ElectedAt+1), Term: cur.Term + 1}
 			accepted, changed = true, true
 		default:
 			result = *cur
