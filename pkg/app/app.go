@@ -122,6 +122,7 @@ type App struct {
 
 	mm      *modules.Manager
 	manager *services.Manager
+	storage services.Service // the storage module's service
 }
 
 // New prepares the module graph; nothing starts before Run.
@@ -236,6 +237,20 @@ func (a *App) initHATracker() (services.Service, error) {
 	return t, nil
 }
 
+// storageReady: the tenants' databases are open (the storage service runs
+// or is stopping; after the close writes get tenantdb.ErrClosed).
+func (a *App) storageReady() error {
+	if a.storage == nil {
+		return errors.New("storage not started")
+	}
+	switch s := a.storage.State(); s {
+	case services.Running, services.Stopping:
+		return nil
+	default:
+		return fmt.Errorf("storage %s", strings.ToLower(s.String()))
+	}
+}
+
 func (a *App) initStorage() (services.Service, error) {
 	dbs, err := tenantdb.NewManager(a.Cfg.TSDB, a.Logger.With("component", "tsdb"), a.Registry)
 	if err != nil {
@@ -276,7 +291,8 @@ func (a *App) initStorage() (services.Service, error) {
 		}
 		return dbs.Close()
 	}
-	return services.NewBasicService(start, run, stop), nil
+	a.storage = services.NewBasicService(start, run, stop)
+	return a.storage, nil
 }
 
 func (a *App) initIngest() (services.Service, error) {
@@ -286,6 +302,11 @@ func (a *App) initIngest() (services.Service, error) {
 	}
 	if a.Cfg.Ring.Enabled {
 		deps.Downstream, deps.Registry = true, wrapStage(a.Registry, "receiver")
+		// A receiver takes writes from its WAL replay to its storage's
+		// close (ErrClosed: 503), also while it leaves the ring: until the
+		// distributors see it LEAVING they still write to it, and refusing
+		// would cost quorums when two receivers stop at once.
+		deps.Ready = a.storageReady
 	}
 	ing, err := ingest.New(a.Cfg.Ingest, deps)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/grafana/dskit/modules"
 	"github.com/grafana/dskit/ring"
 	"github.com/grafana/dskit/services"
@@ -79,7 +80,14 @@ func (a *App) receiverService(sweep func()) (services.Service, error) {
 	failed := services.NewFailureWatcher()
 	failed.WatchService(l)
 	return services.NewBasicService(
-		func(ctx context.Context) error { return services.StartAndAwaitRunning(ctx, l) },
+		// Not the starting context: the lifecycler would stop with it, the
+		// moment this service starts stopping, before it could turn LEAVING.
+		func(ctx context.Context) error {
+			if err := l.StartAsync(context.Background()); err != nil {
+				return err
+			}
+			return l.AwaitRunning(ctx)
+		},
 		func(ctx context.Context) error {
 			t := time.NewTicker(period)
 			defer t.Stop()
@@ -168,6 +176,31 @@ func (a *App) storageLimits() tenantdb.TenantLimits {
 		return a.Limits
 	}
 	return a.Cfg.Ring.ReplicaLimits(a.Limits)
+}
+
+// rulesToken places "the rules" in the ring: the ACTIVE receiver that owns
+// it evaluates every tenant's rules; the others stand by and take over when
+// it leaves.
+var rulesToken = uint32(xxhash.Sum64String("gpustore/rules"))
+
+// rulesActive tells the ruler whether this receiver evaluates the rules;
+// nil (always) without the ring.
+func (a *App) rulesActive() func() bool {
+	if a.Ring == nil {
+		return nil
+	}
+	self, err := a.Cfg.Ring.ID()
+	if err != nil {
+		return nil
+	}
+	return func() bool {
+		rs, err := a.Ring.Get(rulesToken, ring.Write, nil, nil, nil)
+		if err != nil || len(rs.Instances) == 0 {
+			a.Logger.Warn("ring: cannot tell which receiver evaluates the rules", "err", err)
+			return false
+		}
+		return rs.Instances[0].Id == self
+	}
 }
 
 // receiverRoutes are a receiver's routes in the ring: writes from

@@ -34,6 +34,7 @@ func (a *App) initRules() (services.Service, error) {
 			}
 			return query.WithDedup(ctx, replicaLabels)
 		},
+		Active:        a.rulesActive(),
 		Logger:        a.Logger.With("component", "rules"),
 		Registerer:    a.Registry,
 		ListenAddress: a.Server.Addr().String(),

@@ -42,6 +42,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/grafana/dskit/services"
@@ -83,6 +84,11 @@ type Options struct {
 	// ListenAddress (host:port actually listened on) gives the default
 	// external URL http://<hostname>:<port>.
 	ListenAddress string
+	// Active, when set, says whether this ruler evaluates (asked every
+	// tenant poll): with the ring, one receiver of the ring evaluates the
+	// rules and the others stand by, so no rule is evaluated (and no alert
+	// sent, no recorded sample written) once per receiver. nil: always.
+	Active func() bool
 }
 
 // Ruler runs the rule managers of every tenant. It is a dskit service.
@@ -110,6 +116,9 @@ type Ruler struct {
 
 	reloadSuccess *prometheus.GaugeVec
 	reloadTime    *prometheus.GaugeVec
+	// active: see Options.Active; an inactive ruler loads no rules.
+	active      atomic.Bool
+	activeGauge prometheus.Gauge
 }
 
 // tenantRules is one tenant's rule and notifier managers.
@@ -169,6 +178,14 @@ func New(opts Options) (*Ruler, error) {
 			Name: "gpustore_rules_config_last_reload_success_timestamp_seconds",
 			Help: "Time of the last successful load of the tenant's rule files.",
 		}, []string{"tenant"}),
+		activeGauge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gpustore_rules_active",
+			Help: "1 if this process evaluates the rules; 0 if another receiver of the ring does.",
+		}),
+	}
+	r.active.Store(opts.Active == nil)
+	if err := r.reg.Register(r.activeGauge); err != nil {
+		return nil, err
 	}
 	if err := r.reg.Register(r.reloadSuccess); err != nil {
 		return nil, err
@@ -214,6 +231,7 @@ func (r *Ruler) starting(context.Context) error {
 	}
 	// Errors in rule files are reported per tenant (log, gauge) and do not
 	// stop gpustore: other tenants' rules and the data path keep working.
+	r.updateActive()
 	_ = r.sync(true)
 	return nil
 }
@@ -226,9 +244,36 @@ func (r *Ruler) running(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+			if r.updateActive() {
+				_ = r.sync(true)
+				continue
+			}
 			_ = r.sync(false)
 		}
 	}
+}
+
+// updateActive asks Options.Active and reports whether it changed.
+func (r *Ruler) updateActive() bool {
+	if r.opts.Active == nil {
+		r.activeGauge.Set(1)
+		return false
+	}
+	a := r.opts.Active()
+	if a {
+		r.activeGauge.Set(1)
+	} else {
+		r.activeGauge.Set(0)
+	}
+	if r.active.Swap(a) == a {
+		return false
+	}
+	if a {
+		r.logger.Info("this receiver now evaluates the rules")
+	} else {
+		r.logger.Info("another receiver of the ring evaluates the rules; standing by")
+	}
+	return true
 }
 
 func (r *Ruler) stopping(error) error {
@@ -349,7 +394,7 @@ func (r *Ruler) sync(full bool) error {
 		return errors.New("rules are stopped")
 	}
 	if !full {
-		if !r.cfg.GPUPack {
+		if !r.cfg.GPUPack || !r.active.Load() {
 			return nil
 		}
 		// Tenants that wrote their first sample since the last look get the
@@ -452,12 +497,15 @@ func (r *Ruler) load(t string, own []ruleFile, readErrs []error, setGauge bool) 
 
 	// The pack is for tenants with data: a tenant known only from the rules
 	// directory gets it once it has a database (see sync).
-	withPack := r.cfg.GPUPack && r.opts.DBs.Existing(t) != nil
+	active := r.active.Load()
+	withPack := active && r.cfg.GPUPack && r.opts.DBs.Existing(t) != nil
 	var files []ruleFile
 	if withPack {
 		files = append(files, r.pack...)
 	}
-	files = append(files, own...)
+	if active {
+		files = append(files, own...)
+	}
 	snapshot := make(map[string][]byte, len(files))
 	names := make([]string, 0, len(files))
 	for _, f := range files {

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -685,4 +686,50 @@ func TestBrokenFileAtStartup(t *testing.T) {
 	if n, want := len(e.groupNames("team-a")), len(e.groupNames("team-b"))-1; n != want {
 		t.Errorf("team-a has %d groups, want the pack's %d", n, want)
 	}
+}
+
+// TestStandbyRuler: a ruler that Options.Active says is not the one (with
+// the ring: another receiver owns the rules) evaluates nothing; once it is
+// the one it loads every tenant's rules, and stands by again when it no
+// longer is.
+func TestStandbyRuler(t *testing.T) {
+	var on atomic.Bool
+	e := newEnv(t, func(c *Config) { c.GPUPack = true })
+	r, err := New(Options{
+		Config: e.ruler.cfg, Tenants: e.ruler.opts.Tenants, DBs: e.dbs, Engine: e.api.Engine(),
+		Logger: e.ruler.logger, Registerer: prometheus.NewRegistry(), ListenAddress: "127.0.0.1:9201",
+		Active: on.Load,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unused := e.ruler
+	e.ruler = r
+	t.Cleanup(func() {
+		if err := services.StopAndAwaitTerminated(context.Background(), r); err != nil {
+			t.Errorf("stop ruler: %v", err)
+		}
+		e.ruler = unused // the cleanup of newEnv stops the one it built
+	})
+	e.appendTemps("team-a", "node-1", []float64{50}, time.Now())
+	e.writeRules("team-a", "temps.yml", maxTempRules)
+	e.start()
+	time.Sleep(300 * time.Millisecond) // three tenant polls
+	if got := e.groupNames("team-a"); len(got) != 0 {
+		t.Fatalf("standing by, the ruler evaluates %v", got)
+	}
+	on.Store(true)
+	waitFor(t, 5*time.Second, "the rules loaded once active", func() error {
+		if got := e.groupNames("team-a"); !slices.ContainsFunc(got, func(g string) bool { return strings.HasSuffix(g, ";temps") }) || len(got) < 2 {
+			return fmt.Errorf("groups %v, want the pack and temps", got)
+		}
+		return nil
+	})
+	on.Store(false)
+	waitFor(t, 5*time.Second, "the rules unloaded on standby", func() error {
+		if got := e.groupNames("team-a"); len(got) != 0 {
+			return fmt.Errorf("groups %v", got)
+		}
+		return nil
+	})
 }
