@@ -174,6 +174,10 @@ func Load(fs *flag.FlagSet, args []string) (Config, string, error) {
 		if err != nil {
 			return cfg, file, fmt.Errorf("read config file: %w", err)
 		}
+		// Start again from the defaults: the first parse only found the
+		// file, and list flags (memberlist.join, ...) would otherwise
+		// append their values twice.
+		cfg = DefaultConfig()
 		dec := yaml.NewDecoder(strings.NewReader(string(b)))
 		dec.KnownFields(true)
 		if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
