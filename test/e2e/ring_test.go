@@ -602,6 +602,10 @@ type ringCluster struct {
 	s3        *s3Server
 	receivers []*ringProc
 	front     *ringProc // -target=distributor,query
+	// add defines (does not start) one more process of the cluster, with
+	// the cluster's flags, a memberlist port of its own and a fresh data
+	// dir: a receiver when id is set, else a front. Cleanup kills it too.
+	add func(name, id, target string) *ringProc
 }
 
 // startRing starts n receivers (-target=ingest) and a distributor+query
@@ -609,6 +613,13 @@ type ringCluster struct {
 // waits until the front sees n ACTIVE receivers. Every process is killed at
 // cleanup and its log printed if the test failed.
 func startRing(t *testing.T, n int) *ringCluster {
+	t.Helper()
+	return startRingWith(t, n)
+}
+
+// startRingWith is startRing with extra flags for every process of the
+// cluster (those added later by ringCluster.add too).
+func startRingWith(t *testing.T, n int, extra ...string) *ringCluster {
 	t.Helper()
 	bin := ringBinary(t)
 	c := &ringCluster{s3: startS3(t)}
@@ -653,6 +664,7 @@ func startRing(t *testing.T, n int) *ringCluster {
 	for _, p := range mlPorts[:n] { // every receiver is a seed: any one may be down
 		common = append(common, "-memberlist.join=127.0.0.1:"+p)
 	}
+	common = append(common, extra...)
 	newProc := func(name, id, target, mlPort string) *ringProc {
 		addr := freePort(t)
 		args := append([]string{
@@ -672,6 +684,10 @@ func startRing(t *testing.T, n int) *ringCluster {
 		c.receivers = append(c.receivers, newProc("receiver-"+id, id, "ingest", mlPorts[i]))
 	}
 	c.front = newProc("distributor-query", "", "distributor,query", mlPorts[n])
+	c.add = func(name, id, target string) *ringProc {
+		_, mlPort, _ := strings.Cut(freePort(t), ":")
+		return newProc(name, id, target, mlPort)
+	}
 	// The first seed alone, then the others together.
 	c.receivers[0].start()
 	c.receivers[0].waitReady()
