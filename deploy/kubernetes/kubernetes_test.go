@@ -3,11 +3,13 @@ package kubernetes
 import (
 	"bytes"
 	"flag"
+	"fmt"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -134,15 +136,45 @@ func TestStrictDecoderRejectsUnknownFields(t *testing.T) {
 	}
 }
 
+// ringJoin is the scaled overlay's memberlist seed: the gossip Service's
+// DNS name in dskit's DNS-provider syntax.
+const ringJoin = "dns+gpustore-gossip.gpustore.svc.cluster.local:7946"
+
+type overlayCase struct {
+	overlay string
+	// targets of the gpustore containers, by workload.
+	targets map[string]string
+	// services maps each client-facing (not headless) Service to the one
+	// workload it must select.
+	services map[string]string
+	// ringMembers are the workloads that must run with --ring.enabled.
+	ringMembers []string
+}
+
+var overlayCases = []overlayCase{
+	{
+		overlay:  "overlays/single",
+		targets:  map[string]string{"StatefulSet/gpustore": "all"},
+		services: map[string]string{"gpustore": "StatefulSet/gpustore"},
+	},
+	{
+		overlay: "overlays/scaled",
+		targets: map[string]string{
+			"StatefulSet/gpustore-receiver":   "ingest,rules",
+			"Deployment/gpustore-distributor": "distributor",
+			"Deployment/gpustore-querier":     "query",
+			"Deployment/gpustore-compactor":   "compact",
+		},
+		services: map[string]string{
+			"gpustore-distributor": "Deployment/gpustore-distributor",
+			"gpustore-querier":     "Deployment/gpustore-querier",
+		},
+		ringMembers: []string{"StatefulSet/gpustore-receiver", "Deployment/gpustore-distributor", "Deployment/gpustore-querier"},
+	},
+}
+
 func TestOverlays(t *testing.T) {
-	for _, tc := range []struct {
-		overlay string
-		// targets of the gpustore containers, by workload.
-		targets map[string]string
-	}{
-		{"overlays/single", map[string]string{"StatefulSet/gpustore": "all"}},
-		{"overlays/scaled", map[string]string{"StatefulSet/gpustore": "ingest,query,rules", "Deployment/gpustore-compactor": "compact"}},
-	} {
+	for _, tc := range overlayCases {
 		t.Run(filepath.Base(tc.overlay), func(t *testing.T) {
 			o := render(t, tc.overlay)
 			pods := o.pods()
@@ -150,21 +182,23 @@ func TestOverlays(t *testing.T) {
 				t.Errorf("workloads %v, want %v", keys(pods), keys(tc.targets))
 			}
 			checkWorkloads(t, o)
-			checkServices(t, o)
+			checkServices(t, o, tc.services)
 			checkPodMonitorsAndPDBs(t, o)
+			cfgs := map[string]app.Config{}
 			for name, pod := range pods {
 				want, ok := tc.targets[name]
 				if !ok {
 					t.Errorf("unexpected workload %s", name)
 					continue
 				}
-				checkGpustorePod(t, o, name, pod, want)
+				cfgs[name] = checkGpustorePod(t, o, name, pod, want)
 			}
 			for _, s := range o.statefulSets {
 				if len(s.Spec.VolumeClaimTemplates) != 1 || s.Spec.VolumeClaimTemplates[0].Name != "data" {
 					t.Errorf("StatefulSet %s: want one volume claim template \"data\"", s.Name)
 				}
 			}
+			checkRing(t, o, cfgs, tc.ringMembers)
 		})
 	}
 }
@@ -228,31 +262,77 @@ func workloadSelector(o *objects, name string) map[string]string {
 	return nil
 }
 
-func checkServices(t *testing.T, o *objects) {
+// checkServices checks that every Service selects pods that have its
+// target ports (by name and protocol), and that each client-facing Service
+// selects exactly the one workload it is for.
+func checkServices(t *testing.T, o *objects, want map[string]string) {
 	t.Helper()
+	clientFacing := map[string]bool{}
 	for _, s := range o.services {
-		matched := false
+		var matched []string
 		for name, pod := range o.pods() {
 			if !selects(s.Spec.Selector, pod) {
 				continue
 			}
-			matched = true
+			matched = append(matched, name)
 			for _, p := range s.Spec.Ports {
-				if cp, ok := hasPort(pod, p.TargetPort.StrVal); !ok || cp != p.Port {
-					t.Errorf("Service %s port %d → %q: %s has it as %d (%v)", s.Name, p.Port, p.TargetPort.StrVal, name, cp, ok)
+				if cp, ok := hasPortProto(pod, p.TargetPort.StrVal, p.Protocol); !ok || cp != p.Port {
+					t.Errorf("Service %s port %d/%s → %q: %s has it as %d (%v)", s.Name, p.Port, proto(p.Protocol), p.TargetPort.StrVal, name, cp, ok)
 				}
 			}
 		}
-		if !matched {
+		if len(matched) == 0 {
 			t.Errorf("Service %s selects no pod (%v)", s.Name, s.Spec.Selector)
+		}
+		if s.Spec.ClusterIP == corev1.ClusterIPNone {
+			continue
+		}
+		clientFacing[s.Name] = true
+		slices.Sort(matched)
+		if w, ok := want[s.Name]; !ok {
+			t.Errorf("unexpected Service %s (selects %v)", s.Name, matched)
+		} else if !slices.Equal(matched, []string{w}) {
+			t.Errorf("Service %s selects %v, want only %s", s.Name, matched, w)
+		}
+	}
+	for name := range want {
+		if !clientFacing[name] {
+			t.Errorf("no Service %s", name)
 		}
 	}
 }
 
+func proto(p corev1.Protocol) corev1.Protocol {
+	if p == "" {
+		return corev1.ProtocolTCP
+	}
+	return p
+}
+
+// hasPortProto is hasPort for a Service port: Kubernetes resolves a named
+// target port by name and protocol.
+func hasPortProto(pod *corev1.PodTemplateSpec, name string, protocol corev1.Protocol) (int32, bool) {
+	for _, c := range pod.Spec.Containers {
+		for _, p := range c.Ports {
+			if p.Name == name && proto(p.Protocol) == proto(protocol) {
+				return p.ContainerPort, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// checkPodMonitorsAndPDBs checks that the one PodMonitor scrapes every
+// gpustore pod and that the disruption budgets cover every workload of more
+// than one replica (and every StatefulSet) with maxUnavailable 1, each pod
+// by at most one budget (the eviction API refuses a pod under two).
 func checkPodMonitorsAndPDBs(t *testing.T, o *objects) {
 	t.Helper()
-	if len(o.podMonitors) != 1 || len(o.pdbs) != 1 {
-		t.Fatalf("%d PodMonitors and %d PodDisruptionBudgets, want one each", len(o.podMonitors), len(o.pdbs))
+	if len(o.podMonitors) != 1 {
+		t.Fatalf("%d PodMonitors, want one", len(o.podMonitors))
+	}
+	if len(o.pdbs) == 0 {
+		t.Fatal("no PodDisruptionBudget")
 	}
 	pm := o.podMonitors[0]
 	for name, pod := range o.pods() {
@@ -266,8 +346,26 @@ func checkPodMonitorsAndPDBs(t *testing.T, o *objects) {
 				t.Errorf("PodMonitor %s: port %s not on %s", pm.Name, *ep.Port, name)
 			}
 		}
-		if !selects(o.pdbs[0].Spec.Selector.MatchLabels, pod) {
-			t.Errorf("PodDisruptionBudget %s does not cover %s", o.pdbs[0].Name, name)
+		var budgets []*policyv1.PodDisruptionBudget
+		for _, pdb := range o.pdbs {
+			if selects(pdb.Spec.Selector.MatchLabels, pod) {
+				budgets = append(budgets, pdb)
+			}
+		}
+		switch {
+		case len(budgets) > 1:
+			t.Errorf("%s is under %d PodDisruptionBudgets: evictions would fail", name, len(budgets))
+		case len(budgets) == 0 && (strings.HasPrefix(name, "StatefulSet/") || replicas(o, name) > 1):
+			t.Errorf("no PodDisruptionBudget covers %s", name)
+		case len(budgets) == 1:
+			if mu := budgets[0].Spec.MaxUnavailable; mu == nil || mu.IntValue() != 1 {
+				t.Errorf("PodDisruptionBudget %s: maxUnavailable %v, want 1", budgets[0].Name, mu)
+			}
+		}
+	}
+	for _, pdb := range o.pdbs {
+		if !slices.ContainsFunc(keys(o.pods()), func(n string) bool { return selects(pdb.Spec.Selector.MatchLabels, o.pods()[n]) }) {
+			t.Errorf("PodDisruptionBudget %s selects no pod", pdb.Name)
 		}
 	}
 	if pm.Spec.JobLabel != "app.kubernetes.io/name" {
@@ -275,14 +373,84 @@ func checkPodMonitorsAndPDBs(t *testing.T, o *objects) {
 	}
 }
 
-// benchSeries is the active-series count of a 1024-GPU cluster in
-// bench/RESULTS.md, and benchKiBPerSeries its peak RSS per active series.
-const benchSeries, benchKiBPerSeries = 70000, 3.2
+func replicas(o *objects, name string) int32 {
+	var r *int32
+	for _, s := range o.statefulSets {
+		if "StatefulSet/"+s.Name == name {
+			r = s.Spec.Replicas
+		}
+	}
+	for _, d := range o.deployments {
+		if "Deployment/"+d.Name == name {
+			r = d.Spec.Replicas
+		}
+	}
+	if r == nil {
+		return 1
+	}
+	return *r
+}
 
-// checkGpustorePod loads the container's flags with gpustore's own loader,
-// from the ConfigMaps and Secret the pod mounts (the Secret from
-// base/objstore.example.yml), and checks ports, probes and resources.
-func checkGpustorePod(t *testing.T, o *objects, name string, pod *corev1.PodTemplateSpec, target string) {
+// benchSeries is the active-series count of a 1024-GPU cluster in
+// bench/RESULTS.md, benchKiBPerSeries its peak RSS per active series in a
+// TSDB, and benchKiBPerSeriesHeap the heap a series' labels and caches take
+// (what a distributor keeps of it, once).
+const benchSeries, benchKiBPerSeries, benchKiBPerSeriesHeap = 70000, 3.2, 1.2
+
+// podEnvSamples are the values the downward API would give the fields the
+// manifests use, for expanding $(VAR) references in args as the kubelet does.
+var podEnvSamples = map[string]string{
+	"metadata.name": "gpustore-receiver-1",
+	"status.podIP":  "10.12.3.4",
+}
+
+// expandArgs expands $(VAR) references to the container's env as the
+// kubelet does; a reference to a variable the container does not define,
+// or to a field without a sample value, is an error.
+func expandArgs(t *testing.T, name string, c corev1.Container) []string {
+	t.Helper()
+	env := map[string]string{}
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom != nil && e.ValueFrom.FieldRef != nil:
+			v, ok := podEnvSamples[e.ValueFrom.FieldRef.FieldPath]
+			if !ok {
+				t.Errorf("%s: env %s: no sample value for field %s", name, e.Name, e.ValueFrom.FieldRef.FieldPath)
+			}
+			env[e.Name] = v
+		case e.ValueFrom == nil:
+			env[e.Name] = e.Value
+		}
+	}
+	var out []string
+	for _, a := range c.Args {
+		var b strings.Builder
+		for {
+			i := strings.Index(a, "$(")
+			if i < 0 {
+				break
+			}
+			j := strings.Index(a[i:], ")")
+			if j < 0 {
+				break
+			}
+			v, ok := env[a[i+2:i+j]]
+			if !ok {
+				t.Errorf("%s: arg %q refers to $(%s), which the container's env does not define", name, a, a[i+2:i+j])
+			}
+			b.WriteString(a[:i] + v)
+			a = a[i+j+1:]
+		}
+		out = append(out, b.String()+a)
+	}
+	return out
+}
+
+// checkGpustorePod loads the container's flags with gpustore's own loader
+// (which validates the result), from the ConfigMaps and Secret the pod
+// mounts (the Secret from base/objstore.example.yml) and with $(VAR)
+// references expanded, and checks ports, probes and resources.
+func checkGpustorePod(t *testing.T, o *objects, name string, pod *corev1.PodTemplateSpec, target string) app.Config {
 	t.Helper()
 	if len(pod.Spec.Containers) != 1 {
 		t.Fatalf("%s: %d containers, want 1", name, len(pod.Spec.Containers))
@@ -323,7 +491,7 @@ func checkGpustorePod(t *testing.T, o *objects, name string, pod *corev1.PodTemp
 		}
 	}
 	var args []string
-	for _, a := range c.Args {
+	for _, a := range expandArgs(t, name, c) {
 		for mp, dir := range mounts {
 			if k, v, ok := strings.Cut(a, "="); ok && (v == mp || strings.HasPrefix(v, mp+"/")) {
 				a = k + "=" + dir + strings.TrimPrefix(v, mp)
@@ -341,13 +509,20 @@ func checkGpustorePod(t *testing.T, o *objects, name string, pod *corev1.PodTemp
 	if cfg.Target != target {
 		t.Errorf("%s: target %s, want %s", name, cfg.Target, target)
 	}
-	if cfg.Bucket.ConfigFile == "" {
+	roles := strings.Split(cfg.Target, ",")
+	runs := func(role string) bool { return slices.Contains(roles, role) || slices.Contains(roles, app.All) }
+	// What the process keeps on disk: the TSDBs (ingest), the active-query
+	// log (query, and rules, which runs it), the compactor's scratch space.
+	// A distributor alone keeps nothing and needs neither a volume nor the
+	// bucket.
+	disk := runs(app.Ingest) || runs(app.Query) || runs(app.Rules) || runs(app.Compact)
+	if disk && cfg.Bucket.ConfigFile == "" {
 		t.Errorf("%s: no bucket config file from the Secret", name)
 	}
-	if _, ok := mounts[cfg.TSDB.Dir]; !ok && !strings.HasPrefix(cfg.TSDB.Dir, root) {
+	if _, ok := mounts[cfg.TSDB.Dir]; disk && !ok && !strings.HasPrefix(cfg.TSDB.Dir, root) {
 		t.Errorf("%s: storage.tsdb.path %s is not on a volume", name, cfg.TSDB.Dir)
 	}
-	if strings.Contains(target, "rules") || target == "all" {
+	if runs(app.Rules) {
 		dir, ok := mounts[cfg.Rules.Dir]
 		if !ok {
 			t.Errorf("%s: rules.dir %s is not mounted", name, cfg.Rules.Dir)
@@ -377,12 +552,169 @@ func checkGpustorePod(t *testing.T, o *objects, name string, pod *corev1.PodTemp
 	if req.Cpu().IsZero() || req.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
 		t.Errorf("%s: needs cpu and memory requests and a memory limit", name)
 	}
-	if target != "compact" {
-		need := resource.NewQuantity(cfg.BucketStore.CacheSize+int64(benchSeries*benchKiBPerSeries*1024), resource.BinarySI)
-		if req.Memory().Cmp(*need) < 0 {
-			t.Errorf("%s: memory request %s < page cache + %d series × %.1f KiB = %s", name, req.Memory(), benchSeries, benchKiBPerSeries, need)
+	// Memory: the bucket store's page cache where the query role runs (rules
+	// run it too), and the TSDB's series where ingest runs: in the ring each
+	// receiver holds RF/N of them. A distributor holds each series' labels.
+	var need int64
+	var why []string
+	if runs(app.Query) || runs(app.Rules) {
+		need += cfg.BucketStore.CacheSize
+		why = append(why, "page cache")
+	}
+	if runs(app.Ingest) {
+		share := 1.0
+		if n := replicas(o, name); cfg.Ring.Enabled && int(n) > cfg.Ring.ReplicationFactor {
+			share = float64(cfg.Ring.ReplicationFactor) / float64(n)
+		}
+		need += int64(share * benchSeries * benchKiBPerSeries * 1024)
+		why = append(why, fmt.Sprintf("%.0f series × %.1f KiB", share*benchSeries, benchKiBPerSeries))
+	} else if runs(app.Distributor) {
+		need += int64(benchSeries * benchKiBPerSeriesHeap * 1024)
+		why = append(why, fmt.Sprintf("%d series × %.1f KiB", benchSeries, benchKiBPerSeriesHeap))
+	}
+	if q := resource.NewQuantity(need, resource.BinarySI); req.Memory().Cmp(*q) < 0 {
+		t.Errorf("%s: memory request %s < %s = %s", name, req.Memory(), strings.Join(why, " + "), q)
+	}
+	return cfg
+}
+
+// checkRing checks the ring topology: exactly the members run with
+// --ring.enabled, all with the same memberlist seed, gossip port and
+// gossiped HA election; the seed is a headless Service of the namespace,
+// published before readiness, that selects every member and no other pod
+// and exposes the gossip port over TCP and UDP, which every member's
+// container declares; receivers name themselves after their pod, advertise
+// their pod IP and HTTP port, and have the time to flush and ship their
+// heads when they stop.
+func checkRing(t *testing.T, o *objects, cfgs map[string]app.Config, members []string) {
+	t.Helper()
+	for name, cfg := range cfgs {
+		if cfg.Ring.Enabled != slices.Contains(members, name) {
+			t.Errorf("%s: ring.enabled %v, want %v", name, cfg.Ring.Enabled, !cfg.Ring.Enabled)
 		}
 	}
+	if len(members) == 0 {
+		return
+	}
+	pods := o.pods()
+	joinArgs := func(name string) []string {
+		var j []string
+		for _, a := range pods[name].Spec.Containers[0].Args {
+			if v, ok := strings.CutPrefix(strings.TrimLeft(a, "-"), "memberlist.join="); ok {
+				j = append(j, v)
+			}
+		}
+		return j
+	}
+	first := members[0]
+	for _, m := range members {
+		cfg, ok := cfgs[m]
+		if !ok {
+			t.Errorf("ring member %s is not a workload", m)
+			continue
+		}
+		if j := joinArgs(m); !slices.Equal(j, []string{ringJoin}) {
+			t.Errorf("%s: --memberlist.join %v, want [%s]", m, j, ringJoin)
+		}
+		// Load parses the flags again after the config file: a list flag
+		// may repeat its values, which the DNS provider resolves once.
+		if j := slices.Compact(slices.Sorted(slices.Values(cfg.Memberlist.JoinMembers))); !slices.Equal(j, []string{ringJoin}) {
+			t.Errorf("%s: gpustore joins %v, want [%s]", m, cfg.Memberlist.JoinMembers, ringJoin)
+		}
+		if cfg.Ring.KVStore != "memberlist" || !cfg.HA.Enabled || cfg.HA.KVStore != "memberlist" {
+			t.Errorf("%s: ring store %q, HA tracker %v store %q: want both on memberlist", m, cfg.Ring.KVStore, cfg.HA.Enabled, cfg.HA.KVStore)
+		}
+		if p, p0 := cfg.Memberlist.TCPTransport.BindPort, cfgs[first].Memberlist.TCPTransport.BindPort; p != p0 {
+			t.Errorf("%s: memberlist.bind-port %d, %s's is %d", m, p, first, p0)
+		}
+		if cfg.Ring.ReplicationFactor != cfgs[first].Ring.ReplicationFactor {
+			t.Errorf("%s: replication factor %d, %s's is %d", m, cfg.Ring.ReplicationFactor, first, cfgs[first].Ring.ReplicationFactor)
+		}
+		for _, pr := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
+			if !slices.ContainsFunc(pods[m].Spec.Containers[0].Ports, func(p corev1.ContainerPort) bool {
+				return int(p.ContainerPort) == cfg.Memberlist.TCPTransport.BindPort && proto(p.Protocol) == pr
+			}) {
+				t.Errorf("%s: container does not declare the gossip port %d/%s", m, cfg.Memberlist.TCPTransport.BindPort, pr)
+			}
+		}
+	}
+
+	// The seed: dns+<service>.<namespace>.svc.cluster.local:<port>.
+	hostPort, ok := strings.CutPrefix(ringJoin, "dns+")
+	if !ok {
+		t.Fatalf("%s: want dskit's dns+ (A/AAAA) lookup", ringJoin)
+	}
+	host, port, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svcName, ns, _ := strings.Cut(strings.TrimSuffix(host, ".svc.cluster.local"), ".")
+	if want := o.namespaces[0].Name; ns != want || !strings.HasSuffix(host, ".svc.cluster.local") {
+		t.Errorf("%s: want <service>.%s.svc.cluster.local", ringJoin, want)
+	}
+	if port != strconv.Itoa(cfgs[first].Memberlist.TCPTransport.BindPort) {
+		t.Errorf("%s: port %s, members gossip on %d", ringJoin, port, cfgs[first].Memberlist.TCPTransport.BindPort)
+	}
+	var gossip *corev1.Service
+	for _, s := range o.services {
+		if s.Name == svcName {
+			gossip = s
+		}
+	}
+	if gossip == nil {
+		t.Fatalf("%s: no Service %s", ringJoin, svcName)
+	}
+	if gossip.Spec.ClusterIP != corev1.ClusterIPNone || !gossip.Spec.PublishNotReadyAddresses {
+		t.Errorf("Service %s: want headless (clusterIP None) with publishNotReadyAddresses: the DNS lookup must return every member's pod, ready or not", gossip.Name)
+	}
+	for name, pod := range pods {
+		if m := slices.Contains(members, name); selects(gossip.Spec.Selector, pod) != m {
+			t.Errorf("Service %s selects %s: %v, want %v (ring member: %v)", gossip.Name, name, !m, m, m)
+		}
+	}
+	for _, pr := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
+		if !slices.ContainsFunc(gossip.Spec.Ports, func(p corev1.ServicePort) bool { return itoa(p.Port) == port && proto(p.Protocol) == pr }) {
+			t.Errorf("Service %s: no port %s/%s", gossip.Name, port, pr)
+		}
+	}
+
+	// Receivers.
+	for _, m := range members {
+		cfg := cfgs[m]
+		if !slices.Contains(strings.Split(cfg.Target, ","), app.Ingest) {
+			continue
+		}
+		pod := pods[m]
+		if !strings.HasPrefix(m, "StatefulSet/") {
+			t.Errorf("%s: a receiver needs a StatefulSet (a stable name and volume to rejoin with)", m)
+		}
+		if n := replicas(o, m); int(n) < cfg.Ring.ReplicationFactor {
+			t.Errorf("%s: %d receivers, fewer than the replication factor %d", m, n, cfg.Ring.ReplicationFactor)
+		}
+		if cfg.Ring.InstanceID != podEnvSamples["metadata.name"] {
+			t.Errorf("%s: ring.instance-id %q, want the pod's name (downward API metadata.name)", m, cfg.Ring.InstanceID)
+		}
+		host, port, err := net.SplitHostPort(cfg.Ring.InstanceAddr)
+		if err != nil {
+			t.Errorf("%s: ring.instance-addr %q: %v", m, cfg.Ring.InstanceAddr, err)
+		}
+		if host != podEnvSamples["status.podIP"] {
+			t.Errorf("%s: ring.instance-addr host %q, want the pod's IP (downward API status.podIP)", m, host)
+		}
+		if cp, ok := hasPort(pod, "http"); !ok || itoa(cp) != port {
+			t.Errorf("%s: ring.instance-addr port %s, container port http %d", m, port, cp)
+		}
+		if g := pod.Spec.TerminationGracePeriodSeconds; cfg.Ring.FlushOnShutdown && (g == nil || *g < 120) {
+			t.Errorf("%s: terminationGracePeriodSeconds %s: a leaving receiver needs minutes (≥ 120s) to flush and ship its heads", m, fmtSeconds(g))
+		}
+	}
+}
+
+func fmtSeconds(s *int64) string {
+	if s == nil {
+		return "unset (30)"
+	}
+	return strconv.FormatInt(*s, 10)
 }
 
 func itoa(n int32) string { return resource.NewQuantity(int64(n), resource.DecimalSI).String() }
@@ -430,7 +762,8 @@ func checkRuleFile(t *testing.T, f string) {
 }
 
 // The Prometheus Operator snippet is one HA pair writing to the gpustore
-// Service with gpustore's HA labels.
+// Service with gpustore's HA labels; its comment gives the scaled overlay's
+// address (the distributors' Service).
 func TestPrometheusHAPair(t *testing.T) {
 	b, err := os.ReadFile("prometheus/prometheus-ha-pair.yaml")
 	if err != nil {
@@ -454,14 +787,6 @@ func TestPrometheusHAPair(t *testing.T) {
 	if p.Spec.ExternalLabels[def.HAClusterLabel] == "" {
 		t.Errorf("no %s external label", def.HAClusterLabel)
 	}
-	o := render(t, "overlays/single")
-	ns := o.namespaces[0].Name
-	var svc *corev1.Service
-	for _, s := range o.services {
-		if s.Spec.ClusterIP != corev1.ClusterIPNone {
-			svc = s
-		}
-	}
 	if len(p.Spec.RemoteWrite) != 1 {
 		t.Fatalf("%d remoteWrite entries, want 1", len(p.Spec.RemoteWrite))
 	}
@@ -469,7 +794,26 @@ func TestPrometheusHAPair(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := svc.Name + "." + ns + ".svc:" + itoa(svc.Spec.Ports[0].Port); u.Host != want || u.Path != "/api/v1/write" {
+	if want := writeAddr(t, "overlays/single", "StatefulSet/gpustore"); u.Host != want || u.Path != "/api/v1/write" {
 		t.Errorf("remote write %s, want http://%s/api/v1/write", u, want)
 	}
+	// The scaled overlay's address, in the snippet's comment: the Service
+	// in front of the distributors.
+	if want := "url: http://" + writeAddr(t, "overlays/scaled", "Deployment/gpustore-distributor") + "/api/v1/write"; !strings.Contains(string(b), want) {
+		t.Errorf("the snippet does not document overlays/scaled's remote write (%s)", want)
+	}
+}
+
+// writeAddr is host:port of the client-facing Service in front of workload.
+func writeAddr(t *testing.T, overlay, workload string) string {
+	t.Helper()
+	o := render(t, overlay)
+	ns := o.namespaces[0].Name
+	for _, s := range o.services {
+		if s.Spec.ClusterIP != corev1.ClusterIPNone && selects(s.Spec.Selector, o.pods()[workload]) {
+			return s.Name + "." + ns + ".svc:" + itoa(s.Spec.Ports[0].Port)
+		}
+	}
+	t.Fatalf("%s: no Service selects %s", overlay, workload)
+	return ""
 }
