@@ -24,7 +24,7 @@ UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./.
 # its concurrency: the lease's renewal and two compactors on one bucket.
 COMPACT_RACE_TESTS := TestLeaseExpiresAfterHolderDies|TestTwoCompactorsOneBucket|TestWorkingDirectoryBounded
 
-.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact bench-relabel clean docker dashboards dev-stack
+.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact bench-relabel bench-ring clean docker dashboards dev-stack
 
 all: build
 
@@ -146,6 +146,11 @@ bench-compact:
 # preset and 20 user rules (known and new series), then a simulated day of
 # the 1024-GPU cluster (job churn, exporter and driver upgrades) without and
 # with the dcgm preset: series, heap, bytes/sample (bench/RESULTS.md). ~4 min.
+# Scale-out: ingest CPU per million samples and dashboard latency, single
+# node against 1, 3 and 5 receivers behind a distributor (RF 1 and 3).
+bench-ring:
+	bench/ring.sh
+
 bench-relabel:
 	$(GO) test -run XXX -bench IngestRelabel -benchtime 200x -benchmem ./pkg/ingest
 	$(GO) run ./bench/cmd/relabelbench

@@ -1,0 +1,61 @@
+#!/bin/bash
+# ring.sh [TOPOLOGIES]
+#
+# Ingest and dashboard-query cost of scale-out on loopback: for each
+# topology ("single", or RECEIVERS:RF, e.g. "1:1 3:1 3:3 5:3"), starts
+# gpustore (one -target=ingest,query process, or RECEIVERS receivers and one
+# distributor,query front on the ring), writes the simulated 32-node cluster
+# (DURATION of history at 15 s, default 2h: 6.4 M samples) as fast as it is
+# accepted, then runs
+# bench/load's dashboard panels over 1 h and 6 h windows (results cache
+# off). Prints loadgen's lines, the front's CPU per million samples and the
+# CPU of every gpustore process together. Every process shares this
+# machine's cores: compare topologies run here, not absolute throughput.
+set -euo pipefail
+topologies=${1:-"single 1:1 3:1 3:3 5:3"}
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
+go build -o "$work/gpustore" "$root/cmd/gpustore"
+go build -o "$work/loadgen" "$root/bench/cmd/loadgen"
+pids=()
+stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
+trap 'stop; rm -rf "$work"' EXIT
+cpu() { # utime+stime of every process started, in seconds
+	local t=0
+	for p in "${pids[@]}"; do t=$((t + $(awk '{print $14+$15}' /proc/$p/stat))); done
+	echo "scale=2; $t/$(getconf CLK_TCK)" | bc
+}
+front=127.0.0.1:19510
+for topo in $topologies; do
+	run=$work/$topo
+	mkdir -p "$run/bucket"
+	printf 'type: FILESYSTEM\nconfig:\n  directory: %s/bucket\n' "$run" >"$run/bucket.yml"
+	common=(-objstore.config-file="$run/bucket.yml" -query.results-cache.enabled=false -log.level=warn)
+	if [ "$topo" = single ]; then
+		"$work/gpustore" -target=ingest,query "${common[@]}" -web.listen-address=$front -storage.tsdb.path="$run/s" >"$run/s.log" 2>&1 &
+		pids+=($!)
+	else
+		n=${topo%:*} rf=${topo#*:}
+		ring=(-ring.enabled -ring.replication-factor="$rf" -memberlist.bind-addr=127.0.0.1 -memberlist.join=127.0.0.1:18561)
+		for i in $(seq 1 "$n"); do
+			"$work/gpustore" -target=ingest "${common[@]}" "${ring[@]}" -ring.instance-id=r$i -memberlist.nodename=r$i \
+				-memberlist.bind-port=1856$i -web.listen-address=127.0.0.1:1951$i -storage.tsdb.path="$run/r$i" >"$run/r$i.log" 2>&1 &
+			pids+=($!)
+		done
+		"$work/gpustore" -target=distributor,query "${common[@]}" "${ring[@]}" -ring.instance-id=front -memberlist.nodename=front \
+			-memberlist.bind-port=18560 -web.listen-address=$front -storage.tsdb.path="$run/front" >"$run/front.log" 2>&1 &
+		pids+=($!)
+	fi
+	until curl -sf "http://$front/-/ready" >/dev/null; do sleep 0.5; done
+	if [ "$topo" != single ]; then
+		until [ "$(curl -s "http://$front/ring" | grep -o ACTIVE | wc -l)" -ge "$n" ]; do sleep 0.5; done
+	fi
+	echo "== $topo"
+	c0=$(cpu)
+	"$work/loadgen" write -url "http://$front/api/v1/write" -cluster.nodes 32 -duration "${DURATION:-2h}" -end 2026-12-03T18:00:00Z \
+		-scrape.interval 15s -pid "${pids[-1]}" 2>&1 | tail -2
+	sleep 3
+	echo "every gpustore process: $(echo "$(cpu) - $c0" | bc) CPU-seconds"
+	"$work/loadgen" query -url "http://$front" -end 2026-12-03T18:00:00Z -windows 1h,6h -rounds 5 2>&1 | tail -4
+	stop
+done
