@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -53,7 +54,7 @@ func (a *App) initRing() (services.Service, error) {
 	if !a.Cfg.Ring.Enabled {
 		return nil, nil
 	}
-	r, err := a.Cfg.Ring.NewClient(a.memberlistKV(), a.Logger.With("component", "ring"), a.Registry)
+	r, err := a.Cfg.Ring.NewClient(receiverring.Receivers, a.memberlistKV(), a.Logger.With("component", "ring"), a.Registry)
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +72,7 @@ func (a *App) initRing() (services.Service, error) {
 // then flushes its heads into blocks and ships them: a receiver removed
 // for good (scale-in) leaves its samples in the bucket, not in a WAL.
 func (a *App) receiverService(sweep func()) (services.Service, error) {
-	l, err := a.Cfg.Ring.NewLifecycler(a.Server.Addr().String(), a.memberlistKV(), a.Logger.With("component", "lifecycler"), a.Registry)
+	l, err := a.Cfg.Ring.NewLifecycler(receiverring.Receivers, a.Server.Addr().String(), a.memberlistKV(), a.Logger.With("component", "lifecycler"), a.Registry)
 	if err != nil {
 		return nil, err
 	}
@@ -144,13 +145,31 @@ func (a *App) initDistributor() (services.Service, error) {
 		return nil, nil // only checkRoles' error reaches a user who asks for it
 	}
 	reg := wrapStage(a.Registry, "distributor")
-	d, err := distributor.New(a.Cfg.Ring, a.Ring, a.Logger.With("component", "distributor"), reg)
+	logger := a.Logger.With("component", "distributor")
+	d, err := distributor.New(a.Cfg.Ring, a.Ring, logger, reg)
 	if err != nil {
 		return nil, err
 	}
+	// The distributors count themselves in a ring of their own: each allows
+	// its share of a tenant's ingestion rate (dskit's global strategy).
+	peers, err := a.Cfg.Ring.NewClient(receiverring.Distributors, a.memberlistKV(), logger, a.Registry)
+	if err != nil {
+		return nil, err
+	}
+	self, err := a.Cfg.Ring.NewLifecycler(receiverring.Distributors, a.Server.Addr().String(), a.memberlistKV(), logger, a.Registry)
+	if err != nil {
+		return nil, err
+	}
+	share := func() int {
+		rs, err := peers.GetAllHealthy(ring.Reporting)
+		if err != nil {
+			return 1
+		}
+		return max(1, len(rs.Instances))
+	}
 	ing, err := ingest.New(a.Cfg.Ingest, ingest.Deps{
-		Tenants: a.Cfg.Tenant, Store: d, Limits: a.Limits, HA: a.HA,
-		Logger: a.Logger.With("component", "distributor"), Registry: reg, Ready: a.ready,
+		Tenants: a.Cfg.Tenant, Store: d, Limits: a.Limits, HA: a.HA, RateShare: share,
+		Logger: logger, Registry: reg, Ready: a.ready,
 	})
 	if err != nil {
 		return nil, err
@@ -161,12 +180,35 @@ func (a *App) initDistributor() (services.Service, error) {
 		a.Server.Mux.Handle("/ha-tracker", a.HA.Handler())
 		a.Server.AdminOnly("/ha-tracker")
 	}
-	sweep := time.Duration(a.Cfg.TSDB.BlockDuration)
-	return services.NewTimerService(sweep, nil, func(context.Context) error {
-		ing.SweepCaches()
-		d.Sweep()
-		return nil
-	}, nil), nil
+	sweep := time.NewTicker(time.Duration(a.Cfg.TSDB.BlockDuration))
+	return services.NewBasicService(
+		func(ctx context.Context) error {
+			if err := services.StartAndAwaitRunning(ctx, peers); err != nil {
+				return err
+			}
+			if err := self.StartAsync(context.Background()); err != nil { // see receiverService
+				return err
+			}
+			return self.AwaitRunning(ctx)
+		},
+		func(ctx context.Context) error {
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-sweep.C:
+					ing.SweepCaches()
+					d.Sweep()
+				}
+			}
+		},
+		func(error) error {
+			sweep.Stop()
+			return errors.Join(
+				services.StopAndAwaitTerminated(context.Background(), self),
+				services.StopAndAwaitTerminated(context.Background(), peers))
+		},
+	), nil
 }
 
 // storageLimits are the limits the tenants' TSDBs apply; a receiver in the

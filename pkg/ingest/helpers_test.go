@@ -45,6 +45,7 @@ type testSetup struct {
 	ha      *hatracker.Config // nil: no HA dedup
 	clock   func() time.Time  // the HA tracker's clock; nil: wall clock
 	haKV    kv.Client         // the HA tracker's KV client; nil: in-memory
+	share   func() int        // Deps.RateShare
 }
 
 func newTestIngester(t testing.TB, mutate ...func(*testSetup)) *testIngester {
@@ -83,7 +84,7 @@ func newTestIngester(t testing.TB, mutate ...func(*testSetup)) *testIngester {
 		}
 		t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), ha) })
 	}
-	ing, err := New(setup.ingest, Deps{Tenants: setup.tenants, DBs: dbs, Limits: lim, HA: ha, Logger: logger, Registry: reg, Ready: func() error { return nil }})
+	ing, err := New(setup.ingest, Deps{Tenants: setup.tenants, DBs: dbs, Limits: lim, HA: ha, RateShare: setup.share, Logger: logger, Registry: reg, Ready: func() error { return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -114,9 +114,13 @@ type Deps struct {
 	// Limits are the per-tenant limits; nil means the defaults.
 	Limits *limits.Overrides
 	// HA deduplicates Prometheus HA pairs; nil turns dedup off.
-	HA       *hatracker.Tracker
-	Logger   *slog.Logger
-	Registry prometheus.Registerer
+	HA *hatracker.Tracker
+	// RateShare, when set, is how many processes share each tenant's
+	// ingestion rate (the ring's healthy distributors): this one allows
+	// rate/RateShare() samples per second.
+	RateShare func() int
+	Logger    *slog.Logger
+	Registry  prometheus.Registerer
 	// Ready reports whether the process can take writes; until then 503.
 	Ready func() error
 }
@@ -209,12 +213,20 @@ func New(cfg Config, d Deps) (*Ingester, error) {
 	}
 	i := &Ingester{
 		cfg: cfg, tenants: d.Tenants, sink: d.Store, downstream: d.Downstream, limits: d.Limits, ha: d.HA, logger: d.Logger,
-		rate:    limiter.NewRateLimiter(limits.RateStrategy{O: d.Limits}, 10*time.Second),
+		rate:    limiter.NewRateLimiter(rateStrategy(d), 10*time.Second),
 		metrics: newMetrics(d.Registry), ready: d.Ready, now: time.Now,
 		caches: map[string]*tenantState{},
 	}
 	i.pool.New = func() any { return &requestState{v1: newV1Decoder(), v2: newV2Decoder()} }
 	return i, nil
+}
+
+func rateStrategy(d Deps) limiter.RateLimiterStrategy {
+	s := limits.RateStrategy{O: d.Limits}
+	if d.RateShare == nil {
+		return s
+	}
+	return limits.SharedRateStrategy{RateStrategy: s, Processes: d.RateShare}
 }
 
 // RegisterRoutes adds the write endpoints: Prometheus' path and the ones

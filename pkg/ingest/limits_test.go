@@ -322,3 +322,34 @@ func TestRateLimitedRequestCreatesNoHeadSeries(t *testing.T) {
 		})
 	}
 }
+
+// TestRateSharedByDistributors: with the ring each distributor allows its
+// share of a tenant's ingestion rate (the rate divided by the healthy
+// distributors), and the whole burst.
+func TestRateSharedByDistributors(t *testing.T) {
+	for _, c := range []struct {
+		distributors int
+		want         int // status of the second request, a second after the burst
+	}{{1, http.StatusNoContent}, {2, http.StatusTooManyRequests}} {
+		t.Run(fmt.Sprint(c.distributors), func(t *testing.T) {
+			clock := &testClock{}
+			clock.set(time.Now().UnixMilli())
+			ti := newTestIngester(t, func(s *testSetup) {
+				l := &s.limits.Defaults
+				l.IngestionRate, l.IngestionBurstSize, l.RateLimitStatusCode = 10, 10, http.StatusTooManyRequests
+				s.share = func() int { return c.distributors }
+			})
+			ti.now = clock.now
+			now := clock.now().UnixMilli()
+			if resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: nSeries(10, now)})); resp.code != http.StatusNoContent {
+				t.Fatalf("the burst: %d %s", resp.code, resp.body)
+			}
+			// A second later the bucket holds 10 samples alone, 5 shared by two.
+			clock.set(clock.ms.Load() + 1000)
+			resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: nSeries(8, now+1000)}))
+			if resp.code != c.want {
+				t.Fatalf("8 samples a second after the burst with %d distributors: %d %s, want %d", c.distributors, resp.code, resp.body, c.want)
+			}
+		})
+	}
+}

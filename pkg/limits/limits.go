@@ -331,6 +331,25 @@ func (s RateStrategy) Burst(tenant string) int {
 	return l.IngestionBurstSize
 }
 
+// SharedRateStrategy is RateStrategy for processes that each take part of a
+// tenant's writes (the ring's distributors): each allows its share of the
+// tenant's rate, the rate divided by Processes() (asked at every refill, as
+// dskit's global strategy does), and the whole burst, so one request of
+// burst size still passes.
+type SharedRateStrategy struct {
+	RateStrategy
+	Processes func() int
+}
+
+// Limit implements limiter.RateLimiterStrategy.
+func (s SharedRateStrategy) Limit(tenant string) float64 {
+	l := s.RateStrategy.Limit(tenant)
+	if s.O.For(tenant).IngestionRate <= 0 {
+		return l
+	}
+	return l / float64(max(1, s.Processes()))
+}
+
 // MaxActiveSeries implements tenantdb.TenantLimits.
 func (o *Overrides) MaxActiveSeries(tenant string) int { return o.For(tenant).MaxActiveSeries }
 

@@ -32,6 +32,16 @@ const (
 	Key  = "receivers"
 )
 
+// Ring is one ring of the KV: the receivers', or the distributors' (which
+// only counts them, to share each tenant's ingestion rate).
+type Ring struct{ Name, Key string }
+
+// The rings.
+var (
+	Receivers    = Ring{Name, Key}
+	Distributors = Ring{"distributor", "distributors"}
+)
+
 // WritePath is where receivers take distributors' writes (not users'); they
 // serve queriers at receivers.ReadPath.
 const (
@@ -122,27 +132,27 @@ func (c Config) KV(memberlistKV func() (*memberlist.KV, error)) kv.Config {
 	return kv.Config{Store: c.KVStore, StoreConfig: kv.StoreConfig{MemberlistKV: memberlistKV}}
 }
 
-// NewClient returns the ring as distributors and queriers read it (a dskit
-// service: start it before use).
-func (c Config) NewClient(memberlistKV func() (*memberlist.KV, error), logger *slog.Logger, reg prometheus.Registerer) (*ring.Ring, error) {
+// NewClient returns the ring r as distributors and queriers read it (a
+// dskit service: start it before use).
+func (c Config) NewClient(r Ring, memberlistKV func() (*memberlist.KV, error), logger *slog.Logger, reg prometheus.Registerer) (*ring.Ring, error) {
 	rc := ring.Config{
 		KVStore:           c.KV(memberlistKV),
 		HeartbeatTimeout:  time.Duration(c.HeartbeatTimeout),
 		ReplicationFactor: c.ReplicationFactor,
 	}
-	return ring.New(rc, Name, Key, logging.GoKit(logger), reg)
+	return ring.New(rc, r.Name, r.Key, logging.GoKit(logger), reg)
 }
 
 // NewLifecycler registers this process as a receiver: ACTIVE with fresh
 // tokens once started, heartbeats while running, and out of the ring when
 // stopped (so writes go elsewhere at once). An instance that died without
 // leaving is forgotten after ten heartbeat timeouts.
-func (c Config) NewLifecycler(listenAddr string, memberlistKV func() (*memberlist.KV, error), logger *slog.Logger, reg prometheus.Registerer) (*ring.BasicLifecycler, error) {
+func (c Config) NewLifecycler(r Ring, listenAddr string, memberlistKV func() (*memberlist.KV, error), logger *slog.Logger, reg prometheus.Registerer) (*ring.BasicLifecycler, error) {
 	id, addr, err := c.identity(listenAddr, logger)
 	if err != nil {
 		return nil, err
 	}
-	store, err := kv.NewClient(c.KV(memberlistKV), ring.GetCodec(), kv.RegistererWithKVName(reg, Name+"-lifecycler"), logging.GoKit(logger))
+	store, err := kv.NewClient(c.KV(memberlistKV), ring.GetCodec(), kv.RegistererWithKVName(reg, r.Name+"-lifecycler"), logging.GoKit(logger))
 	if err != nil {
 		return nil, fmt.Errorf("ring kv: %w", err)
 	}
@@ -150,13 +160,13 @@ func (c Config) NewLifecycler(listenAddr string, memberlistKV func() (*memberlis
 	var delegate ring.BasicLifecyclerDelegate = ring.NewInstanceRegisterDelegate(ring.ACTIVE, c.NumTokens)
 	delegate = ring.NewLeaveOnStoppingDelegate(delegate, gk)
 	delegate = ring.NewAutoForgetDelegate(10*time.Duration(c.HeartbeatTimeout), delegate, gk)
-	logger.Info("joining the ring of receivers", "instance", id, "addr", addr)
+	logger.Info("joining a ring", "ring", r.Key, "instance", id, "addr", addr)
 	return ring.NewBasicLifecycler(ring.BasicLifecyclerConfig{
 		ID: id, Addr: addr,
 		HeartbeatPeriod:  time.Duration(c.HeartbeatPeriod),
 		HeartbeatTimeout: time.Duration(c.HeartbeatTimeout),
 		NumTokens:        c.NumTokens,
-	}, Name, Key, store, delegate, gk, reg)
+	}, r.Name, r.Key, store, delegate, gk, reg)
 }
 
 // ID is this process' instance ID in the ring.
