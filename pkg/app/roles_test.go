@@ -39,20 +39,7 @@ func TestRolesThatWouldHideDataAreRefused(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a, err := New(cfg, slog.New(slog.DiscardHandler))
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			if err := a.Start(ctx); err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				if err := a.Stop(); err != nil {
-					t.Error(err)
-				}
-			}()
+			a := startApp(t, cfg)
 			resp, err := http.Get("http://" + a.Server.Addr().String() + "/-/ready")
 			if err != nil {
 				t.Fatal(err)
@@ -88,20 +75,7 @@ func TestRingRoles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := a.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := a.Stop(); err != nil {
-			t.Error(err)
-		}
-	}()
+	a := startApp(t, cfg)
 	base := "http://" + a.Server.Addr().String()
 	now := time.Now().UnixMilli()
 	var status int
@@ -176,4 +150,24 @@ func instantValue(t *testing.T, base, expr string) string {
 	}
 	s, _ := out.Data.Result[0].Value[1].(string)
 	return s
+}
+
+// startApp starts gpustore with cfg and stops it when the test ends.
+func startApp(t *testing.T, cfg Config) *App {
+	t.Helper()
+	a, err := New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := a.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return a
 }

@@ -843,19 +843,7 @@ func (w *ringWriter) exactDiff(m model.Matrix, from, to int64) string {
 		}
 		m = kept
 	}
-	want := model.Matrix{}
-	for i, s := range w.series {
-		ss := &model.SampleStream{Metric: model.Metric{}}
-		for _, l := range s.Labels {
-			ss.Metric[model.LabelName(l.Name)] = model.LabelValue(l.Value)
-		}
-		for _, ts := range acked {
-			if ts >= from && ts <= to {
-				ss.Values = append(ss.Values, model.SamplePair{Timestamp: model.Time(ts), Value: model.SampleValue(gpuValue(i, ts))})
-			}
-		}
-		want = append(want, ss)
-	}
+	want := w.expected(acked, from, to)
 	return diffMatrix(want, m)
 }
 

@@ -1129,10 +1129,9 @@ func (w *ringWriter) checkContains(m model.Matrix, acked []int64, when string) {
 	}
 }
 
-// diff: m holds exactly the acknowledged samples of [from, to] (when no
-// write failed; otherwise also possibly samples sent but not acknowledged).
-func (w *ringWriter) diff(m model.Matrix, acked []int64, from, to int64) error {
-	failed := len(w.failures()) > 0
+// expected is the writer's series with the samples at the acknowledged
+// timestamps in [from, to].
+func (w *ringWriter) expected(acked []int64, from, to int64) model.Matrix {
 	want := model.Matrix{}
 	for i, s := range w.series {
 		ss := &model.SampleStream{Metric: model.Metric{}}
@@ -1146,6 +1145,14 @@ func (w *ringWriter) diff(m model.Matrix, acked []int64, from, to int64) error {
 		}
 		want = append(want, ss)
 	}
+	return want
+}
+
+// diff: m holds exactly the acknowledged samples of [from, to] (when no
+// write failed; otherwise also possibly samples sent but not acknowledged).
+func (w *ringWriter) diff(m model.Matrix, acked []int64, from, to int64) error {
+	failed := len(w.failures()) > 0
+	want := w.expected(acked, from, to)
 	if failed {
 		// Samples sent but not acknowledged may or may not be stored.
 		var in []int64
