@@ -10,6 +10,7 @@ import (
 	"github.com/grafana/dskit/modules"
 	"github.com/grafana/dskit/ring"
 	"github.com/grafana/dskit/services"
+	"github.com/prometheus/prometheus/storage"
 
 	"github.com/gpustore/gpustore/pkg/distributor"
 	"github.com/gpustore/gpustore/pkg/ingest"
@@ -243,6 +244,22 @@ func (a *App) rulesActive() func() bool {
 		}
 		return rs.Instances[0].Id == self
 	}
+}
+
+// ringAppendable is where rule results go with the ring: a distributor of
+// the ruler's own (no HTTP route, no HA or relabeling: results are not a
+// Prometheus pair's), so they are written to RF receivers at quorum like
+// every other sample; nil without the ring (the local TSDB). Rule series
+// are few and stable, so its series references are never swept.
+func (a *App) ringAppendable() (func(string) (storage.AppendableV2, error), error) {
+	if a.Ring == nil {
+		return nil, nil
+	}
+	d, err := distributor.New(a.Cfg.Ring, a.Ring, a.Logger.With("component", "rules"), wrapStage(a.Registry, "rules"))
+	if err != nil {
+		return nil, err
+	}
+	return func(tenant string) (storage.AppendableV2, error) { return d.Tenant(tenant) }, nil
 }
 
 // receiverRoutes are a receiver's routes in the ring: writes from

@@ -9,11 +9,14 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/golang/snappy"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/prompb"
 )
 
@@ -71,10 +74,17 @@ func TestRingRoles(t *testing.T) {
 		}
 	}
 
-	cfg, err := load("-ring.enabled", "-ring.store=inmemory", "-ring.replication-factor=1", "-ring.instance-id=solo")
+	rulesDir := t.TempDir()
+	rule := "groups:\n  - name: ring\n    interval: 1s\n    rules:\n      - record: gpu:temp:max\n        expr: max(DCGM_FI_DEV_GPU_TEMP)\n"
+	if err := os.WriteFile(filepath.Join(rulesDir, "ring.yml"), []byte(rule), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := load("-ring.enabled", "-ring.store=inmemory", "-ring.replication-factor=1", "-ring.instance-id=solo",
+		"-rules.dir="+rulesDir, "-rules.gpu-pack=false")
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg.Rules.TenantPollInterval = model.Duration(200 * time.Millisecond) // the ruler sees it owns the rules soon
 	a := startApp(t, cfg)
 	base := "http://" + a.Server.Addr().String()
 	now := time.Now().UnixMilli()
@@ -90,6 +100,20 @@ func TestRingRoles(t *testing.T) {
 	}
 	if got := instantValue(t, base, "DCGM_FI_DEV_GPU_TEMP"); got != "61" {
 		t.Fatalf("query after a write through the ring: %q, want 61", got)
+	}
+	// Rule results go through the ring's write path (the ruler's own
+	// distributor), from the one receiver that evaluates the rules.
+	var recorded string
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if recorded = queryValue(base, "gpu:temp:max"); recorded != "" {
+			break
+		}
+	}
+	if recorded != "61" {
+		t.Fatalf("recorded gpu:temp:max = %q, want 61", recorded)
+	}
+	if rulesSent(t, a) == 0 {
+		t.Error("the rule results did not go through the distributors' write path")
 	}
 	if a.Ingester == nil || a.Distributor == nil || a.Lifecycler == nil {
 		t.Fatal("-target=all on the ring runs a receiver, a distributor and a lifecycler")
@@ -170,4 +194,47 @@ func startApp(t *testing.T, cfg Config) *App {
 		}
 	})
 	return a
+}
+
+// queryValue evaluates expr now and returns its only value, "" if none.
+func queryValue(base, expr string) string {
+	resp, err := http.Get(base + "/api/v1/query?query=" + url.QueryEscape(expr))
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Data struct {
+			Result []struct {
+				Value [2]any `json:"value"`
+			} `json:"result"`
+		} `json:"data"`
+	}
+	if json.NewDecoder(resp.Body).Decode(&out) != nil || len(out.Data.Result) != 1 {
+		return ""
+	}
+	v, _ := out.Data.Result[0].Value[1].(string)
+	return v
+}
+
+// rulesSent is gpustore_distributor_series_sent_total{stage="rules"}.
+func rulesSent(t *testing.T, a *App) float64 {
+	t.Helper()
+	mfs, err := a.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "gpustore_distributor_series_sent_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "stage" && l.GetValue() == "rules" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -16,6 +16,10 @@ import (
 // tenant databases. It serves POST /-/reload.
 func (a *App) initRules() (services.Service, error) {
 	replicaLabels := []string(a.Cfg.Query.ReplicaLabels)
+	appendable, err := a.ringAppendable()
+	if err != nil {
+		return nil, err
+	}
 	r, err := rules.New(rules.Options{
 		Config:  a.Cfg.Rules,
 		Tenants: a.Cfg.Tenant,
@@ -35,6 +39,7 @@ func (a *App) initRules() (services.Service, error) {
 			return query.WithDedup(ctx, replicaLabels)
 		},
 		Active:        a.rulesActive(),
+		Appendable:    appendable,
 		Logger:        a.Logger.With("component", "rules"),
 		Registerer:    a.Registry,
 		ListenAddress: a.Server.Addr().String(),

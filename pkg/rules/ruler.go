@@ -84,6 +84,10 @@ type Options struct {
 	// ListenAddress (host:port actually listened on) gives the default
 	// external URL http://<hostname>:<port>.
 	ListenAddress string
+	// Appendable, when set, takes a tenant's rule results instead of its
+	// TSDB in DBs: with the ring, the distributors' write path, so results
+	// are replicated and shipped like every other sample.
+	Appendable func(tenant string) (storage.AppendableV2, error)
 	// Active, when set, says whether this ruler evaluates (asked every
 	// tenant poll): with the ring, one receiver of the ring evaluates the
 	// rules and the others stand by, so no rule is evaluated (and no alert
@@ -573,7 +577,7 @@ func (r *Ruler) tenantRules(t string) (*tenantRules, error) {
 		QueryFunc:              rules.EngineQueryFunc(r.opts.Engine, r.queryable),
 		NotifyFunc:             notify,
 		Context:                ctx,
-		AppendableV2:           tenantAppendable{dbs: r.opts.DBs, tenant: t},
+		AppendableV2:           r.appendable(t),
 		Queryable:              r.queryable,
 		Logger:                 logger.With("component", "rule manager"),
 		Registerer:             reg,
@@ -590,6 +594,26 @@ func (r *Ruler) tenantRules(t string) (*tenantRules, error) {
 	r.tenants[t] = tr
 	r.mtx.Unlock()
 	return tr, nil
+}
+
+// appendable is where tenant t's rule results go.
+func (r *Ruler) appendable(t string) storage.AppendableV2 {
+	if r.opts.Appendable == nil {
+		return tenantAppendable{dbs: r.opts.DBs, tenant: t}
+	}
+	a, err := r.opts.Appendable(t)
+	if err != nil {
+		return failingAppendable{err}
+	}
+	return a
+}
+
+// failingAppendable fails every append with err (the rules manager logs it
+// per evaluation).
+type failingAppendable struct{ err error }
+
+func (f failingAppendable) AppenderV2(context.Context) storage.AppenderV2 {
+	return &lazyAppender{err: f.err}
 }
 
 // tenantAppendable appends rule results to the tenant's TSDB. The database
