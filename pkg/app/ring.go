@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -221,29 +223,39 @@ func (a *App) storageLimits() tenantdb.TenantLimits {
 	return a.Cfg.Ring.ReplicaLimits(a.Limits)
 }
 
-// rulesToken places "the rules" in the ring: the ACTIVE receiver that owns
-// it evaluates every tenant's rules; the others stand by and take over when
-// it leaves.
-var rulesToken = uint32(xxhash.Sum64String("gpustore/rules"))
-
-// rulesActive tells the ruler whether this receiver evaluates the rules;
-// nil (always) without the ring.
-func (a *App) rulesActive() func() bool {
+// ruleSharding shares the rule groups out over the ring's receivers: a
+// group is evaluated by the first ACTIVE receiver of its hash (tenant, file,
+// group), and the groups move when the set of ACTIVE receivers changes.
+// nil without the ring (every group, here).
+func (a *App) ruleSharding() (owns func(tenant, file, group string) bool, ownership func() string) {
 	if a.Ring == nil {
-		return nil
+		return nil, nil
 	}
 	self, err := a.Cfg.Ring.ID()
 	if err != nil {
-		return nil
+		return nil, nil
 	}
-	return func() bool {
-		rs, err := a.Ring.Get(rulesToken, ring.Write, nil, nil, nil)
+	owns = func(tenant, file, group string) bool {
+		rs, err := a.Ring.Get(uint32(xxhash.Sum64String(tenant+"\xff"+file+"\xff"+group)), ring.Write, nil, nil, nil)
 		if err != nil || len(rs.Instances) == 0 {
-			a.Logger.Warn("ring: cannot tell which receiver evaluates the rules", "err", err)
+			a.Logger.Warn("ring: cannot tell which receiver evaluates a rule group", "tenant", tenant, "group", group, "err", err)
 			return false
 		}
 		return rs.Instances[0].Id == self
 	}
+	ownership = func() string {
+		rs, err := a.Ring.GetAllHealthy(ring.Write)
+		if err != nil {
+			return "unknown: " + err.Error()
+		}
+		ids := make([]string, 0, len(rs.Instances))
+		for _, in := range rs.Instances {
+			ids = append(ids, in.Id)
+		}
+		slices.Sort(ids)
+		return strings.Join(ids, ",")
+	}
+	return owns, ownership
 }
 
 // ringAppendable is where rule results go with the ring: a distributor of

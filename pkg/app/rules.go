@@ -20,6 +20,7 @@ func (a *App) initRules() (services.Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	owns, ownership := a.ruleSharding()
 	r, err := rules.New(rules.Options{
 		Config:  a.Cfg.Rules,
 		Tenants: a.Cfg.Tenant,
@@ -38,7 +39,8 @@ func (a *App) initRules() (services.Service, error) {
 			}
 			return query.WithDedup(ctx, replicaLabels)
 		},
-		Active:        a.rulesActive(),
+		Owns:          owns,
+		Ownership:     ownership,
 		Appendable:    appendable,
 		Logger:        a.Logger.With("component", "rules"),
 		Registerer:    a.Registry,

@@ -163,6 +163,9 @@ type snapshotLoader struct {
 	logger     *slog.Logger
 	files      map[string][]byte
 	overridden map[string]bool
+	// owns, when set, keeps only the groups this ruler evaluates (with the
+	// ring, the receivers share them out).
+	owns func(file, group string) bool
 }
 
 func (l *snapshotLoader) Load(name string, ignoreUnknownFields bool, scheme model.ValidationScheme) (*rulefmt.RuleGroups, []error) {
@@ -176,6 +179,9 @@ func (l *snapshotLoader) Load(name string, ignoreUnknownFields bool, scheme mode
 	}
 	if rgs != nil && strings.HasPrefix(name, PackPrefix) && len(l.overridden) > 0 {
 		rgs.Groups = slices.DeleteFunc(rgs.Groups, func(g rulefmt.RuleGroup) bool { return l.overridden[g.Name] })
+	}
+	if rgs != nil && l.owns != nil {
+		rgs.Groups = slices.DeleteFunc(rgs.Groups, func(g rulefmt.RuleGroup) bool { return !l.owns(name, g.Name) })
 	}
 	return rgs, errs
 }

@@ -42,7 +42,6 @@ import (
 	"slices"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/grafana/dskit/services"
@@ -88,11 +87,15 @@ type Options struct {
 	// TSDB in DBs: with the ring, the distributors' write path, so results
 	// are replicated and shipped like every other sample.
 	Appendable func(tenant string) (storage.AppendableV2, error)
-	// Active, when set, says whether this ruler evaluates (asked every
-	// tenant poll): with the ring, one receiver of the ring evaluates the
-	// rules and the others stand by, so no rule is evaluated (and no alert
-	// sent, no recorded sample written) once per receiver. nil: always.
-	Active func() bool
+	// Owns, when set, says whether this ruler evaluates a tenant's rule
+	// group (of a file): with the ring, each group is evaluated by the
+	// receiver that owns its hash, so the receivers share the groups and
+	// none is evaluated twice. nil: every group.
+	Owns func(tenant, file, group string) bool
+	// Ownership, when set, describes what Owns answers from (the ring's
+	// ACTIVE receivers); asked every tenant poll, a change reloads every
+	// tenant so the groups move with the ring.
+	Ownership func() string
 }
 
 // Ruler runs the rule managers of every tenant. It is a dskit service.
@@ -120,9 +123,9 @@ type Ruler struct {
 
 	reloadSuccess *prometheus.GaugeVec
 	reloadTime    *prometheus.GaugeVec
-	// active: see Options.Active; an inactive ruler loads no rules.
-	active      atomic.Bool
-	activeGauge prometheus.Gauge
+	// ownership is Options.Ownership's answer of the last load (the
+	// running loop's, and starting's, before it).
+	ownership string
 }
 
 // tenantRules is one tenant's rule and notifier managers.
@@ -182,14 +185,6 @@ func New(opts Options) (*Ruler, error) {
 			Name: "gpustore_rules_config_last_reload_success_timestamp_seconds",
 			Help: "Time of the last successful load of the tenant's rule files.",
 		}, []string{"tenant"}),
-		activeGauge: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "gpustore_rules_active",
-			Help: "1 if this process evaluates the rules; 0 if another receiver of the ring does.",
-		}),
-	}
-	r.active.Store(opts.Active == nil)
-	if err := r.reg.Register(r.activeGauge); err != nil {
-		return nil, err
 	}
 	if err := r.reg.Register(r.reloadSuccess); err != nil {
 		return nil, err
@@ -235,7 +230,7 @@ func (r *Ruler) starting(context.Context) error {
 	}
 	// Errors in rule files are reported per tenant (log, gauge) and do not
 	// stop gpustore: other tenants' rules and the data path keep working.
-	r.updateActive()
+	r.ownershipChanged()
 	_ = r.sync(true)
 	return nil
 }
@@ -248,7 +243,7 @@ func (r *Ruler) running(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			if r.updateActive() {
+			if r.ownershipChanged() {
 				_ = r.sync(true)
 				continue
 			}
@@ -257,26 +252,17 @@ func (r *Ruler) running(ctx context.Context) error {
 	}
 }
 
-// updateActive asks Options.Active and reports whether it changed.
-func (r *Ruler) updateActive() bool {
-	if r.opts.Active == nil {
-		r.activeGauge.Set(1)
+// ownershipChanged asks Options.Ownership and reports whether it changed.
+func (r *Ruler) ownershipChanged() bool {
+	if r.opts.Ownership == nil {
 		return false
 	}
-	a := r.opts.Active()
-	if a {
-		r.activeGauge.Set(1)
-	} else {
-		r.activeGauge.Set(0)
-	}
-	if r.active.Swap(a) == a {
+	o := r.opts.Ownership()
+	if o == r.ownership {
 		return false
 	}
-	if a {
-		r.logger.Info("this receiver now evaluates the rules")
-	} else {
-		r.logger.Info("another receiver of the ring evaluates the rules; standing by")
-	}
+	r.logger.Info("the ring changed: rule groups are shared out again", "receivers", o)
+	r.ownership = o
 	return true
 }
 
@@ -398,7 +384,7 @@ func (r *Ruler) sync(full bool) error {
 		return errors.New("rules are stopped")
 	}
 	if !full {
-		if !r.cfg.GPUPack || !r.active.Load() {
+		if !r.cfg.GPUPack {
 			return nil
 		}
 		// Tenants that wrote their first sample since the last look get the
@@ -501,15 +487,12 @@ func (r *Ruler) load(t string, own []ruleFile, readErrs []error, setGauge bool) 
 
 	// The pack is for tenants with data: a tenant known only from the rules
 	// directory gets it once it has a database (see sync).
-	active := r.active.Load()
-	withPack := active && r.cfg.GPUPack && r.opts.DBs.Existing(t) != nil
+	withPack := r.cfg.GPUPack && r.opts.DBs.Existing(t) != nil
 	var files []ruleFile
 	if withPack {
 		files = append(files, r.pack...)
 	}
-	if active {
-		files = append(files, own...)
-	}
+	files = append(files, own...)
 	snapshot := make(map[string][]byte, len(files))
 	names := make([]string, 0, len(files))
 	for _, f := range files {
@@ -548,6 +531,9 @@ func (r *Ruler) tenantRules(t string) (*tenantRules, error) {
 	logger := r.logger.With("tenant", t)
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"tenant": t}, r.reg)
 	tr := &tenantRules{id: t, loader: &snapshotLoader{parser: r.parser, logger: logger}}
+	if owns := r.opts.Owns; owns != nil {
+		tr.loader.owns = func(file, group string) bool { return owns(t, file, group) }
+	}
 
 	notify := func(context.Context, string, ...*rules.Alert) {}
 	if len(r.cfg.Alertmanager.URLs) > 0 {

@@ -688,17 +688,19 @@ func TestBrokenFileAtStartup(t *testing.T) {
 	}
 }
 
-// TestStandbyRuler: a ruler that Options.Active says is not the one (with
-// the ring: another receiver owns the rules) evaluates nothing; once it is
-// the one it loads every tenant's rules, and stands by again when it no
-// longer is.
-func TestStandbyRuler(t *testing.T) {
-	var on atomic.Bool
+// TestShardedRuler: with Options.Owns a ruler evaluates only its groups
+// (with the ring, the receivers share them out), and when Ownership
+// changes (the ring changed) the groups move at the next tenant poll.
+func TestShardedRuler(t *testing.T) {
+	var mine atomic.Value // the group names this ruler owns, a map[string]bool
+	mine.Store(map[string]bool{"temps": true})
+	var version atomic.Int64
 	e := newEnv(t, func(c *Config) { c.GPUPack = true })
 	r, err := New(Options{
 		Config: e.ruler.cfg, Tenants: e.ruler.opts.Tenants, DBs: e.dbs, Engine: e.api.Engine(),
 		Logger: e.ruler.logger, Registerer: prometheus.NewRegistry(), ListenAddress: "127.0.0.1:9201",
-		Active: on.Load,
+		Owns:      func(_, _, group string) bool { return mine.Load().(map[string]bool)[group] },
+		Ownership: func() string { return fmt.Sprint(version.Load()) },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -714,21 +716,26 @@ func TestStandbyRuler(t *testing.T) {
 	e.appendTemps("team-a", "node-1", []float64{50}, time.Now())
 	e.writeRules("team-a", "temps.yml", maxTempRules)
 	e.start()
-	time.Sleep(300 * time.Millisecond) // three tenant polls
-	if got := e.groupNames("team-a"); len(got) != 0 {
-		t.Fatalf("standing by, the ruler evaluates %v", got)
-	}
-	on.Store(true)
-	waitFor(t, 5*time.Second, "the rules loaded once active", func() error {
-		if got := e.groupNames("team-a"); !slices.ContainsFunc(got, func(g string) bool { return strings.HasSuffix(g, ";temps") }) || len(got) < 2 {
-			return fmt.Errorf("groups %v, want the pack and temps", got)
+	names := func() []string {
+		var out []string
+		for _, g := range e.groupNames("team-a") {
+			_, name, _ := strings.Cut(g, ";")
+			out = append(out, name)
 		}
-		return nil
-	})
-	on.Store(false)
-	waitFor(t, 5*time.Second, "the rules unloaded on standby", func() error {
-		if got := e.groupNames("team-a"); len(got) != 0 {
-			return fmt.Errorf("groups %v", got)
+		return out
+	}
+	if got := names(); !slices.Equal(got, []string{"temps"}) {
+		t.Fatalf("owning temps only, the ruler evaluates %v", got)
+	}
+	mine.Store(map[string]bool{"gpu_recording": true, "node_alerts": true})
+	time.Sleep(300 * time.Millisecond) // polls without a ring change: nothing moves
+	if got := names(); !slices.Equal(got, []string{"temps"}) {
+		t.Fatalf("groups moved without a ring change: %v", got)
+	}
+	version.Add(1)
+	waitFor(t, 5*time.Second, "the groups moved with the ring", func() error {
+		if got := names(); !slices.Equal(got, []string{"gpu_recording", "node_alerts"}) {
+			return fmt.Errorf("groups %v, want gpu_recording and node_alerts", got)
 		}
 		return nil
 	})
