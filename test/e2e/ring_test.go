@@ -618,7 +618,9 @@ func startRing(t *testing.T, n int) *ringCluster {
 }
 
 // startRingWith is startRing with extra flags for every process of the
-// cluster (those added later by ringCluster.add too).
+// cluster (those added later by ringCluster.add too); a flag prefixed
+// "receiver:" is given to the receivers only (later flags win: e.g.
+// "receiver:-target=ingest,rules").
 func startRingWith(t *testing.T, n int, extra ...string) *ringCluster {
 	t.Helper()
 	bin := ringBinary(t)
@@ -664,7 +666,14 @@ func startRingWith(t *testing.T, n int, extra ...string) *ringCluster {
 	for _, p := range mlPorts[:n] { // every receiver is a seed: any one may be down
 		common = append(common, "-memberlist.join=127.0.0.1:"+p)
 	}
-	common = append(common, extra...)
+	var receiverOnly []string
+	for _, e := range extra {
+		if f, ok := strings.CutPrefix(e, "receiver:"); ok {
+			receiverOnly = append(receiverOnly, f)
+		} else {
+			common = append(common, e)
+		}
+	}
 	newProc := func(name, id, target, mlPort string) *ringProc {
 		addr := freePort(t)
 		args := append([]string{
@@ -674,6 +683,7 @@ func startRingWith(t *testing.T, n int, extra ...string) *ringCluster {
 		}, common...)
 		if id != "" {
 			args = append(args, "-ring.instance-id="+id, "-ring.instance-addr="+addr)
+			args = append(args, receiverOnly...)
 		}
 		p := &ringProc{t: t, name: name, id: id, bin: bin, addr: addr, args: args, logPath: filepath.Join(logDir, name+".log")}
 		procs = append(procs, p)
