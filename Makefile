@@ -70,7 +70,7 @@ test: tools vet test-unit test-race fuzz
 
 test-unit:
 	@echo "== test-unit $$(date +%T)"
-	$(GO) test -count=1 $(UNIT_PKGS)
+	$(GO) test -count=1 -timeout 30m $(UNIT_PKGS) # test/e2e alone takes ~7 min here
 
 test-race:
 	@echo "== test-race $$(date +%T)"

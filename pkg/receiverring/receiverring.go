@@ -152,6 +152,11 @@ func (c Config) NewLifecycler(r Ring, listenAddr string, memberlistKV func() (*m
 	if err != nil {
 		return nil, err
 	}
+	if r != Receivers {
+		// Only counted, never addressed by ID: the address keeps two
+		// processes of one host (or with one -ring.instance-id) apart.
+		id += "@" + addr
+	}
 	store, err := kv.NewClient(c.KV(memberlistKV), ring.GetCodec(), kv.RegistererWithKVName(reg, r.Name+"-lifecycler"), logging.GoKit(logger))
 	if err != nil {
 		return nil, fmt.Errorf("ring kv: %w", err)
