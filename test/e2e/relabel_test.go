@@ -83,9 +83,25 @@ func TestDCGMPresetAcrossUpgrades(t *testing.T) {
 			gpusim.Fault{Kind: gpusim.FaultExporterUpgrade, At: exporterUp.Sub(start), Node: n, GPU: -1},
 			gpusim.Fault{Kind: gpusim.FaultDriverUpgrade, At: driverUp.Sub(start), Node: n, GPU: -1})
 	}
-	sim, err := gpusim.New(gpusim.Config{Name: "gpu-a", Nodes: 2, Seed: 7, TargetLabels: true, Faults: faults, FaultOrigin: start})
+	// The simulator's jobs follow its epoch: anchored to the wall clock, a
+	// job ending inside the window would give 8 GPUs a new pod label (a new
+	// identity the preset rightly keeps) and the counts below would depend
+	// on the hour the test runs. With the epoch 2 h before the start, seed
+	// 7 runs the same jobs from 5 min before the start to the end.
+	sim, err := gpusim.New(gpusim.Config{Name: "gpu-a", Nodes: 2, Seed: 7, TargetLabels: true, Faults: faults, FaultOrigin: start, Epoch: start.Add(-2 * time.Hour)})
 	if err != nil {
 		t.Fatal(err)
+	}
+	identities := map[string]bool{}
+	for ts := start.Add(-5 * time.Minute); !ts.After(end); ts = ts.Add(interval) {
+		for _, s := range sim.AppendSamples(nil, ts, gpusim.Replica{Name: "p0"}) {
+			if s.Name() == "DCGM_FI_DEV_GPU_TEMP" {
+				identities[s.Get("UUID")+"/"+s.Get("pod")] = true
+			}
+		}
+	}
+	if len(identities) != gpus {
+		t.Fatalf("test setup: the simulator's jobs change pods within the window (%d GPU/pod pairs, want %d): pick another epoch", len(identities), gpus)
 	}
 	overrides := filepath.Join(t.TempDir(), "overrides.yaml")
 	if err := os.WriteFile(overrides, []byte("overrides:\n  preset:\n    ingest_preset: dcgm\n"), 0o644); err != nil {
