@@ -69,10 +69,10 @@ func Targets() []string { return []string{All, Distributor, Ingest, Query, Rules
 func isTarget(t string) bool { return slices.Contains(Targets(), t) }
 
 // checkRoles refuses the targets that would hide or lose data: without the
-// ring a query role reads only its own process's heads; a rules role writes
-// its results into its own process's TSDBs, which only the ingest role ships
-// (rules behind the ring's write path are still to come); a distributor
-// needs the ring to find receivers.
+// ring a query role reads only its own process's heads, and a rules role
+// writes its results into its own process's TSDBs, which only the ingest
+// role ships (with the ring, both read every receiver and rules write
+// through the ring); a distributor needs the ring to find receivers.
 func checkRoles(targets []string, ringEnabled bool) error {
 	has := func(role string) bool { return slices.Contains(targets, role) || slices.Contains(targets, All) }
 	if slices.Contains(targets, Distributor) && !ringEnabled {
@@ -81,9 +81,9 @@ func checkRoles(targets []string, ringEnabled bool) error {
 	switch {
 	case has(Ingest):
 		return nil
-	case has(Rules):
-		return errors.New("target rules needs ingest in the same process (-target=all or -target=ingest,rules): " +
-			"rule results go to this process's TSDB, which nothing would ship to the bucket")
+	case has(Rules) && !ringEnabled:
+		return errors.New("target rules needs ingest in the same process (-target=all or -target=ingest,rules) or the ring (-ring.enabled): " +
+			"rule results would go to this process's TSDB, which nothing would ship to the bucket")
 	case has(Query) && !ringEnabled:
 		return errors.New("target query needs ingest in the same process (-target=all or -target=ingest,query): " +
 			"a query process without the ring (-ring.enabled) cannot read another process's head, so the samples not yet in the bucket would be missing")
@@ -113,6 +113,8 @@ type App struct {
 	Receivers   query.Source // what the query role reads of the ring's receivers
 	API         *query.API
 	Ruler       *rules.Ruler
+	Rulers      *ring.Ring // the rulers' ring, sharing the rule groups out
+	rulerID     string     // this process's ID in Rulers
 
 	// Object storage (objstore.go): nil when the role does not run.
 	Bucket      objstore.InstrumentedBucket

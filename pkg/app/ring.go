@@ -27,23 +27,28 @@ import (
 //	memberlist-kv ◀── ring ◀── distributor (also: server, overrides, ha-tracker)
 //	                       ◀── ingest: a receiver, registered in the ring by its lifecycler
 //	                       ◀── query: reads every receiver
+//	              ◀── rulers-ring ◀── rules: the rulers share the rule groups out
 //
 // Without ring.enabled the ring module runs nothing and the distributor
 // refuses to start (checkRoles).
 const (
 	Distributor = "distributor"
 	RingClient  = "ring"
+	RulersRing  = "rulers-ring"
 )
 
 func (a *App) registerRingModules() error {
 	a.mm.RegisterModule(RingClient, a.initRing, modules.UserInvisibleModule)
 	a.mm.RegisterModule(Distributor, a.initDistributor)
+	a.mm.RegisterModule(RulersRing, a.initRulersRing, modules.UserInvisibleModule)
 	deps := [][2]string{
 		{RingClient, MemberlistKV}, {RingClient, Server},
 		{Distributor, Server}, {Distributor, Overrides}, {Distributor, HATracker}, {Distributor, RingClient},
+		{RulersRing, MemberlistKV}, {RulersRing, Server},
 	}
 	if a.Cfg.Ring.Enabled {
-		deps = append(deps, [2]string{Ingest, RingClient}, [2]string{Query, RingClient}, [2]string{All, Distributor})
+		deps = append(deps, [2]string{Ingest, RingClient}, [2]string{Query, RingClient}, [2]string{All, Distributor},
+			[2]string{Rules, RulersRing})
 	}
 	for _, d := range deps {
 		if err := a.mm.AddDependency(d[0], d[1]); err != nil {
@@ -185,15 +190,7 @@ func (a *App) initDistributor() (services.Service, error) {
 	}
 	sweep := time.NewTicker(time.Duration(a.Cfg.TSDB.BlockDuration))
 	return services.NewBasicService(
-		func(ctx context.Context) error {
-			if err := services.StartAndAwaitRunning(ctx, peers); err != nil {
-				return err
-			}
-			if err := self.StartAsync(context.Background()); err != nil { // see receiverService
-				return err
-			}
-			return self.AwaitRunning(ctx)
-		},
+		func(ctx context.Context) error { return joinRing(ctx, peers, self) },
 		func(ctx context.Context) error {
 			for {
 				select {
@@ -207,11 +204,29 @@ func (a *App) initDistributor() (services.Service, error) {
 		},
 		func(error) error {
 			sweep.Stop()
-			return errors.Join(
-				services.StopAndAwaitTerminated(context.Background(), self),
-				services.StopAndAwaitTerminated(context.Background(), peers))
+			return leaveRing(peers, self)
 		},
 	), nil
+}
+
+// joinRing starts a ring's client, then this process's lifecycler in it.
+// The lifecycler runs under a context of its own, as in receiverService:
+// its stopping (LEAVING, unregistering) must not be cut short by ctx.
+func joinRing(ctx context.Context, peers *ring.Ring, self *ring.BasicLifecycler) error {
+	if err := services.StartAndAwaitRunning(ctx, peers); err != nil {
+		return err
+	}
+	if err := self.StartAsync(context.Background()); err != nil {
+		return err
+	}
+	return self.AwaitRunning(ctx)
+}
+
+// leaveRing stops what joinRing started, the lifecycler first.
+func leaveRing(peers *ring.Ring, self *ring.BasicLifecycler) error {
+	return errors.Join(
+		services.StopAndAwaitTerminated(context.Background(), self),
+		services.StopAndAwaitTerminated(context.Background(), peers))
 }
 
 // storageLimits are the limits the tenants' TSDBs apply; a receiver in the
@@ -223,28 +238,60 @@ func (a *App) storageLimits() tenantdb.TenantLimits {
 	return a.Cfg.Ring.ReplicaLimits(a.Limits)
 }
 
-// ruleSharding shares the rule groups out over the ring's receivers: a
-// group is evaluated by the first ACTIVE receiver of its hash (tenant, file,
-// group), and the groups move when the set of ACTIVE receivers changes.
-// nil without the ring (every group, here).
-func (a *App) ruleSharding() (owns func(tenant, file, group string) bool, ownership func() string) {
-	if a.Ring == nil {
+// initRulersRing: every process that evaluates rules in the ring (a
+// receiver with -target=ingest,rules or a ruler of its own with
+// -target=rules) joins the rulers' ring, and a rule group is evaluated by
+// the ruler owning its hash there (ruleSharding). Rulers joining or leaving
+// move groups; receivers and rulers can share the work in one ring.
+func (a *App) initRulersRing() (services.Service, error) {
+	if !a.Cfg.Ring.Enabled {
 		return nil, nil
 	}
-	self, err := a.Cfg.Ring.ID()
+	logger := a.Logger.With("component", "rulers-ring")
+	peers, err := a.Cfg.Ring.NewClient(receiverring.Rulers, a.memberlistKV(), logger, a.Registry)
 	if err != nil {
+		return nil, err
+	}
+	self, err := a.Cfg.Ring.NewLifecycler(receiverring.Rulers, a.Server.Addr().String(), a.memberlistKV(), logger, a.Registry)
+	if err != nil {
+		return nil, err
+	}
+	a.Rulers, a.rulerID = peers, self.GetInstanceID()
+	return services.NewIdleService(
+		func(ctx context.Context) error { return joinRing(ctx, peers, self) },
+		func(error) error { return leaveRing(peers, self) },
+	), nil
+}
+
+// ruleSharding shares the rule groups out over the rulers' ring: a group
+// (tenant, file, group) is evaluated by the healthy ACTIVE ruler with the
+// highest hash of (ruler, group) (rendezvous hashing over the ring's
+// members). A ruler that dies hands its groups over once its heartbeat
+// times out (a token lookup with one replica would wait until the ring
+// forgets it), and a ruler joining or leaving moves only its own share.
+// nil without the ring (every group, here).
+func (a *App) ruleSharding() (owns func(tenant, file, group string) bool, ownership func() string) {
+	if a.Rulers == nil {
 		return nil, nil
 	}
 	owns = func(tenant, file, group string) bool {
-		rs, err := a.Ring.Get(uint32(xxhash.Sum64String(tenant+"\xff"+file+"\xff"+group)), ring.Write, nil, nil, nil)
+		rs, err := a.Rulers.GetAllHealthy(ring.Write)
 		if err != nil || len(rs.Instances) == 0 {
-			a.Logger.Warn("ring: cannot tell which receiver evaluates a rule group", "tenant", tenant, "group", group, "err", err)
+			a.Logger.Warn("ring: cannot tell which ruler evaluates a rule group", "tenant", tenant, "group", group, "err", err)
 			return false
 		}
-		return rs.Instances[0].Id == self
+		key := "\xff" + tenant + "\xff" + file + "\xff" + group
+		var owner string
+		var best uint64
+		for _, in := range rs.Instances {
+			if h := xxhash.Sum64String(in.Id + key); owner == "" || h > best {
+				owner, best = in.Id, h
+			}
+		}
+		return owner == a.rulerID
 	}
 	ownership = func() string {
-		rs, err := a.Ring.GetAllHealthy(ring.Write)
+		rs, err := a.Rulers.GetAllHealthy(ring.Write)
 		if err != nil {
 			return "unknown: " + err.Error()
 		}
@@ -256,6 +303,30 @@ func (a *App) ruleSharding() (owns func(tenant, file, group string) bool, owners
 		return strings.Join(ids, ",")
 	}
 	return owns, ownership
+}
+
+// ruleDataTenants are the tenants whose data the rules read (they get the
+// GPU pack): with the ring, those of every receiver, this process's own
+// included; nil without the ring (the ruler's default: this process's).
+func (a *App) ruleDataTenants() func() []string {
+	src, ok := a.Receivers.(*receivers.Source)
+	if !ok {
+		return nil
+	}
+	return func() []string {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		ts, err := src.Tenants(ctx)
+		if err != nil {
+			a.Logger.Warn("rules: listing the receivers' tenants", "err", err)
+		}
+		for _, t := range a.DBs.Tenants() {
+			if !slices.Contains(ts, t) {
+				ts = append(ts, t)
+			}
+		}
+		return ts
+	}
 }
 
 // ringAppendable is where rule results go with the ring: a distributor of
@@ -275,11 +346,14 @@ func (a *App) ringAppendable() (func(string) (storage.AppendableV2, error), erro
 }
 
 // receiverRoutes are a receiver's routes in the ring: writes from
-// distributors and remote reads from queriers, on paths of their own (a
+// distributors, remote reads from queriers and the tenant list for rulers,
+// on paths of their own (a
 // process may run the distributor's and the query API's public routes too).
 func (a *App) receiverRoutes(ing *ingest.Ingester) {
 	a.Server.Writes.Handle(receiverring.WritePath, ing)
 	a.Server.Mux.Handle(receivers.ReadPath, receivers.ReadHandler(a.DBs, a.Cfg.Tenant, a.Logger.With("component", "receiver-read"), a.Registry))
+	a.Server.Mux.Handle(receivers.TenantsPath, receivers.TenantsHandler(a.DBs))
+	a.Server.AdminOnly(receivers.TenantsPath) // names every tenant
 }
 
 // receiversSource reads the ring's receivers for the query role; nil

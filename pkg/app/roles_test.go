@@ -20,7 +20,7 @@ import (
 	"github.com/prometheus/prometheus/prompb"
 )
 
-// TestRolesThatWouldHideDataAreRefused: until scale-out, a query or rules
+// TestRolesThatWouldHideDataAreRefused: without the ring, a query or rules
 // role without the ingest role in its process would answer without the
 // newest data or write rule results nothing ships; gpustore refuses to start
 // so, and says why. The targets that work still start and become ready.
@@ -55,8 +55,8 @@ func TestRolesThatWouldHideDataAreRefused(t *testing.T) {
 	}
 }
 
-// TestRingRoles: with the ring, a distributor or a querier runs alone (a
-// distributor without the ring is refused), and -target=all on the ring is
+// TestRingRoles: with the ring, a distributor, a querier or a ruler runs
+// alone (a distributor without the ring is refused), and -target=all on the ring is
 // a distributor, a receiver and a querier in one process: a write goes
 // through the ring to its own receiver and comes back through the query API.
 func TestRingRoles(t *testing.T) {
@@ -68,7 +68,7 @@ func TestRingRoles(t *testing.T) {
 	if _, err := load("-target=distributor"); err == nil || !strings.Contains(err.Error(), "target distributor needs the ring") {
 		t.Errorf("distributor without the ring: %v, want refused", err)
 	}
-	for _, target := range []string{"distributor", "query", "distributor,query"} {
+	for _, target := range []string{"distributor", "query", "distributor,query", "rules", "query,rules"} {
 		if _, err := load("-target="+target, "-ring.enabled"); err != nil {
 			t.Errorf("-target=%s -ring.enabled: %v", target, err)
 		}

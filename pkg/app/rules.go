@@ -41,6 +41,7 @@ func (a *App) initRules() (services.Service, error) {
 		},
 		Owns:          owns,
 		Ownership:     ownership,
+		DataTenants:   a.ruleDataTenants(),
 		Appendable:    appendable,
 		Logger:        a.Logger.With("component", "rules"),
 		Registerer:    a.Registry,

@@ -32,14 +32,16 @@ const (
 	Key  = "receivers"
 )
 
-// Ring is one ring of the KV: the receivers', or the distributors' (which
-// only counts them, to share each tenant's ingestion rate).
+// Ring is one ring of the KV: the receivers', the distributors' (which
+// only counts them, to share each tenant's ingestion rate), or the rulers'
+// (which shares the rule groups out).
 type Ring struct{ Name, Key string }
 
 // The rings.
 var (
 	Receivers    = Ring{Name, Key}
 	Distributors = Ring{"distributor", "distributors"}
+	Rulers       = Ring{"ruler", "rulers"}
 )
 
 // WritePath is where receivers take distributors' writes (not users'); they

@@ -47,6 +47,7 @@ func newReceiver(t *testing.T, id string, tenants tenancy.Config) *receiver {
 	dbs := newManager(t)
 	mux := http.NewServeMux()
 	mux.Handle(ReadPath, ReadHandler(dbs, tenants, quiet, prometheus.NewRegistry()))
+	mux.Handle(TenantsPath, TenantsHandler(dbs))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return &receiver{id: id, dbs: dbs, srv: srv}
@@ -619,5 +620,40 @@ func TestDrainJoinsSplitSeries(t *testing.T) {
 	}
 	if !slices.Equal(got, []string{"a:7", "b:2"}) {
 		t.Errorf("got %v", got)
+	}
+}
+
+// TestTenants: a ruler learns the tenants with data from the receivers: the
+// union of every receiver's (but its own), the others' when one is down,
+// an error when none answers.
+func TestTenants(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t) // team-a on r0..r2, team-b on r1 and r2
+	c.rs[0].write(t, "team-c", `gpu_util{gpu="7"}`, steps(0, 1), func(int) float64 { return 1 })
+	src, _ := newSource(t, c.ring, "")
+	got, err := src.Tenants(ctx)
+	if err != nil || !slices.Equal(got, []string{"team-a", "team-b", "team-c"}) {
+		t.Fatalf("Tenants: %v, %v; want team-a, team-b, team-c", got, err)
+	}
+	self, _ := newSource(t, c.ring, "r0")
+	if got, err := self.Tenants(ctx); err != nil || !slices.Equal(got, []string{"team-a", "team-b"}) {
+		t.Errorf("Tenants with Self r0 (read from disk by the caller): %v, %v", got, err)
+	}
+
+	c.rs[2].srv.Close()
+	got, err = src.Tenants(ctx)
+	if !slices.Equal(got, []string{"team-a", "team-b", "team-c"}) || err == nil || !strings.Contains(err.Error(), "1 of 3 failed") {
+		t.Errorf("r2 down: %v, %v; want the others' union and an error naming the failure", got, err)
+	}
+	c.rs[0].srv.Close()
+	c.rs[1].srv.Close()
+	if got, err := src.Tenants(ctx); err == nil || got != nil {
+		t.Errorf("every receiver down: %v, %v; want an error", got, err)
+	}
+
+	rec := httptest.NewRecorder()
+	TenantsHandler(newManager(t)).ServeHTTP(rec, httptest.NewRequest(http.MethodPost, TenantsPath, nil))
+	if rec.Code != http.StatusMethodNotAllowed {
+		t.Errorf("POST %s: %d, want 405", TenantsPath, rec.Code)
 	}
 }

@@ -70,6 +70,7 @@ type Source struct {
 
 	mtx     sync.Mutex
 	clients map[string]*instanceClients // by address
+	http    *http.Client                // plain requests (Tenants)
 
 	requests  *prometheus.CounterVec
 	duration  prometheus.Histogram
@@ -106,7 +107,8 @@ func NewSource(cfg SourceConfig, r ring.ReadRing, logger *slog.Logger, reg prome
 		return nil, fmt.Errorf("receivers: http client: %w", err)
 	}
 	// Fail now rather than on the first query (unreadable TLS files, ...).
-	if _, err := config_util.NewClientFromConfig(cfg.Client, "receivers"); err != nil {
+	hc, err := config_util.NewClientFromConfig(cfg.Client, "receivers")
+	if err != nil {
 		return nil, fmt.Errorf("receivers: http client: %w", err)
 	}
 	f := promauto.With(reg)
@@ -115,6 +117,7 @@ func NewSource(cfg SourceConfig, r ring.ReadRing, logger *slog.Logger, reg prome
 		ring:    r,
 		logger:  logger,
 		clients: map[string]*instanceClients{},
+		http:    hc,
 		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpustore_receivers_read_requests_total",
 			Help: "Remote reads sent to receivers, by status (ok, error).",

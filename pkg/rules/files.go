@@ -164,7 +164,7 @@ type snapshotLoader struct {
 	files      map[string][]byte
 	overridden map[string]bool
 	// owns, when set, keeps only the groups this ruler evaluates (with the
-	// ring, the receivers share them out).
+	// ring, the rulers share them out).
 	owns func(file, group string) bool
 }
 

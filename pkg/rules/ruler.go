@@ -89,13 +89,17 @@ type Options struct {
 	Appendable func(tenant string) (storage.AppendableV2, error)
 	// Owns, when set, says whether this ruler evaluates a tenant's rule
 	// group (of a file): with the ring, each group is evaluated by the
-	// receiver that owns its hash, so the receivers share the groups and
-	// none is evaluated twice. nil: every group.
+	// ruler that owns its hash in the rulers' ring, so the rulers share the
+	// groups and none is evaluated twice. nil: every group.
 	Owns func(tenant, file, group string) bool
 	// Ownership, when set, describes what Owns answers from (the ring's
-	// ACTIVE receivers); asked every tenant poll, a change reloads every
+	// ACTIVE rulers); asked every tenant poll, a change reloads every
 	// tenant so the groups move with the ring.
 	Ownership func() string
+	// DataTenants, when set, lists the tenants that hold data (they get the
+	// GPU pack); asked every tenant poll. nil: the tenants of DBs. With
+	// the ring a ruler's own DBs hold no tenant's data, the receivers do.
+	DataTenants func() []string
 }
 
 // Ruler runs the rule managers of every tenant. It is a dskit service.
@@ -261,7 +265,7 @@ func (r *Ruler) ownershipChanged() bool {
 	if o == r.ownership {
 		return false
 	}
-	r.logger.Info("the ring changed: rule groups are shared out again", "receivers", o)
+	r.logger.Info("the ring changed: rule groups are shared out again", "rulers", o)
 	r.ownership = o
 	return true
 }
@@ -390,7 +394,7 @@ func (r *Ruler) sync(full bool) error {
 		// Tenants that wrote their first sample since the last look get the
 		// pack, alongside the files they already had.
 		var errs []error
-		for _, t := range r.opts.DBs.Tenants() {
+		for _, t := range r.dataTenants() {
 			if !r.allowed(t) {
 				continue
 			}
@@ -403,7 +407,7 @@ func (r *Ruler) sync(full bool) error {
 				own = tr.own
 			}
 			r.logger.Info("new tenant: loading the GPU rule pack", "tenant", t)
-			if err := r.load(t, own, nil, tr == nil); err != nil {
+			if err := r.load(t, own, nil, true, tr == nil); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -432,10 +436,11 @@ func (r *Ruler) sync(full bool) error {
 		}
 		set[t] = true
 	}
+	withData := map[string]bool{}
 	if r.cfg.GPUPack {
-		for _, t := range r.opts.DBs.Tenants() {
+		for _, t := range r.dataTenants() {
 			if r.allowed(t) {
-				set[t] = true
+				set[t], withData[t] = true, true
 			}
 		}
 	}
@@ -450,23 +455,37 @@ func (r *Ruler) sync(full bool) error {
 	var errs []error
 	for _, t := range ids {
 		own, readErrs := readFiles(byTenant[t])
-		if err := r.load(t, own, readErrs, true); err != nil {
+		// A tenant keeps the pack once it had it: a list of data tenants
+		// missing it (a receiver that did not answer) must not unload it.
+		hasData := withData[t]
+		if tr := r.tenant(t); tr != nil && tr.hasPack {
+			hasData = true
+		}
+		if err := r.load(t, own, readErrs, hasData, true); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
+// dataTenants lists the tenants holding data (Options.DataTenants).
+func (r *Ruler) dataTenants() []string {
+	if r.opts.DataTenants != nil {
+		return r.opts.DataTenants()
+	}
+	return r.opts.DBs.Tenants()
+}
+
 func (r *Ruler) allowed(t string) bool {
 	return len(r.opts.Tenants.Allowed) == 0 || slices.Contains(r.opts.Tenants.Allowed, t)
 }
 
-// load gives tenant t its own rule files and, when it has a database and the
-// pack is on, the GPU pack. Nothing changes for t unless every file was read
+// load gives tenant t its own rule files and, when it holds data (hasData)
+// and the pack is on, the GPU pack. Nothing changes for t unless every file was read
 // (readErrs empty) and checks. setGauge is false when only the pack is
 // added to a tenant's last loaded files, so that doing so after a failed
 // reload does not hide the failure.
-func (r *Ruler) load(t string, own []ruleFile, readErrs []error, setGauge bool) error {
+func (r *Ruler) load(t string, own []ruleFile, readErrs []error, hasData, setGauge bool) error {
 	logger := r.logger.With("tenant", t)
 	groups, cerrs := checkFiles(own, r.parser, logger)
 	errs := append(slices.Clone(readErrs), cerrs...)
@@ -486,8 +505,8 @@ func (r *Ruler) load(t string, own []ruleFile, readErrs []error, setGauge bool) 
 	}
 
 	// The pack is for tenants with data: a tenant known only from the rules
-	// directory gets it once it has a database (see sync).
-	withPack := r.cfg.GPUPack && r.opts.DBs.Existing(t) != nil
+	// directory gets it once it holds data (see sync).
+	withPack := r.cfg.GPUPack && hasData
 	var files []ruleFile
 	if withPack {
 		files = append(files, r.pack...)

@@ -111,6 +111,29 @@ func (e *env) cfgRuler(cfg Config, tenants tenancy.Config, logger *slog.Logger) 
 	})
 }
 
+// replaceRuler swaps the env's ruler (not started) for one with the same
+// options as changed by set, before the env starts.
+func (e *env) replaceRuler(set func(*Options)) {
+	t := e.t
+	opts := Options{
+		Config: e.ruler.cfg, Tenants: e.ruler.opts.Tenants, DBs: e.dbs, Engine: e.api.Engine(),
+		Logger: e.ruler.logger, Registerer: prometheus.NewRegistry(), ListenAddress: "127.0.0.1:9201",
+	}
+	set(&opts)
+	r, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unused := e.ruler
+	e.ruler = r
+	t.Cleanup(func() {
+		if err := services.StopAndAwaitTerminated(context.Background(), r); err != nil {
+			t.Errorf("stop ruler: %v", err)
+		}
+		e.ruler = unused // the cleanup of newEnv stops the one it built
+	})
+}
+
 func (e *env) start() {
 	e.t.Helper()
 	if err := services.StartAndAwaitRunning(context.Background(), e.ruler); err != nil {
@@ -696,22 +719,9 @@ func TestShardedRuler(t *testing.T) {
 	mine.Store(map[string]bool{"temps": true})
 	var version atomic.Int64
 	e := newEnv(t, func(c *Config) { c.GPUPack = true })
-	r, err := New(Options{
-		Config: e.ruler.cfg, Tenants: e.ruler.opts.Tenants, DBs: e.dbs, Engine: e.api.Engine(),
-		Logger: e.ruler.logger, Registerer: prometheus.NewRegistry(), ListenAddress: "127.0.0.1:9201",
-		Owns:      func(_, _, group string) bool { return mine.Load().(map[string]bool)[group] },
-		Ownership: func() string { return fmt.Sprint(version.Load()) },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	unused := e.ruler
-	e.ruler = r
-	t.Cleanup(func() {
-		if err := services.StopAndAwaitTerminated(context.Background(), r); err != nil {
-			t.Errorf("stop ruler: %v", err)
-		}
-		e.ruler = unused // the cleanup of newEnv stops the one it built
+	e.replaceRuler(func(o *Options) {
+		o.Owns = func(_, _, group string) bool { return mine.Load().(map[string]bool)[group] }
+		o.Ownership = func() string { return fmt.Sprint(version.Load()) }
 	})
 	e.appendTemps("team-a", "node-1", []float64{50}, time.Now())
 	e.writeRules("team-a", "temps.yml", maxTempRules)
@@ -739,4 +749,38 @@ func TestShardedRuler(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestDataTenants: a ruler of its own (the ring) holds no tenant's data; the
+// tenants the receivers hold get the GPU pack, and keep it through a full
+// reload whose list misses them (a receiver that did not answer).
+func TestDataTenants(t *testing.T) {
+	var data atomic.Value // []string
+	data.Store([]string{})
+	var version atomic.Int64
+	e := newEnv(t, func(c *Config) { c.GPUPack = true })
+	e.replaceRuler(func(o *Options) {
+		o.DataTenants = func() []string { return data.Load().([]string) }
+		o.Ownership = func() string { return fmt.Sprint(version.Load()) }
+	})
+	e.appendTemps("local", "node-1", []float64{50}, time.Now()) // in DBs, not in DataTenants
+	e.start()
+	packGroups := len(rulepack.Files())
+	if got := e.groupNames("local"); len(got) != 0 {
+		t.Errorf("a tenant of the ruler's own DBs but not in DataTenants got %d groups", len(got))
+	}
+	data.Store([]string{"remote"})
+	waitFor(t, 5*time.Second, "the pack for a tenant the receivers hold", func() error {
+		if got := len(e.groupNames("remote")); got < packGroups {
+			return fmt.Errorf("%d groups", got)
+		}
+		return nil
+	})
+	want := len(e.groupNames("remote"))
+	data.Store([]string{})
+	version.Add(1) // a ring change: every tenant is loaded again
+	time.Sleep(500 * time.Millisecond)
+	if got := len(e.groupNames("remote")); got != want {
+		t.Errorf("after a full reload whose tenant list missed it: %d groups, want %d", got, want)
+	}
 }
