@@ -149,6 +149,10 @@ type overlayCase struct {
 	services map[string]string
 	// ringMembers are the workloads that must run with --ring.enabled.
 	ringMembers []string
+	// rulers are the workloads that must run the rules role; no other may
+	// (in the ring every process running rules joins the rulers' ring and
+	// takes a share of the rule groups).
+	rulers []string
 }
 
 var overlayCases = []overlayCase{
@@ -156,20 +160,24 @@ var overlayCases = []overlayCase{
 		overlay:  "overlays/single",
 		targets:  map[string]string{"StatefulSet/gpustore": "all"},
 		services: map[string]string{"gpustore": "StatefulSet/gpustore"},
+		rulers:   []string{"StatefulSet/gpustore"},
 	},
 	{
 		overlay: "overlays/scaled",
 		targets: map[string]string{
-			"StatefulSet/gpustore-receiver":   "ingest,rules",
+			"StatefulSet/gpustore-receiver":   "ingest",
 			"Deployment/gpustore-distributor": "distributor",
 			"Deployment/gpustore-querier":     "query",
+			"Deployment/gpustore-ruler":       "rules",
 			"Deployment/gpustore-compactor":   "compact",
 		},
 		services: map[string]string{
 			"gpustore-distributor": "Deployment/gpustore-distributor",
 			"gpustore-querier":     "Deployment/gpustore-querier",
 		},
-		ringMembers: []string{"StatefulSet/gpustore-receiver", "Deployment/gpustore-distributor", "Deployment/gpustore-querier"},
+		ringMembers: []string{"StatefulSet/gpustore-receiver", "Deployment/gpustore-distributor", "Deployment/gpustore-querier", "Deployment/gpustore-ruler"},
+		// The rulers of their own; the receivers run no rules.
+		rulers: []string{"Deployment/gpustore-ruler"},
 	},
 }
 
@@ -198,6 +206,7 @@ func TestOverlays(t *testing.T) {
 					t.Errorf("StatefulSet %s: want one volume claim template \"data\"", s.Name)
 				}
 			}
+			checkRulers(t, cfgs, tc.rulers)
 			checkRing(t, o, cfgs, tc.ringMembers)
 		})
 	}
@@ -522,6 +531,9 @@ func checkGpustorePod(t *testing.T, o *objects, name string, pod *corev1.PodTemp
 	if _, ok := mounts[cfg.TSDB.Dir]; disk && !ok && !strings.HasPrefix(cfg.TSDB.Dir, root) {
 		t.Errorf("%s: storage.tsdb.path %s is not on a volume", name, cfg.TSDB.Dir)
 	}
+	if _, ok := mounts[cfg.Rules.Dir]; ok && !runs(app.Rules) {
+		t.Errorf("%s: mounts rules.dir %s but runs no rules", name, cfg.Rules.Dir)
+	}
 	if runs(app.Rules) {
 		dir, ok := mounts[cfg.Rules.Dir]
 		if !ok {
@@ -578,14 +590,40 @@ func checkGpustorePod(t *testing.T, o *objects, name string, pod *corev1.PodTemp
 	return cfg
 }
 
+// checkRulers checks that exactly the rulers run the rules role: in the
+// ring every process running rules joins the rulers' ring and takes a share
+// of the rule groups, so a receiver left with -target=ingest,rules would
+// evaluate some groups beside the rulers.
+func checkRulers(t *testing.T, cfgs map[string]app.Config, rulers []string) {
+	t.Helper()
+	for _, r := range rulers {
+		if _, ok := cfgs[r]; !ok {
+			t.Errorf("ruler %s is not a workload", r)
+		}
+	}
+	for name, cfg := range cfgs {
+		roles := strings.Split(cfg.Target, ",")
+		runs := slices.Contains(roles, app.Rules) || slices.Contains(roles, app.All)
+		if want := slices.Contains(rulers, name); runs != want {
+			t.Errorf("%s (-target=%s): runs rules %v, want %v (the rulers: %v)", name, cfg.Target, runs, want, rulers)
+		}
+		// A ruler of its own (no ingest) in the ring reads like a querier
+		// and writes through the ring: it must be in the ring.
+		if runs && !slices.Contains(roles, app.Ingest) && !slices.Contains(roles, app.All) && !cfg.Ring.Enabled {
+			t.Errorf("%s: rules without ingest need --ring.enabled", name)
+		}
+	}
+}
+
 // checkRing checks the ring topology: exactly the members run with
 // --ring.enabled, all with the same memberlist seed, gossip port and
 // gossiped HA election; the seed is a headless Service of the namespace,
 // published before readiness, that selects every member and no other pod
 // and exposes the gossip port over TCP and UDP, which every member's
-// container declares; receivers name themselves after their pod, advertise
-// their pod IP and HTTP port, and have the time to flush and ship their
-// heads when they stop.
+// container declares; receivers and rulers (each registered in a ring:
+// the receivers', the rulers') name themselves after their pod and
+// advertise their pod IP and HTTP port; receivers have the time to flush
+// and ship their heads when they stop.
 func checkRing(t *testing.T, o *objects, cfgs map[string]app.Config, members []string) {
 	t.Helper()
 	for name, cfg := range cfgs {
@@ -671,6 +709,11 @@ func checkRing(t *testing.T, o *objects, cfgs map[string]app.Config, members []s
 		if m := slices.Contains(members, name); selects(gossip.Spec.Selector, pod) != m {
 			t.Errorf("Service %s selects %s: %v, want %v (ring member: %v)", gossip.Name, name, !m, m, m)
 		}
+		// Whatever the members list says: a process in the ring must be
+		// found through the seed.
+		if cfgs[name].Ring.Enabled && !selects(gossip.Spec.Selector, pod) {
+			t.Errorf("%s runs with --ring.enabled but Service %s (selector %v) does not select its pods %v", name, gossip.Name, gossip.Spec.Selector, pod.Labels)
+		}
 	}
 	for _, pr := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
 		if !slices.ContainsFunc(gossip.Spec.Ports, func(p corev1.ServicePort) bool { return itoa(p.Port) == port && proto(p.Protocol) == pr }) {
@@ -678,19 +721,16 @@ func checkRing(t *testing.T, o *objects, cfgs map[string]app.Config, members []s
 		}
 	}
 
-	// Receivers.
+	// Receivers and rulers: each registers in a ring (the receivers', the
+	// rulers'; a ruler's ID there is <instance-id>@<instance-addr>) as its
+	// pod, at its pod IP and HTTP port.
 	for _, m := range members {
 		cfg := cfgs[m]
-		if !slices.Contains(strings.Split(cfg.Target, ","), app.Ingest) {
+		roles := strings.Split(cfg.Target, ",")
+		if !slices.Contains(roles, app.Ingest) && !slices.Contains(roles, app.Rules) {
 			continue
 		}
 		pod := pods[m]
-		if !strings.HasPrefix(m, "StatefulSet/") {
-			t.Errorf("%s: a receiver needs a StatefulSet (a stable name and volume to rejoin with)", m)
-		}
-		if n := replicas(o, m); int(n) < cfg.Ring.ReplicationFactor {
-			t.Errorf("%s: %d receivers, fewer than the replication factor %d", m, n, cfg.Ring.ReplicationFactor)
-		}
 		if cfg.Ring.InstanceID != podEnvSamples["metadata.name"] {
 			t.Errorf("%s: ring.instance-id %q, want the pod's name (downward API metadata.name)", m, cfg.Ring.InstanceID)
 		}
@@ -703,6 +743,16 @@ func checkRing(t *testing.T, o *objects, cfgs map[string]app.Config, members []s
 		}
 		if cp, ok := hasPort(pod, "http"); !ok || itoa(cp) != port {
 			t.Errorf("%s: ring.instance-addr port %s, container port http %d", m, port, cp)
+		}
+		if !slices.Contains(roles, app.Ingest) {
+			continue
+		}
+		// Receivers.
+		if !strings.HasPrefix(m, "StatefulSet/") {
+			t.Errorf("%s: a receiver needs a StatefulSet (a stable name and volume to rejoin with)", m)
+		}
+		if n := replicas(o, m); int(n) < cfg.Ring.ReplicationFactor {
+			t.Errorf("%s: %d receivers, fewer than the replication factor %d", m, n, cfg.Ring.ReplicationFactor)
 		}
 		if g := pod.Spec.TerminationGracePeriodSeconds; cfg.Ring.FlushOnShutdown && (g == nil || *g < 120) {
 			t.Errorf("%s: terminationGracePeriodSeconds %s: a leaving receiver needs minutes (≥ 120s) to flush and ship its heads", m, fmtSeconds(g))
