@@ -39,6 +39,10 @@ const (
 	// scraping (only `up`); emitted only when the simulator plays the
 	// scraping Prometheus (Config.TargetLabels).
 	SourcePrometheus
+	// SourcePushgateway: a batch job's results pushed to a Pushgateway
+	// (the source document's nccl-tests script), served with the cluster
+	// scope's page.
+	SourcePushgateway
 )
 
 func (s Source) String() string {
@@ -55,6 +59,8 @@ func (s Source) String() string {
 		return "kube-state-metrics"
 	case SourcePrometheus:
 		return "prometheus"
+	case SourcePushgateway:
+		return "pushgateway"
 	}
 	return "unknown"
 }
@@ -137,6 +143,8 @@ const (
 	FamKubeNodeCondition
 	FamKubePodPhase
 	FamKubeJobActive
+
+	FamNCCLBandwidth
 
 	FamUp
 
@@ -225,6 +233,11 @@ var Catalogue = []MetricDesc{
 	{ID: FamKubeNodeCondition, Name: "kube_node_status_condition", Type: Gauge, Help: "The condition of a cluster node.", Source: SourceKubeStateMetrics},
 	{ID: FamKubePodPhase, Name: "kube_pod_status_phase", Type: Gauge, Help: "The pods current phase.", Source: SourceKubeStateMetrics},
 	{ID: FamKubeJobActive, Name: "kube_job_status_active", Type: Gauge, Help: "The number of actively running pods.", Source: SourceKubeStateMetrics},
+
+	// The source document's NCCL dashboard (§3.4): an nccl-tests job runs
+	// all_reduce_perf across each block of nodes every hour and pushes the
+	// bus bandwidth to a Pushgateway, which keeps the last value.
+	{ID: FamNCCLBandwidth, Name: "nccl_bandwidth_gbps", Type: Gauge, Help: "Bus bandwidth of the last nccl-tests all_reduce_perf run across the block of nodes, in Gbit/s.", Unit: "gigabits per second", Source: SourcePushgateway},
 
 	// Made by the scraping Prometheus, never by an exporter.
 	{ID: FamUp, Name: "up", Type: Gauge, Help: "Whether the target could be scraped (1) or not (0).", Source: SourcePrometheus},

@@ -220,6 +220,10 @@ func unitRange(unit string, gpus int) ([2]float64, bool) {
 		return [2]float64{0, 3e9}, true
 	case unitMebibytes:
 		return [2]float64{0, h100MiB}, true
+	case unitGbitsPerSec:
+		// A bus bandwidth is at most the NVLink bandwidth of a node's 8
+		// GPUs (8 × 900 GB/s), cross-node far less.
+		return [2]float64{0, 8 * 900 * 8}, true
 	case unitBytes, unitBytesPerSec, unitSeconds, unitPerSecond, unitReqPerSec, unitCount:
 		return [2]float64{0, 1e15}, true
 	}

@@ -111,9 +111,12 @@ func trainingPerformance() *dashboard.DashboardBuilder {
 func ncclNVLink() *dashboard.DashboardBuilder {
 	nodes := cl + `, Hostname=~"$Hostname"`
 	return newDashboard("nccl-nvlink", "NCCL / NVLink communication",
-		"Inter-GPU and inter-node communication health: NVLink throughput and errors, PCIe replays, NIC drops (source document §3.4).", "nccl").
+		"Inter-GPU and inter-node communication health: nccl-tests bus bandwidth, NVLink throughput and errors, PCIe replays, NIC drops (source document §3.4).", "nccl").
 		WithVariable(clusterVar()).
 		WithVariable(labelVar("Hostname", "Hostname", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", cl, true)).
+		// Pushed by the nccl-tests job, grouped by its first node (instance).
+		WithPanel(timeSeries("NCCL bus bandwidth (nccl-tests)", "all_reduce_perf bus bandwidth of the last nccl-tests run on each block of nodes, as pushed to the Pushgateway: a drop points at a NIC, switch port or NVLink of that block.", unitGbitsPerSec,
+			q(`nccl_bandwidth_gbps{`+cl+`}`, "{{instance}} ({{nodes}} nodes)")).Min(0)).
 		WithPanel(timeSeries("NVLink throughput by node", "NVLink traffic of all GPUs of each node.", unitBytesPerSec,
 			q(`sum by (Hostname) (rate(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{`+nodes+`}[$__rate_interval]))`, "{{Hostname}}")).Min(0)).
 		WithPanel(timeSeries("NVLink CRC flit errors", "NVLink CRC flit errors per second, per GPU: a failing link or bridge.", unitPerSecond,

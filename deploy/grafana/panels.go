@@ -24,6 +24,7 @@ const (
 	unitMebibytes   = "decmbytes" // DCGM reports framebuffer in MiB
 	unitBytes       = "bytes"
 	unitBytesPerSec = "Bps"
+	unitGbitsPerSec = "Gbits" // nccl-tests' bus bandwidth
 	unitSeconds     = "s"
 	unitPerSecond   = "cps"   // events per second
 	unitReqPerSec   = "reqps" // requests per second
