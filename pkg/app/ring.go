@@ -317,8 +317,11 @@ func (a *App) ruleDataTenants() func() []string {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		ts, err := src.Tenants(ctx)
-		if err != nil {
-			a.Logger.Warn("rules: listing the receivers' tenants", "err", err)
+		switch {
+		case err != nil && len(ts) == 0:
+			a.Logger.Warn("rules: no receiver listed its tenants", "err", err)
+		case err != nil: // a receiver down: its tenants are on its replicas
+			a.Logger.Debug("rules: listing the receivers' tenants", "err", err)
 		}
 		for _, t := range a.DBs.Tenants() {
 			if !slices.Contains(ts, t) {

@@ -68,9 +68,9 @@ type Source struct {
 	ring   ring.ReadRing
 	logger *slog.Logger
 
-	mtx     sync.Mutex
-	clients map[string]*instanceClients // by address
-	http    *http.Client                // plain requests (Tenants)
+	mtx        sync.Mutex
+	clients    map[string]*instanceClients // by address
+	httpClient *http.Client                // plain requests (Tenants)
 
 	requests  *prometheus.CounterVec
 	duration  prometheus.Histogram
@@ -113,11 +113,11 @@ func NewSource(cfg SourceConfig, r ring.ReadRing, logger *slog.Logger, reg prome
 	}
 	f := promauto.With(reg)
 	return &Source{
-		cfg:     cfg,
-		ring:    r,
-		logger:  logger,
-		clients: map[string]*instanceClients{},
-		http:    hc,
+		cfg:        cfg,
+		ring:       r,
+		logger:     logger,
+		clients:    map[string]*instanceClients{},
+		httpClient: hc,
 		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpustore_receivers_read_requests_total",
 			Help: "Remote reads sent to receivers, by status (ok, error).",

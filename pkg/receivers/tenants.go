@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"slices"
@@ -97,7 +98,7 @@ func (s *Source) tenantsOf(ctx context.Context, inst ring.InstanceDesc) ([]strin
 	if err != nil {
 		return nil, err
 	}
-	resp, err := s.http.Do(req)
+	resp, err := s.httpClient.Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -106,7 +107,7 @@ func (s *Source) tenantsOf(ctx context.Context, inst ring.InstanceDesc) ([]strin
 		return nil, fmt.Errorf("%s: %s", u.String(), resp.Status)
 	}
 	var a tenantsAnswer
-	if err := json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 16<<20)).Decode(&a); err != nil {
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&a); err != nil {
 		return nil, fmt.Errorf("%s: %w", u.String(), err)
 	}
 	return a.Tenants, nil
