@@ -230,12 +230,19 @@ func leaveRing(peers *ring.Ring, self *ring.BasicLifecycler) error {
 }
 
 // storageLimits are the limits the tenants' TSDBs apply; a receiver in the
-// ring widens the out-of-order window (receiverring.ReplicaLimits).
+// ring widens the out-of-order window and takes its share of each tenant's
+// max_active_series (receiverring.ReplicaLimits).
 func (a *App) storageLimits() tenantdb.TenantLimits {
 	if !a.Cfg.Ring.Enabled {
 		return a.Limits
 	}
-	return a.Cfg.Ring.ReplicaLimits(a.Limits)
+	// The ring client starts after the storage: a.Ring is read per call.
+	return a.Cfg.Ring.ReplicaLimits(a.Limits, func() int {
+		if a.Ring == nil {
+			return 0
+		}
+		return a.Ring.InstancesWithTokensCount()
+	})
 }
 
 // initRulersRing: every process that evaluates rules in the ring (a

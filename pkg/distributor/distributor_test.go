@@ -72,7 +72,7 @@ func newCluster(t *testing.T, n, rf int, ha *hatracker.Tracker) *cluster {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dbs.SetLimits(receiverring.DefaultConfig().ReplicaLimits(lim))
+		dbs.SetLimits(receiverring.DefaultConfig().ReplicaLimits(lim, nil))
 		t.Cleanup(func() { _ = dbs.Close() })
 		ing, err := ingest.New(ingest.DefaultConfig(), ingest.Deps{
 			Tenants: tenancy.DefaultConfig(), DBs: dbs, Limits: lim, Downstream: true,

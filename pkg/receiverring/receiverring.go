@@ -212,21 +212,43 @@ func (c Config) identity(listenAddr string, logger *slog.Logger) (id, addr strin
 	return id, net.JoinHostPort(host, strconv.Itoa(p)), nil
 }
 
-// ReplicaLimits are a receiver's TSDB limits in the ring: every tenant's
-// out-of-order window is at least the remote timeout. A distributor
-// acknowledges a write once a quorum of replicas committed it, and the
-// sender's next write can overtake the slowest replica's copy on its way;
-// without the window that replica would reject the earlier sample as out of
-// order and hold less than the others.
-func (c Config) ReplicaLimits(l tenantdb.TenantLimits) tenantdb.TenantLimits {
-	return replicaWindow{TenantLimits: l, min: time.Duration(c.RemoteTimeout)}
+// ReplicaLimits are a receiver's TSDB limits in the ring.
+//
+// Every tenant's out-of-order window is at least the remote timeout. A
+// distributor acknowledges a write once a quorum of replicas committed it,
+// and the sender's next write can overtake the slowest replica's copy on its
+// way; without the window that replica would reject the earlier sample as
+// out of order and hold less than the others.
+//
+// A tenant's max_active_series is the whole ring's: with receivers (the
+// receivers holding tokens; nil or 0: not known yet) above the replication
+// factor, each holds about RF/receivers of the tenant's series and gets that
+// share of the limit, as Mimir's ingesters do (token ownership is not
+// perfectly even, so a tenant at its limit may see one receiver refuse a
+// little early).
+func (c Config) ReplicaLimits(l tenantdb.TenantLimits, receivers func() int) tenantdb.TenantLimits {
+	return replicaLimits{TenantLimits: l, minWindow: time.Duration(c.RemoteTimeout), rf: c.ReplicationFactor, receivers: receivers}
 }
 
-type replicaWindow struct {
+type replicaLimits struct {
 	tenantdb.TenantLimits
-	min time.Duration
+	minWindow time.Duration
+	rf        int
+	receivers func() int
 }
 
-func (r replicaWindow) OutOfOrderWindow(tenant string) time.Duration {
-	return max(r.TenantLimits.OutOfOrderWindow(tenant), r.min)
+func (r replicaLimits) OutOfOrderWindow(tenant string) time.Duration {
+	return max(r.TenantLimits.OutOfOrderWindow(tenant), r.minWindow)
+}
+
+func (r replicaLimits) MaxActiveSeries(tenant string) int {
+	limit := r.TenantLimits.MaxActiveSeries(tenant)
+	if limit <= 0 || r.receivers == nil {
+		return limit
+	}
+	n := r.receivers()
+	if n <= r.rf {
+		return limit // every receiver holds every series
+	}
+	return (limit*r.rf + n - 1) / n // rounded up: never 0
 }
