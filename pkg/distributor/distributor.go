@@ -376,7 +376,7 @@ func (a *appender) Commit() error {
 	return &statusError{status: http.StatusServiceUnavailable, msg: "too few receivers took the write: " + err.Error()}
 }
 
-// send writes the series at idx to one receiver as remote write 2.0.
+// send writes the series at idx to one receiver (see request).
 func (a *appender) send(ctx context.Context, inst ring.InstanceDesc, idx []int) error {
 	d := a.t.d
 	start := time.Now()
