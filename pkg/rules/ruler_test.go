@@ -717,11 +717,11 @@ func TestBrokenFileAtStartup(t *testing.T) {
 func TestShardedRuler(t *testing.T) {
 	var mine atomic.Value // the group names this ruler owns, a map[string]bool
 	mine.Store(map[string]bool{"temps": true})
-	var version atomic.Int64
+	var version, polls atomic.Int64
 	e := newEnv(t, func(c *Config) { c.GPUPack = true })
 	e.replaceRuler(func(o *Options) {
 		o.Owns = func(_, _, group string) bool { return mine.Load().(map[string]bool)[group] }
-		o.Ownership = func() string { return fmt.Sprint(version.Load()) }
+		o.Ownership = func() string { polls.Add(1); return fmt.Sprint(version.Load()) }
 	})
 	e.appendTemps("team-a", "node-1", []float64{50}, time.Now())
 	e.writeRules("team-a", "temps.yml", maxTempRules)
@@ -738,7 +738,14 @@ func TestShardedRuler(t *testing.T) {
 		t.Fatalf("owning temps only, the ruler evaluates %v", got)
 	}
 	mine.Store(map[string]bool{"gpu_recording": true, "node_alerts": true})
-	time.Sleep(300 * time.Millisecond) // polls without a ring change: nothing moves
+	// Polls without a ring change: nothing moves.
+	seen := polls.Load()
+	waitFor(t, 5*time.Second, "three polls", func() error {
+		if polls.Load() < seen+3 {
+			return fmt.Errorf("%d polls", polls.Load()-seen)
+		}
+		return nil
+	})
 	if got := names(); !slices.Equal(got, []string{"temps"}) {
 		t.Fatalf("groups moved without a ring change: %v", got)
 	}
@@ -777,9 +784,16 @@ func TestDataTenants(t *testing.T) {
 		return nil
 	})
 	want := len(e.groupNames("remote"))
+	reloaded := func() float64 { return testutil.ToFloat64(e.ruler.reloadTime.WithLabelValues("remote")) }
+	before := reloaded()
 	data.Store([]string{})
 	version.Add(1) // a ring change: every tenant is loaded again
-	time.Sleep(500 * time.Millisecond)
+	waitFor(t, 5*time.Second, "the full reload after the ring change", func() error {
+		if reloaded() <= before {
+			return fmt.Errorf("remote last loaded at %v", before)
+		}
+		return nil
+	})
 	if got := len(e.groupNames("remote")); got != want {
 		t.Errorf("after a full reload whose tenant list missed it: %d groups, want %d", got, want)
 	}

@@ -60,8 +60,8 @@ func main() {
 type result struct {
 	sent, created, active, peakHead int64
 	heap                            uint64
-	bytesPerSample        float64
-	cpu, wall             time.Duration
+	bytesPerSample                  float64
+	cpu, wall                       time.Duration
 }
 
 const tenant = "bench"
