@@ -148,7 +148,10 @@ func shippedBucket(t *testing.T, s3 s3Config, dirs []string) objstore.Bucket {
 func killCompactorAt(t *testing.T, s3 s3Config, at, work string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCompactorCrashHelper$", "-test.v")
-	cmd.Env = append(os.Environ(), "GPUSTORE_COMPACT_CRASH_AT="+at, "GPUSTORE_COMPACT_S3="+s3.addr, "GPUSTORE_COMPACT_DIR="+work)
+	// The helper dies by SIGKILL, so its own t.TempDir()s are never removed:
+	// give it a TMPDIR inside this test's, which the test removes.
+	cmd.Env = append(os.Environ(), "GPUSTORE_COMPACT_CRASH_AT="+at, "GPUSTORE_COMPACT_S3="+s3.addr, "GPUSTORE_COMPACT_DIR="+work,
+		"TMPDIR="+t.TempDir())
 	out, err := cmd.CombinedOutput()
 	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
 	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
