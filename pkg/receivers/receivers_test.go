@@ -213,8 +213,9 @@ func dumpSet(ss storage.SeriesSet) (string, annotations.Annotations, error) {
 	var b strings.Builder
 	var it chunkenc.Iterator
 	for ss.Next() {
-		b.WriteString(ss.At().Labels().String())
-		it = ss.At().Iterator(it)
+		s := ss.At() // once, as PromQL does: a merge set merges at every At
+		b.WriteString(s.Labels().String())
+		it = s.Iterator(it)
 		for it.Next() == chunkenc.ValFloat {
 			t, v := it.At()
 			fmt.Fprintf(&b, " %d=%g", (t-t0)/15_000, v)
@@ -272,6 +273,15 @@ func TestSelectMergesReplicas(t *testing.T) {
 	}
 	if len(ws) != 0 {
 		t.Errorf("warnings with every receiver up: %v", ws)
+	}
+	// gpu="0" is the same on the three receivers: read once, the two other
+	// answers skipped by their chunks; gpu="1" differs on each, so its three
+	// answers are merged sample by sample (and give the union above).
+	if got, want := testutil.ToFloat64(src.replicas.identical), 2.0; got != want {
+		t.Errorf("identical replicas skipped: %v, want %v", got, want)
+	}
+	if got, want := testutil.ToFloat64(src.replicas.merged), 3.0; got != want {
+		t.Errorf("replicas merged sample by sample: %v, want %v", got, want)
 	}
 
 	// Tenants see only their own series.

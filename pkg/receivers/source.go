@@ -75,6 +75,7 @@ type Source struct {
 	requests  *prometheus.CounterVec
 	duration  prometheus.Histogram
 	tolerated prometheus.Counter
+	replicas  struct{ identical, merged prometheus.Counter }
 }
 
 // instanceClients are the remote-read clients of one receiver.
@@ -112,7 +113,11 @@ func NewSource(cfg SourceConfig, r ring.ReadRing, logger *slog.Logger, reg prome
 		return nil, fmt.Errorf("receivers: http client: %w", err)
 	}
 	f := promauto.With(reg)
-	return &Source{
+	replicas := f.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpustore_receivers_read_series_replicas_total",
+		Help: "Answers of a series that several receivers held: read once as identical to another replica's chunks (identical), or merged sample by sample (merged).",
+	}, []string{"how"})
+	s := &Source{
 		cfg:        cfg,
 		ring:       r,
 		logger:     logger,
@@ -131,7 +136,10 @@ func NewSource(cfg SourceConfig, r ring.ReadRing, logger *slog.Logger, reg prome
 			Name: "gpustore_receivers_read_tolerated_failures_total",
 			Help: "Receivers that failed a read the ring's replication tolerates (answered with a warning).",
 		}),
-	}, nil
+	}
+	s.replicas.identical = replicas.WithLabelValues("identical")
+	s.replicas.merged = replicas.WithLabelValues("merged")
+	return s, nil
 }
 
 // Querier implements query.Source. local is about bucket blocks and means
@@ -177,7 +185,7 @@ func (q *querier) Select(ctx context.Context, _ bool, hints *storage.SelectHints
 	}
 	// Every set is sorted (see fetch), so the merge is always possible and
 	// the result is sorted whatever the caller asked.
-	return warningSet{storage.NewMergeSeriesSet(sets, 0, storage.ChainedSeriesMerge), ws}
+	return warningSet{storage.NewMergeSeriesSet(sets, 0, q.s.mergeReplicas), ws}
 }
 
 // LabelValues and LabelNames: remote read has no label API, so they select
@@ -383,34 +391,26 @@ func (s *Source) fetch(ctx context.Context, inst ring.InstanceDesc, pq *prompb.Q
 
 // drain reads ss into memory. A streamed answer splits a series with many
 // chunks over several frames, which arrive as consecutive series with the
-// same labels: they are joined here, as the merge expects each series once
-// per set.
+// same labels: they are joined here into one receivedSeries, as the merge
+// expects each series once per set.
 func drain(ss storage.SeriesSet) (storage.SeriesSet, error) {
 	var (
 		out []storage.Series
-		run []storage.Series // consecutive parts of one series
+		cur *receivedSeries
 	)
-	flush := func() {
-		switch len(run) {
-		case 0:
-		case 1:
-			out = append(out, run[0])
-		default:
-			out = append(out, storage.ChainedSeriesMerge(run...))
-		}
-		run = nil
-	}
 	for ss.Next() {
-		cur := ss.At()
-		if len(run) > 0 && !labels.Equal(run[0].Labels(), cur.Labels()) {
-			flush()
+		s := ss.At()
+		lset := s.Labels()
+		if cur != nil && labels.Equal(cur.lset, lset) {
+			cur.parts = append(cur.parts, s)
+			continue
 		}
-		run = append(run, cur)
+		cur = &receivedSeries{lset: lset, parts: []storage.Series{s}}
+		out = append(out, cur)
 	}
 	if err := ss.Err(); err != nil {
 		return nil, err
 	}
-	flush()
 	return &listSet{series: out, i: -1, ws: ss.Warnings()}, nil
 }
 
