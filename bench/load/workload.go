@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"sync"
 	"time"
 
@@ -39,6 +40,11 @@ type Workload struct {
 	// Prometheus' queue manager a series always goes to the same shard, so
 	// its samples arrive in time order however the shards interleave.
 	Shards int
+	// NewClusterEachTick makes every tick the first scrape of another
+	// cluster: the external cluster label is <name>-<tick>, so every sample
+	// creates a new series (series churn at its worst: a fleet of clusters
+	// starting to write, or a store filling up with a million series).
+	NewClusterEachTick bool
 }
 
 func (w *Workload) defaults() error {
@@ -106,6 +112,7 @@ type generator struct {
 	shardOf map[*gpusim.Label]int
 	seen    map[uint64]struct{}
 	buf     []gpusim.Series
+	fresh   int // samples generated (NewClusterEachTick: series)
 	st      GenStats
 }
 
@@ -160,8 +167,14 @@ func (g *generator) run(ctx context.Context, emit func(shard int, r Request) err
 			return g.st, err
 		}
 		t := g.w.Start.Add(time.Duration(i) * g.w.Interval)
+		if g.w.NewClusterEachTick {
+			if err := g.newCluster(i, emit); err != nil {
+				return g.st, err
+			}
+		}
 		g.buf = g.cl.AppendSamples(g.buf[:0], t, g.w.Replica)
 		g.st.SeriesPerTick = max(g.st.SeriesPerTick, len(g.buf))
+		g.fresh += len(g.buf)
 		for j := range g.buf {
 			sh := g.shard(&g.buf[j])
 			g.pending[sh] = append(g.pending[sh], g.buf[j])
@@ -178,8 +191,27 @@ func (g *generator) run(ctx context.Context, emit func(shard int, r Request) err
 		}
 	}
 	g.st.Series = len(g.seen)
+	if g.w.NewClusterEachTick {
+		g.st.Series = g.fresh // every sample a series of its own
+	}
 	g.st.Took = time.Since(began)
 	return g.st, nil
+}
+
+// newCluster sends what the previous tick left pending and gives every
+// shard's encoder tick i's cluster label (Workload.NewClusterEachTick).
+func (g *generator) newCluster(i int, emit func(int, Request) error) error {
+	for sh := range g.pending {
+		if err := g.flush(sh, emit); err != nil {
+			return err
+		}
+	}
+	ext := slices.DeleteFunc(slices.Clone(g.w.External), func(l gpusim.Label) bool { return l.Name == "cluster" })
+	ext = append(ext, gpusim.Label{Name: "cluster", Value: fmt.Sprintf("%s-%05d", g.w.Cluster.Name, i)})
+	for sh := range g.encs {
+		g.encs[sh] = gpusim.NewEncoder(ext)
+	}
+	return nil
 }
 
 func (g *generator) flush(sh int, emit func(int, Request) error) error {

@@ -168,3 +168,38 @@ func TestWorkloadValidation(t *testing.T) {
 		t.Error("protocol 3.0: want an error")
 	}
 }
+
+// TestNewClusterEachTick: every sample of a churn workload is a series of
+// its own, the tick's cluster label tells them apart, and Stats counts them.
+func TestNewClusterEachTick(t *testing.T) {
+	w := smallWorkload()
+	w.NewClusterEachTick = true
+	p, err := BuildPlan(context.Background(), w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	clusters := map[string]bool{}
+	for _, reqs := range p.Shards {
+		for _, r := range reqs {
+			for _, ts := range decodeV1(t, r.Body).Timeseries {
+				k := seriesKey(ts.Labels)
+				if seen[k] || len(ts.Samples) != 1 {
+					t.Fatalf("series %s seen again (%d samples)", k, len(ts.Samples))
+				}
+				seen[k] = true
+				for _, l := range ts.Labels {
+					if l.Name == "cluster" {
+						clusters[l.Value] = true
+					}
+				}
+			}
+		}
+	}
+	if int64(len(seen)) != p.Stats.Samples || p.Stats.Series != len(seen) {
+		t.Errorf("%d distinct series, %d samples, Stats.Series %d: want all equal", len(seen), p.Stats.Samples, p.Stats.Series)
+	}
+	if len(clusters) != w.Ticks || !clusters["test-00000"] || !clusters["test-00005"] {
+		t.Errorf("clusters %v, want test-00000 … test-00005", clusters)
+	}
+}

@@ -49,6 +49,8 @@ type options struct {
 	ingestDuration time.Duration
 	ingestShards   int
 
+	churnNodes, churnClusters int
+
 	bfNodes    int
 	bfInterval time.Duration
 	bfDuration time.Duration
@@ -92,6 +94,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.ingestInterval, "ingest.interval", 15*time.Second, "Scrape interval of the saturation workload.")
 	fs.DurationVar(&o.ingestDuration, "ingest.duration", time.Hour, "Simulated history written at saturation (ending at the run's start).")
 	fs.IntVar(&o.ingestShards, "ingest.shards", 4, "Requests in flight during the saturation phase.")
+	fs.IntVar(&o.churnNodes, "churn.nodes", 32, "Nodes of each new cluster in the series-churn phase.")
+	fs.IntVar(&o.churnClusters, "churn.clusters", 80, "Clusters whose first scrape the series-churn phase writes, every sample a new series (0 skips it; 80 × 32 nodes ≈ 1 M series).")
 	fs.IntVar(&o.bfNodes, "backfill.nodes", 8, "Nodes of the slice backfilled for the 24h and 7d query windows.")
 	fs.DurationVar(&o.bfInterval, "backfill.interval", time.Minute, "Scrape interval of the backfilled slice.")
 	bfDur := fs.String("backfill.duration", "7d", "History of the slice to backfill (0 skips the 24h/7d query windows).")
@@ -147,10 +151,10 @@ type bench struct {
 	began   time.Time
 	end     time.Time
 
-	ingest, backfill     *load.Plan
-	ingestWL, backfillWL load.Workload
-	results              []*sysResult
-	loadStart            string
+	ingest, backfill, churn       *load.Plan
+	ingestWL, backfillWL, churnWL load.Workload
+	results                       []*sysResult
+	loadStart                     string
 }
 
 // window is one query window over one data set.
@@ -172,6 +176,11 @@ type sysResult struct {
 	idle           bool
 	rssStart, hwm  int64
 	diskIngest     load.DiskUsage
+
+	// The series-churn phase: every sample a new series.
+	churnWrite         load.Result
+	churnCPU           float64
+	churnHWM, churnRSS int64 // peak and start RSS
 
 	bfWrite   load.Result
 	bfCPU     float64
@@ -240,6 +249,22 @@ func (b *bench) run(ctx context.Context, stdout io.Writer) error {
 	st := b.ingest.Stats
 	b.log.Info("saturation workload ready", "samples", st.Samples, "series", st.Series, "series_per_tick", st.SeriesPerTick,
 		"requests", st.Requests, "body_bytes", st.Bytes, "took", st.Took.Round(time.Millisecond))
+	if o.churnClusters > 0 {
+		b.churnWL = load.Workload{
+			Cluster:  gpusim.Config{Name: "gpu-cluster-churn", Nodes: o.churnNodes, Seed: o.seed, TargetLabels: true},
+			Start:    b.end.Add(-time.Duration(o.churnClusters) * o.ingestInterval),
+			Ticks:    o.churnClusters,
+			Interval: o.ingestInterval, Protocol: gpusim.Protocol(o.protocol), Shards: o.ingestShards,
+			NewClusterEachTick: true,
+		}
+		b.log.Info("encoding the series-churn workload once", "clusters", o.churnClusters, "nodes_each", o.churnNodes)
+		if b.churn, err = load.BuildPlan(ctx, b.churnWL); err != nil {
+			return fmt.Errorf("build series-churn workload: %w", err)
+		}
+		st := b.churn.Stats
+		b.log.Info("series-churn workload ready", "samples", st.Samples, "series", st.Series, "requests", st.Requests,
+			"body_bytes", st.Bytes, "took", st.Took.Round(time.Millisecond))
+	}
 	if o.bfDuration > 0 {
 		bt := int(o.bfDuration / o.bfInterval)
 		b.backfillWL = load.Workload{
@@ -334,12 +359,63 @@ func (b *bench) runSystem(ctx context.Context, name string) *sysResult {
 		r.err = fmt.Errorf("saturation phase: %w", err)
 		return r
 	}
+	if b.churn != nil {
+		if err := b.churnPhase(ctx, name, r); err != nil {
+			r.err = fmt.Errorf("series-churn phase: %w", err)
+			return r
+		}
+	}
 	if b.backfill != nil {
 		if err := b.backfillPhase(ctx, name, r); err != nil {
 			r.err = fmt.Errorf("backfill phase: %w", err)
 		}
 	}
 	return r
+}
+
+// churnPhase writes the first scrape of many new clusters into a fresh
+// instance, every sample a new series, as fast as it is taken: the cost of
+// creating series (CPU per million, until idle) and the memory a million
+// series take (peak RSS).
+func (b *bench) churnPhase(ctx context.Context, name string, r *sysResult) (err error) {
+	s, err := b.newSystem(name, "churn")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if serr := s.Stop(b.o.stopTimeout); serr != nil && err == nil {
+			err = serr
+		}
+	}()
+	if err := b.start(ctx, s); err != nil {
+		return err
+	}
+	p0, err := load.ReadProc(s.PID())
+	if err != nil {
+		return err
+	}
+	r.churnRSS = p0.RSS
+	b.log.Info("series churn: writing", "system", name, "samples", b.churn.Stats.Samples, "series", b.churn.Stats.Series)
+	r.churnWrite, err = load.Run(ctx, load.DriverConfig{URL: s.WriteURL(), Protocol: b.churnWL.Protocol, PID: s.PID(),
+		Logger: b.log.With("system", name, "phase", "churn"), Progress: 5 * time.Second}, b.churn.Source())
+	if err != nil {
+		return err
+	}
+	if err := s.Flush(ctx); err != nil {
+		return err
+	}
+	if _, _, err := load.WaitIdle(ctx, s.PID(), 0.1, 3*time.Second, b.o.idleTimeout); err != nil {
+		return err
+	}
+	p1, err := load.ReadProc(s.PID())
+	if err != nil {
+		return err
+	}
+	r.churnCPU = load.CPUSeconds(p1.CPUTicks - p0.CPUTicks)
+	r.churnHWM = p1.HWM
+	b.log.Info("series churn: done", "system", name, "result", r.churnWrite.String(),
+		"cpu_seconds", fmt.Sprintf("%.1f", r.churnCPU), "peak_rss", p1.HWM)
+	return nil
 }
 
 // ingestPhase writes the full-cluster hour as fast as the system takes it,
@@ -618,6 +694,22 @@ func (b *bench) report() string {
 			return fmt.Sprintf("%.2f", float64(u(r).Bucket)/float64(samples(r)))
 		})
 	}
+	if b.churn != nil {
+		cst := b.churn.Stats
+		churned := func(r *sysResult) bool { return r.churnWrite.Samples > 0 }
+		row(fmt.Sprintf("series churn: CPU-seconds per million samples, each a new series (%d clusters' first scrape)", o.churnClusters), func(r *sysResult) string {
+			if !churned(r) {
+				return "n/a"
+			}
+			return fmt.Sprintf("%.2f", r.churnCPU/(float64(r.churnWrite.Samples)/1e6))
+		})
+		row(fmt.Sprintf("series churn: peak RSS per series, KiB (%d series)", cst.Series), func(r *sysResult) string {
+			if !churned(r) {
+				return "n/a"
+			}
+			return fmt.Sprintf("%.2f (%.0f MiB)", float64(r.churnHWM)/1024/float64(cst.Series), float64(r.churnHWM)/(1<<20))
+		})
+	}
 	diskRows(fmt.Sprintf("%s of %d GPUs (stopped)", fmtDays(o.ingestDuration), o.ingestNodes*8),
 		func(r *sysResult) int64 { return r.write.Samples }, func(r *sysResult) load.DiskUsage { return r.diskIngest })
 	if b.backfill != nil {
@@ -665,7 +757,7 @@ func (b *bench) report() string {
 	}
 	row("errors (write answers ≠ 2xx, failed queries)", func(r *sysResult) string {
 		var bad int64
-		for _, res := range []load.Result{r.write, r.bfWrite} {
+		for _, res := range []load.Result{r.write, r.churnWrite, r.bfWrite} {
 			for c, n := range res.Codes {
 				if c/100 != 2 {
 					bad += n
@@ -685,6 +777,11 @@ func (b *bench) report() string {
 		o.seed, o.protocol, b.ingest.Workload.MaxSamplesPerSend, b.end.Format(time.RFC3339))
 	fmt.Fprintf(&sb, "  saturation: %d GPUs (%d nodes) every %s for %s: %d samples, %d series (%d per scrape), %d requests, %d in flight, as fast as answered.\n",
 		o.ingestNodes*8, o.ingestNodes, fmtDays(o.ingestInterval), fmtDays(o.ingestDuration), ist.Samples, ist.Series, ist.SeriesPerTick, ist.Requests, b.ingestWL.Shards)
+	if b.churn != nil {
+		cst := b.churn.Stats
+		fmt.Fprintf(&sb, "  series churn: the first scrape of %d clusters of %d nodes (cluster label cluster-<n>), written into a fresh instance as fast as answered: %d samples, each a new series; CPU until idle; peak RSS over the series written.\n",
+			o.churnClusters, o.churnNodes, cst.Samples)
+	}
 	if b.backfill != nil {
 		bst := b.backfill.Stats
 		fmt.Fprintf(&sb, "  query data: a %d-GPU slice (%d nodes) every %s for %s, backfilled oldest first into a fresh instance: %d samples, %d series.\n",
