@@ -366,7 +366,8 @@ func (a *App) initQuery() (services.Service, error) {
 		Flags:          a.Flags,
 		Sources:        a.querySources(),
 		Receivers:      a.Receivers, ReceiversLookback: a.receiversLookback(),
-		Rules: a.rulesRetriever,
+		Metadata: a.receiversMetadata(),
+		Rules:    a.rulesRetriever,
 		BuildInfo: v1.PrometheusVersion{
 			Version: version.Version, Revision: version.Revision, Branch: version.Branch,
 			BuildUser: version.BuildUser, BuildDate: version.BuildDate, GoVersion: version.GoVersion,

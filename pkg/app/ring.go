@@ -356,14 +356,24 @@ func (a *App) ringAppendable() (func(string) (storage.AppendableV2, error), erro
 }
 
 // receiverRoutes are a receiver's routes in the ring: writes from
-// distributors, remote reads from queriers and the tenant list for rulers,
-// on paths of their own (a
-// process may run the distributor's and the query API's public routes too).
+// distributors, remote reads and metric metadata for queriers and the
+// tenant list for rulers, on paths of their own (a process may run the
+// distributor's and the query API's public routes too).
 func (a *App) receiverRoutes(ing *ingest.Ingester) {
 	a.Server.Writes.Handle(receiverring.WritePath, ing)
 	a.Server.Mux.Handle(receivers.ReadPath, receivers.ReadHandler(a.DBs, a.Cfg.Tenant, a.Logger.With("component", "receiver-read"), a.Registry))
+	a.Server.Mux.Handle(receivers.MetadataPath, receivers.MetadataHandler(a.DBs, a.Cfg.Tenant))
 	a.Server.Mux.Handle(receivers.TenantsPath, receivers.TenantsHandler(a.DBs))
 	a.Server.AdminOnly(receivers.TenantsPath) // names every tenant
+}
+
+// receiversMetadata is where /api/v1/metadata finds the metadata of the
+// ring's receivers; nil without the ring (the local TSDB's alone).
+func (a *App) receiversMetadata() query.MetadataSource {
+	if src, ok := a.Receivers.(*receivers.Source); ok {
+		return src
+	}
+	return nil
 }
 
 // receiversSource reads the ring's receivers for the query role; nil

@@ -15,10 +15,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -105,6 +107,16 @@ type Options struct {
 	// Frontend, when set, wraps the chain after tenant resolution
 	// (pkg/queryfrontend: query_range split by day and cached).
 	Frontend func(http.Handler) http.Handler
+	// Metadata, when set, adds the metric metadata held elsewhere (the
+	// ring's receivers) to the local TSDB's in /api/v1/metadata.
+	Metadata MetadataSource
+}
+
+// MetadataSource is metric metadata held outside this process. A partial
+// answer comes with an error (shown as a warning); nil with an error when
+// nothing could be read.
+type MetadataSource interface {
+	Metadata(ctx context.Context, tenant string) (map[string]metadata.Metadata, error)
 }
 
 // API is the query HTTP API.
@@ -378,21 +390,37 @@ func (a *API) metadata(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "bad_data", err)
 		return
 	}
-	out := map[string][]metadata.Metadata{}
-	if db := a.opts.DBs.Existing(id); db != nil {
-		metric := r.FormValue("metric")
+	all := map[string]metadata.Metadata{}
+	var warnings []string
+	db := a.opts.DBs.Existing(id)
+	if a.opts.Metadata != nil {
+		m, err := a.opts.Metadata.Metadata(r.Context(), id)
+		switch {
+		case err != nil && m == nil && db == nil: // nothing to answer with
+			writeError(w, http.StatusServiceUnavailable, "unavailable", err)
+			return
+		case err != nil:
+			warnings = append(warnings, err.Error())
+		}
+		maps.Copy(all, m)
+	}
+	if db != nil {
 		for _, fam := range db.Metadata.Families() {
-			if metric != "" && fam != metric {
-				continue
-			}
-			if limit >= 0 && len(out) >= limit {
-				break
-			}
-			m, _ := db.Metadata.Get(fam)
-			out[fam] = []metadata.Metadata{m}
+			all[fam], _ = db.Metadata.Get(fam)
 		}
 	}
-	writeJSON(w, http.StatusOK, v1.Response{Status: "success", Data: out})
+	names := slices.Sorted(maps.Keys(all))
+	if metric := r.FormValue("metric"); metric != "" {
+		names = slices.DeleteFunc(names, func(n string) bool { return n != metric })
+	}
+	if limit >= 0 && len(names) > limit {
+		names = names[:limit]
+	}
+	out := make(map[string][]metadata.Metadata, len(names))
+	for _, n := range names {
+		out[n] = []metadata.Metadata{all[n]}
+	}
+	writeJSON(w, http.StatusOK, v1.Response{Status: "success", Data: out, Warnings: warnings})
 }
 
 func intParam(r *http.Request, name string) (int, error) {

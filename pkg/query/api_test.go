@@ -3,8 +3,10 @@ package query
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -26,10 +28,21 @@ type apiResponse struct {
 	Data      json.RawMessage `json:"data"`
 	ErrorType string          `json:"errorType"`
 	Error     string          `json:"error"`
+	Warnings  []string        `json:"warnings"`
 }
 
 // newTestAPI serves the query API over two tenants' TSDBs holding GPU series.
 func newTestAPI(t testing.TB, mutate func(*Config)) (*httptest.Server, int64) {
+	t.Helper()
+	return newTestAPIWith(t, func(o *Options) {
+		if mutate != nil {
+			mutate(&o.Config)
+		}
+	})
+}
+
+// newTestAPIWith is newTestAPI with the API's options set by mutate.
+func newTestAPIWith(t testing.TB, mutate func(*Options)) (*httptest.Server, int64) {
 	t.Helper()
 	cfg := tenantdb.DefaultConfig()
 	cfg.Dir = t.TempDir()
@@ -59,14 +72,12 @@ func newTestAPI(t testing.TB, mutate func(*Config)) (*httptest.Server, int64) {
 		}
 		db.Metadata.Set("DCGM_FI_DEV_GPU_TEMP", metadata.Metadata{Type: model.MetricTypeGauge, Help: "GPU temperature (in C)."})
 	}
-	qcfg := DefaultConfig()
-	if mutate != nil {
-		mutate(&qcfg)
-	}
-	api, err := New(Options{
-		Config: qcfg, Tenants: tenancy.DefaultConfig(), DBs: dbs, Logger: logger, Registry: prometheus.NewRegistry(),
+	opts := Options{
+		Config: DefaultConfig(), Tenants: tenancy.DefaultConfig(), DBs: dbs, Logger: logger, Registry: prometheus.NewRegistry(),
 		Ready: func() error { return nil }, ActiveQueryDir: t.TempDir(),
-	})
+	}
+	mutate(&opts)
+	api, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,5 +225,52 @@ func TestSubqueryStepsBounded(t *testing.T) {
 		if d := time.Since(began); d > 3*time.Second {
 			t.Errorf("%s %s took %s", c.path, c.query, d)
 		}
+	}
+}
+
+// metadataSource is a MetadataSource answering fixed metadata and error
+// (receivers.Source, the real one, is tested against real receivers in
+// pkg/receivers and end to end in test/e2e).
+type metadataSource struct {
+	m   map[string]metadata.Metadata
+	err error
+}
+
+func (s metadataSource) Metadata(context.Context, string) (map[string]metadata.Metadata, error) {
+	return maps.Clone(s.m), s.err
+}
+
+// TestMetadataFromSource: /api/v1/metadata adds the source's families to the
+// local TSDB's (limit and metric apply to the union), shows a partial
+// answer's error as a warning, and answers 503 when neither the source nor
+// the local TSDB has anything to answer with.
+func TestMetadataFromSource(t *testing.T) {
+	power := metadata.Metadata{Type: model.MetricTypeGauge, Help: "Power draw (in W).", Unit: "watts"}
+	src := metadataSource{m: map[string]metadata.Metadata{"DCGM_FI_DEV_POWER_USAGE": power}}
+	srv, _ := newTestAPIWith(t, func(o *Options) { o.Metadata = src })
+	code, r := call(t, srv, "GET", "/api/v1/metadata", nil)
+	var got map[string][]metadata.Metadata
+	if err := json.Unmarshal(r.Data, &got); code != http.StatusOK || err != nil || len(got) != 2 ||
+		got["DCGM_FI_DEV_POWER_USAGE"][0] != power || got["DCGM_FI_DEV_GPU_TEMP"][0].Type != model.MetricTypeGauge {
+		t.Fatalf("metadata: %d %v %s; want the local TEMP and the source's POWER", code, err, r.Data)
+	}
+	if _, r := call(t, srv, "GET", "/api/v1/metadata", url.Values{"limit": {"1"}}); !strings.Contains(string(r.Data), "GPU_TEMP") || strings.Contains(string(r.Data), "POWER") {
+		t.Errorf("limit=1: %s, want the first family by name only", r.Data)
+	}
+	if _, r := call(t, srv, "GET", "/api/v1/metadata", url.Values{"metric": {"DCGM_FI_DEV_POWER_USAGE"}}); !strings.Contains(string(r.Data), "watts") || strings.Contains(string(r.Data), "TEMP") {
+		t.Errorf("metric=POWER: %s", r.Data)
+	}
+
+	partial := metadataSource{m: src.m, err: errors.New("receiver r2 down")}
+	srv, _ = newTestAPIWith(t, func(o *Options) { o.Metadata = partial })
+	if code, r := call(t, srv, "GET", "/api/v1/metadata", nil); code != http.StatusOK || !strings.Contains(string(r.Data), "POWER") || len(r.Warnings) != 1 {
+		t.Errorf("partial: %d %s warnings %v; want the data and one warning", code, r.Data, r.Warnings)
+	}
+	srv, _ = newTestAPIWith(t, func(o *Options) { o.Metadata = metadataSource{err: errors.New("no receiver answered")} })
+	if code, r := call(t, srv, "GET", "/api/v1/metadata", nil); code != http.StatusOK || !strings.Contains(string(r.Data), "GPU_TEMP") || len(r.Warnings) != 1 {
+		t.Errorf("source down, local data: %d %s warnings %v; want the local data and a warning", code, r.Data, r.Warnings)
+	}
+	if code, r := call(t, srv, "GET", "/api/v1/metadata", nil, "X-Scope-OrgID", "team-c"); code != http.StatusServiceUnavailable || r.ErrorType != "unavailable" {
+		t.Errorf("source down, no local data: %d %s, want 503 unavailable", code, r.ErrorType)
 	}
 }

@@ -53,15 +53,23 @@ func ReadHandler(dbs *tenantdb.Manager, tenants tenancy.Config, logger *slog.Log
 		func() config.Config { return config.Config{} },
 		readSampleLimit, readConcurrency, readMaxBytesInFrame)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := tenants.FromRequest(r)
-		if err != nil {
-			status := http.StatusBadRequest
-			if te, ok := errors.AsType[*tenancy.Error](err); ok {
-				status = te.Status
-			}
-			http.Error(w, err.Error(), status)
-			return
+		if id, ok := requestTenant(w, r, tenants); ok {
+			h.ServeHTTP(w, r.WithContext(user.InjectOrgID(r.Context(), id)))
 		}
-		h.ServeHTTP(w, r.WithContext(user.InjectOrgID(r.Context(), id)))
 	})
+}
+
+// requestTenant returns the request's tenant (tenancy.FromRequest), or
+// answers the request with the reason there is none.
+func requestTenant(w http.ResponseWriter, r *http.Request, tenants tenancy.Config) (string, bool) {
+	id, err := tenants.FromRequest(r)
+	if err != nil {
+		status := http.StatusBadRequest
+		if te, ok := errors.AsType[*tenancy.Error](err); ok {
+			status = te.Status
+		}
+		http.Error(w, err.Error(), status)
+		return "", false
+	}
+	return id, true
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -17,8 +18,10 @@ import (
 	"github.com/grafana/dskit/user"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/config"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/storage/remote"
@@ -48,6 +51,7 @@ func newReceiver(t *testing.T, id string, tenants tenancy.Config) *receiver {
 	mux := http.NewServeMux()
 	mux.Handle(ReadPath, ReadHandler(dbs, tenants, quiet, prometheus.NewRegistry()))
 	mux.Handle(TenantsPath, TenantsHandler(dbs))
+	mux.Handle(MetadataPath, MetadataHandler(dbs, tenants))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return &receiver{id: id, dbs: dbs, srv: srv}
@@ -665,5 +669,49 @@ func TestTenants(t *testing.T) {
 	TenantsHandler(newManager(t)).ServeHTTP(rec, httptest.NewRequest(http.MethodPost, TenantsPath, nil))
 	if rec.Code != http.StatusMethodNotAllowed {
 		t.Errorf("POST %s: %d, want 405", TenantsPath, rec.Code)
+	}
+}
+
+// TestMetadata: a query process without data of its own answers
+// /api/v1/metadata from the receivers: each family once from whichever
+// receivers hold it, only the asking tenant's, the others' answers when one
+// is down, an error when none answers.
+func TestMetadata(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t) // team-a on r0..r2, team-b on r1 and r2
+	util := metadata.Metadata{Type: model.MetricTypeGauge, Help: "GPU utilization.", Unit: "percent"}
+	temp := metadata.Metadata{Type: model.MetricTypeGauge, Help: "GPU temperature."}
+	c.rs[0].dbs.Existing("team-a").Metadata.Set("gpu_util", util)
+	c.rs[1].dbs.Existing("team-a").Metadata.Set("gpu_util", util)
+	c.rs[2].dbs.Existing("team-a").Metadata.Set("gpu_temp", temp)
+	c.rs[1].dbs.Existing("team-b").Metadata.Set("gpu_energy_total", metadata.Metadata{Type: model.MetricTypeCounter})
+	src, _ := newSource(t, c.ring, "")
+
+	got, err := src.Metadata(ctx, "team-a")
+	if want := map[string]metadata.Metadata{"gpu_util": util, "gpu_temp": temp}; err != nil || !maps.Equal(got, want) {
+		t.Fatalf("team-a: %v, %v; want %v", got, err, want)
+	}
+	if got, err := src.Metadata(ctx, "team-b"); err != nil || len(got) != 1 || got["gpu_energy_total"].Type != model.MetricTypeCounter {
+		t.Errorf("team-b: %v, %v; want its counter only", got, err)
+	}
+	if got, err := src.Metadata(ctx, "team-c"); err != nil || len(got) != 0 {
+		t.Errorf("team-c (never wrote): %v, %v", got, err)
+	}
+
+	c.rs[2].srv.Close()
+	got, err = src.Metadata(ctx, "team-a")
+	if err == nil || !strings.Contains(err.Error(), "1 of 3 failed") || !maps.Equal(got, map[string]metadata.Metadata{"gpu_util": util}) {
+		t.Errorf("r2 down: %v, %v; want r0's and r1's answer and an error naming the failure", got, err)
+	}
+	c.rs[0].srv.Close()
+	c.rs[1].srv.Close()
+	if got, err := src.Metadata(ctx, "team-a"); err == nil || got != nil {
+		t.Errorf("every receiver down: %v, %v; want an error", got, err)
+	}
+
+	rec := httptest.NewRecorder()
+	MetadataHandler(newManager(t), tenancy.DefaultConfig()).ServeHTTP(rec, httptest.NewRequest(http.MethodPost, MetadataPath, nil))
+	if rec.Code != http.StatusMethodNotAllowed {
+		t.Errorf("POST %s: %d, want 405", MetadataPath, rec.Code)
 	}
 }

@@ -3,6 +3,7 @@ package receivers
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/grafana/dskit/ring"
 
+	"github.com/gpustore/gpustore/pkg/tenancy"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
@@ -26,16 +28,10 @@ type tenantsAnswer struct {
 
 // TenantsHandler lists the tenants of dbs, sorted.
 func TenantsHandler(dbs *tenantdb.Manager) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet {
-			w.Header().Set("Allow", http.MethodGet)
-			http.Error(w, "only GET", http.StatusMethodNotAllowed)
-			return
-		}
+	return getOnly(func(w http.ResponseWriter, _ *http.Request) {
 		ts := dbs.Tenants()
 		slices.Sort(ts)
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(tenantsAnswer{Tenants: ts})
+		writeJSON(w, tenantsAnswer{Tenants: ts})
 	})
 }
 
@@ -45,13 +41,39 @@ func TenantsHandler(dbs *tenantdb.Manager) http.Handler {
 // reported in the error beside the union of the others'; the error alone
 // when none answered.
 func (s *Source) Tenants(ctx context.Context) ([]string, error) {
+	union := map[string]bool{}
+	err := askEach(ctx, s, TenantsPath, "", "listing tenants", func(a tenantsAnswer) {
+		for _, t := range a.Tenants {
+			union[t] = true
+		}
+	})
+	if errors.Is(err, errNoAnswer) {
+		return nil, err
+	}
+	out := make([]string, 0, len(union))
+	for t := range union {
+		out = append(out, t)
+	}
+	slices.Sort(out)
+	return out, err
+}
+
+// errNoAnswer is askEach's error when no receiver answered.
+var errNoAnswer = errors.New("no receiver answered")
+
+// askEach GETs path from every healthy receiver of the ring but Self,
+// concurrently (as tenant when tenant is not ""), decodes each JSON answer
+// as a T and hands it to merge, one at a time. Failed receivers are
+// reported in the error, which wraps errNoAnswer when none answered: what
+// is asked for is on replication-factor receivers, so the others' answers
+// usually hold it all.
+func askEach[T any](ctx context.Context, s *Source, path, tenant, what string, merge func(T)) error {
 	rs, err := s.ring.GetAllHealthy(ring.Read)
 	if err != nil {
-		return nil, fmt.Errorf("receivers: ring: %w", err)
+		return fmt.Errorf("receivers: ring: %w", err)
 	}
 	var (
 		mtx     sync.Mutex
-		union   = map[string]bool{}
 		errs    []error
 		wg      sync.WaitGroup
 		answers int
@@ -61,7 +83,8 @@ func (s *Source) Tenants(ctx context.Context) ([]string, error) {
 			continue
 		}
 		wg.Go(func() {
-			ts, err := s.tenantsOf(ctx, inst)
+			var a T
+			err := s.get(ctx, inst, path, tenant, func(body io.Reader) error { return json.NewDecoder(body).Decode(&a) })
 			mtx.Lock()
 			defer mtx.Unlock()
 			if err != nil {
@@ -69,46 +92,58 @@ func (s *Source) Tenants(ctx context.Context) ([]string, error) {
 				return
 			}
 			answers++
-			for _, t := range ts {
-				union[t] = true
-			}
+			merge(a)
 		})
 	}
 	wg.Wait()
-	out := make([]string, 0, len(union))
-	for t := range union {
-		out = append(out, t)
+	switch {
+	case len(errs) == 0:
+		return nil
+	case answers == 0:
+		return fmt.Errorf("receivers: %s: %w: %w", what, errNoAnswer, errors.Join(errs...))
 	}
-	slices.Sort(out)
-	if len(errs) > 0 {
-		err := fmt.Errorf("receivers: listing tenants: %d of %d failed: %w", len(errs), len(errs)+answers, errs[0])
-		if answers == 0 {
-			return nil, err
-		}
-		return out, err
-	}
-	return out, nil
+	return fmt.Errorf("receivers: %s: %d of %d failed: %w", what, len(errs), len(errs)+answers, errs[0])
 }
 
-func (s *Source) tenantsOf(ctx context.Context, inst ring.InstanceDesc) ([]string, error) {
-	u := url.URL{Scheme: s.cfg.Scheme, Host: inst.Addr, Path: TenantsPath}
+// get GETs path from inst and hands the body (at most 16 MiB) to read.
+func (s *Source) get(ctx context.Context, inst ring.InstanceDesc, path, tenant string, read func(io.Reader) error) error {
+	u := url.URL{Scheme: s.cfg.Scheme, Host: inst.Addr, Path: path}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return nil, err
+		return err
+	}
+	if tenant != "" {
+		req.Header.Set(tenancy.OrgIDHeader, tenant)
 	}
 	resp, err := s.httpClient.Do(req)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: %s", u.String(), resp.Status)
+		return fmt.Errorf("%s: %s", u.String(), resp.Status)
 	}
-	var a tenantsAnswer
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&a); err != nil {
-		return nil, fmt.Errorf("%s: %w", u.String(), err)
+	if err := read(io.LimitReader(resp.Body, 16<<20)); err != nil {
+		return fmt.Errorf("%s: %w", u.String(), err)
 	}
-	return a.Tenants, nil
+	return nil
+}
+
+// getOnly answers methods other than GET with 405.
+func getOnly(f http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			w.Header().Set("Allow", http.MethodGet)
+			http.Error(w, "only GET", http.StatusMethodNotAllowed)
+			return
+		}
+		f(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
 }

@@ -69,6 +69,7 @@ func TestRingReplicatedWrites(t *testing.T) {
 		b.WriteString("    metric_relabel_configs:\n      - source_labels: [__name__]\n        regex: DCGM_.*\n        action: keep\n      - regex: pod|namespace|container\n        action: labeldrop\n")
 	}
 	fmt.Fprintf(&b, "remote_write:\n  - url: %s/api/v1/write\n    queue_config:\n      batch_send_deadline: 500ms\n      max_samples_per_send: 2000\n      min_backoff: 100ms\n      max_backoff: 1s\n", c.front.url())
+	b.WriteString("    metadata_config:\n      send_interval: 1s\n")
 	promURL, _ := startPrometheusProc(t, promBin, t.TempDir(), b.String())
 	promStarted := time.Now()
 
@@ -186,6 +187,20 @@ func TestRingReplicatedWrites(t *testing.T) {
 	}
 	if !slices.Equal(seriesWant, seriesGot) {
 		t.Errorf("/api/v1/series: gpustore has %d series, Prometheus %d", len(seriesGot), len(seriesWant))
+	}
+	// The query process holds no data: /api/v1/metadata comes from the
+	// receivers, which the distributor sent Prometheus' metadata to.
+	for _, fam := range []string{"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"} {
+		want, err := ringMetadata(promURL, fam)
+		if err != nil || want == "" {
+			t.Fatalf("Prometheus' metadata of %s: %q, %v", fam, want, err)
+		}
+		waitFor(t, 10*time.Second, "the query process' metadata of "+fam, func() error {
+			if got, err := ringMetadata(c.front.url(), fam); err != nil || got != want {
+				return fmt.Errorf("%q, %v; Prometheus: %q", got, err, want)
+			}
+			return nil
+		})
 	}
 
 	// (a) Placement: every series on exactly RF receivers, every sample on
@@ -1186,4 +1201,25 @@ func ringMetricKey(ls []prompb.Label) string {
 		m[model.LabelName(l.Name)] = model.LabelValue(l.Value)
 	}
 	return m.String()
+}
+
+// ringMetadata is /api/v1/metadata's entry for metric family fam, as
+// "type|unit|help" ("" when absent).
+func ringMetadata(base, fam string) (string, error) {
+	resp, err := http.Get(base + "/api/v1/metadata?" + url.Values{"metric": {fam}}.Encode())
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var r struct {
+		Status string                                         `json:"status"`
+		Data   map[string][]struct{ Type, Unit, Help string } `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || r.Status != "success" {
+		return "", fmt.Errorf("%s: status %q, %v", resp.Status, r.Status, err)
+	}
+	if ms := r.Data[fam]; len(ms) > 0 {
+		return ms[0].Type + "|" + ms[0].Unit + "|" + ms[0].Help, nil
+	}
+	return "", nil
 }
