@@ -531,6 +531,12 @@ func TestEmptyRing(t *testing.T) {
 	if _, _, err := dump(ctx, src, "team-a", all); err == nil || !strings.Contains(err.Error(), "empty ring") {
 		t.Errorf("empty ring: %v", err)
 	}
+	if m, err := src.Metadata(ctx, "team-a"); err == nil || m != nil {
+		t.Errorf("metadata of an empty ring: %v, %v; want nothing and an error", m, err)
+	}
+	if ts, err := src.Tenants(ctx); err == nil || ts != nil {
+		t.Errorf("tenants of an empty ring: %v, %v; want nothing and an error", ts, err)
+	}
 
 	// The process's own receiver alone (a single node, replication factor
 	// 1): nothing to ask, nothing missing.
@@ -538,6 +544,9 @@ func TestEmptyRing(t *testing.T) {
 	src, _ = newSource(t, newRing(t, 1, r), "r0")
 	if got, ws, err := dump(ctx, src, "team-a", all); err != nil || got != "" || len(ws) != 0 {
 		t.Errorf("Self alone: %q %v %v", got, ws, err)
+	}
+	if m, err := src.Metadata(ctx, "team-a"); err != nil || len(m) != 0 {
+		t.Errorf("metadata with Self alone: %v, %v; want none and no error", m, err)
 	}
 }
 

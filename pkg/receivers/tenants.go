@@ -70,7 +70,7 @@ var errNoAnswer = errors.New("no receiver answered")
 func askEach[T any](ctx context.Context, s *Source, path, tenant, what string, merge func(T)) error {
 	rs, err := s.ring.GetAllHealthy(ring.Read)
 	if err != nil {
-		return fmt.Errorf("receivers: ring: %w", err)
+		return fmt.Errorf("receivers: %s: ring: %w: %w", what, errNoAnswer, err)
 	}
 	var (
 		mtx     sync.Mutex
