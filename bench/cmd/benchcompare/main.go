@@ -178,9 +178,9 @@ type sysResult struct {
 	diskIngest     load.DiskUsage
 
 	// The series-churn phase: every sample a new series.
-	churnWrite         load.Result
-	churnCPU           float64
-	churnHWM, churnRSS int64 // peak and start RSS
+	churnWrite load.Result
+	churnCPU   float64
+	churnHWM   int64
 
 	bfWrite   load.Result
 	bfCPU     float64
@@ -394,7 +394,6 @@ func (b *bench) churnPhase(ctx context.Context, name string, r *sysResult) (err 
 	if err != nil {
 		return err
 	}
-	r.churnRSS = p0.RSS
 	b.log.Info("series churn: writing", "system", name, "samples", b.churn.Stats.Samples, "series", b.churn.Stats.Series)
 	r.churnWrite, err = load.Run(ctx, load.DriverConfig{URL: s.WriteURL(), Protocol: b.churnWL.Protocol, PID: s.PID(),
 		Logger: b.log.With("system", name, "phase", "churn"), Progress: 5 * time.Second}, b.churn.Source())
@@ -779,8 +778,8 @@ func (b *bench) report() string {
 		o.ingestNodes*8, o.ingestNodes, fmtDays(o.ingestInterval), fmtDays(o.ingestDuration), ist.Samples, ist.Series, ist.SeriesPerTick, ist.Requests, b.ingestWL.Shards)
 	if b.churn != nil {
 		cst := b.churn.Stats
-		fmt.Fprintf(&sb, "  series churn: the first scrape of %d clusters of %d nodes (cluster label cluster-<n>), written into a fresh instance as fast as answered: %d samples, each a new series; CPU until idle; peak RSS over the series written.\n",
-			o.churnClusters, o.churnNodes, cst.Samples)
+		fmt.Fprintf(&sb, "  series churn: the first scrape of %d clusters of %d nodes (cluster label %s-<n>), written into a fresh instance as fast as answered: %d samples, each a new series; CPU until idle; peak RSS over the series written.\n",
+			o.churnClusters, o.churnNodes, b.churnWL.Cluster.Name, cst.Samples)
 	}
 	if b.backfill != nil {
 		bst := b.backfill.Stats
