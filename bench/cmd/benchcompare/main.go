@@ -342,6 +342,37 @@ func (b *bench) newSystem(name, phase string) (*load.System, error) {
 	return s, nil
 }
 
+// writeFresh starts a fresh instance of name for phase (its directory) and
+// writes p into it as fast as it answers, logging as label. It returns the
+// running instance, which the caller stops, and the process as it was
+// before the first request. On error it has stopped the instance itself,
+// and returns it (once created) only to be described.
+func (b *bench) writeFresh(ctx context.Context, name, phase, label string, p *load.Plan, progress time.Duration) (*load.System, load.ProcSample, load.Result, error) {
+	s, err := b.newSystem(name, phase)
+	if err != nil {
+		return nil, load.ProcSample{}, load.Result{}, err
+	}
+	p0, res, err := func() (load.ProcSample, load.Result, error) {
+		if err := b.start(ctx, s); err != nil {
+			return load.ProcSample{}, load.Result{}, err
+		}
+		p0, err := load.ReadProc(s.PID())
+		if err != nil {
+			return p0, load.Result{}, err
+		}
+		b.log.Info(label+": writing", "system", name, "samples", p.Stats.Samples, "series", p.Stats.Series, "shards", p.Workload.Shards)
+		res, err := load.Run(ctx, load.DriverConfig{URL: s.WriteURL(), Protocol: p.Workload.Protocol, PID: s.PID(),
+			Logger: b.log.With("system", name, "phase", label), Progress: progress}, p.Source())
+		return p0, res, err
+	}()
+	if err != nil {
+		_ = s.Stop(b.o.stopTimeout)
+		return s, p0, res, err
+	}
+	b.log.Info(label+": done", "system", name, "result", res.String())
+	return s, p0, res, nil
+}
+
 func (b *bench) start(ctx context.Context, s *load.System) error {
 	if err := s.Start(); err != nil {
 		return err
@@ -378,28 +409,16 @@ func (b *bench) runSystem(ctx context.Context, name string) *sysResult {
 // creating series (CPU per million, until idle) and the memory a million
 // series take (peak RSS).
 func (b *bench) churnPhase(ctx context.Context, name string, r *sysResult) (err error) {
-	s, err := b.newSystem(name, "churn")
+	s, p0, res, err := b.writeFresh(ctx, name, "churn", "series churn", b.churn, 5*time.Second)
 	if err != nil {
 		return err
 	}
+	r.churnWrite = res
 	defer func() {
 		if serr := s.Stop(b.o.stopTimeout); serr != nil && err == nil {
 			err = serr
 		}
 	}()
-	if err := b.start(ctx, s); err != nil {
-		return err
-	}
-	p0, err := load.ReadProc(s.PID())
-	if err != nil {
-		return err
-	}
-	b.log.Info("series churn: writing", "system", name, "samples", b.churn.Stats.Samples, "series", b.churn.Stats.Series)
-	r.churnWrite, err = load.Run(ctx, load.DriverConfig{URL: s.WriteURL(), Protocol: b.churnWL.Protocol, PID: s.PID(),
-		Logger: b.log.With("system", name, "phase", "churn"), Progress: 5 * time.Second}, b.churn.Source())
-	if err != nil {
-		return err
-	}
 	if err := s.Flush(ctx); err != nil {
 		return err
 	}
@@ -412,8 +431,7 @@ func (b *bench) churnPhase(ctx context.Context, name string, r *sysResult) (err 
 	}
 	r.churnCPU = load.CPUSeconds(p1.CPUTicks - p0.CPUTicks)
 	r.churnHWM = p1.HWM
-	b.log.Info("series churn: done", "system", name, "result", r.churnWrite.String(),
-		"cpu_seconds", fmt.Sprintf("%.1f", r.churnCPU), "peak_rss", p1.HWM)
+	b.log.Info("series churn: receiver", "system", name, "cpu_seconds", fmt.Sprintf("%.1f", r.churnCPU), "peak_rss", p1.HWM)
 	return nil
 }
 
@@ -421,36 +439,23 @@ func (b *bench) churnPhase(ctx context.Context, name string, r *sysResult) (err 
 // measures CPU and memory, queries the hour, stops the system and measures
 // its data directory.
 func (b *bench) ingestPhase(ctx context.Context, name string, r *sysResult) (err error) {
-	s, err := b.newSystem(name, "ingest")
+	s, p0, res, err := b.writeFresh(ctx, name, "ingest", "saturation", b.ingest, 5*time.Second)
+	if s != nil {
+		r.version, r.bucket = s.Version, s.Bucket
+	}
 	if err != nil {
 		return err
 	}
-	r.version = s.Version
-	r.bucket = s.Bucket
+	r.rssStart, r.write = p0.RSS, res
 	defer func() {
 		if serr := s.Stop(b.o.stopTimeout); serr != nil && err == nil {
 			err = serr
 		}
 	}()
-	if err := b.start(ctx, s); err != nil {
-		return err
-	}
-	p0, err := load.ReadProc(s.PID())
-	if err != nil {
-		return err
-	}
-	r.rssStart = p0.RSS
-	b.log.Info("saturation: writing", "system", name, "samples", b.ingest.Stats.Samples, "shards", b.ingestWL.Shards)
-	r.write, err = load.Run(ctx, load.DriverConfig{URL: s.WriteURL(), Protocol: b.ingestWL.Protocol, PID: s.PID(),
-		Logger: b.log.With("system", name, "phase", "saturation"), Progress: 5 * time.Second}, b.ingest.Source())
-	if err != nil {
-		return err
-	}
 	p1, err := load.ReadProc(s.PID())
 	if err != nil {
 		return err
 	}
-	b.log.Info("saturation: done", "system", name, "result", r.write.String())
 	if err := s.Flush(ctx); err != nil {
 		return err
 	}
@@ -487,29 +492,16 @@ func (b *bench) ingestPhase(ctx context.Context, name string, r *sysResult) (err
 // waits for it to settle, runs the 24h and 7d windows, stops it and measures
 // its data directory.
 func (b *bench) backfillPhase(ctx context.Context, name string, r *sysResult) (err error) {
-	s, err := b.newSystem(name, "backfill")
+	s, p0, res, err := b.writeFresh(ctx, name, "backfill", "backfill", b.backfill, 10*time.Second)
 	if err != nil {
 		return err
 	}
+	r.bfWrite = res
 	defer func() {
 		if serr := s.Stop(b.o.stopTimeout); serr != nil && err == nil {
 			err = serr
 		}
 	}()
-	if err := b.start(ctx, s); err != nil {
-		return err
-	}
-	p0, err := load.ReadProc(s.PID())
-	if err != nil {
-		return err
-	}
-	b.log.Info("backfill: writing", "system", name, "samples", b.backfill.Stats.Samples, "history", b.o.bfDuration)
-	r.bfWrite, err = load.Run(ctx, load.DriverConfig{URL: s.WriteURL(), Protocol: b.backfillWL.Protocol, PID: s.PID(),
-		Logger: b.log.With("system", name, "phase", "backfill"), Progress: 10 * time.Second}, b.backfill.Source())
-	if err != nil {
-		return err
-	}
-	b.log.Info("backfill: done", "system", name, "result", r.bfWrite.String())
 	if err := s.Flush(ctx); err != nil {
 		return err
 	}
