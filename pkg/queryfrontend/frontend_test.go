@@ -394,10 +394,14 @@ func TestOutOfOrderWritesAfterCaching(t *testing.T) {
 	for _, q := range []string{`count_over_time(gpu_util{gpu="1"}[1m])`, `sum(gpu_util)`} {
 		s.check(t, q, start, end, time.Minute)
 	}
-	// Samples between the existing ones (every 30 s): out of order.
+	// Samples midway between existing ones (every testInterval back from
+	// s.now, whatever its phase): out of order, never on an existing
+	// sample's timestamp (a duplicate would not count; the old
+	// wall-clock-aligned timestamps hit one when s.now's seconds were 15
+	// or 45).
 	app := db.Appender(context.Background())
-	for _, age := range []time.Duration{7*time.Minute + 15*time.Second, 25*time.Minute + 15*time.Second} {
-		ts := s.now.Add(-age).Truncate(testInterval).Add(15 * time.Second)
+	for _, age := range []time.Duration{7 * time.Minute, 25 * time.Minute} {
+		ts := s.now.Add(-age + testInterval/2)
 		if _, err := app.Append(0, labels.FromStrings("__name__", "gpu_util", "gpu", "1", "Hostname", "node-1"), ts.UnixMilli(), 1e6); err != nil {
 			t.Fatalf("out-of-order append %s ago: %v", age, err)
 		}
