@@ -33,6 +33,8 @@ func malformed(format string, args ...any) error {
 //   - varints whose tenth byte carries bits beyond 64 (gogo drops the bits);
 //   - field numbers above 2^31-1 (gogo truncates them to 32 bits);
 //   - groups whose end marker names another field (gogo does not check);
+//   - a packed varint cut by its field's end (gogo reads on into the bytes
+//     after the field);
 //   - 2.0: label, help and unit references outside the symbols table and an
 //     odd number of label references (gogo leaves them to the caller).
 // A known field with the wrong wire type is rejected, as gogo does.
@@ -448,7 +450,7 @@ func (d *v2Decoder) parseSeries(b []byte) error {
 			for len(packed) > 0 {
 				v, k := protowire.ConsumeVarint(packed)
 				if k < 0 {
-					return badField("TimeSeries", num, k)
+					return malformed("TimeSeries: bad field %d: a packed varint runs past the field's end: %v", num, protowire.ParseError(k))
 				}
 				d.refs = append(d.refs, uint32(v))
 				packed = packed[k:]

@@ -30,6 +30,7 @@ var stricterClasses = []string{
 	"parse error",                      // groups nested deeper than protowire's limit
 	"out of range (table has",          // 2.0 symbol reference outside the table
 	"odd number of labels_refs",        // 2.0 label references that do not pair up
+	"runs past the field's end",        // 2.0 packed varint cut by its field's end
 }
 
 // checkAgreement fails unless both decoders accept, both reject, or gpustore
