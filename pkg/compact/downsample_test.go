@@ -157,6 +157,82 @@ func TestDownsampleInThePass(t *testing.T) {
 	}
 }
 
+// downsampleCheck is a query whose answer over downsampled data must equal
+// the raw answer of rawEquivalent (q itself when empty) within tol.
+type downsampleCheck struct {
+	q, rawEquivalent string
+	tol              float64
+	// counter: the metric, for rate and increase. Where the series covers
+	// the whole range the answers agree within tol; where it starts or
+	// ends inside it, raw extrapolates half a scrape interval past its
+	// first/last sample and the kept samples of the counter aggregate (too
+	// few for the engine's average-interval estimate) extrapolate to the
+	// range edge: the difference is then bounded by the uncovered share of
+	// the range.
+	counter string
+}
+
+func (c downsampleCheck) rawQuery() string {
+	if c.rawEquivalent != "" {
+		return c.rawEquivalent
+	}
+	return c.q
+}
+
+// downsampleChecks are the functions with exact aggregates over windows of
+// r, and plain selectors (a window's average) under aggregations.
+func downsampleChecks(r string) []downsampleCheck {
+	return []downsampleCheck{
+		{"max_over_time(DCGM_FI_DEV_GPU_TEMP[" + r + "])", "", 0, ""},
+		{"min_over_time(DCGM_FI_DEV_GPU_UTIL[" + r + "])", "", 0, ""},
+		{"sum_over_time(DCGM_FI_DEV_POWER_USAGE[" + r + "])", "", 1e-9, ""},
+		{"count_over_time(DCGM_FI_DEV_GPU_UTIL[" + r + "])", "", 0, ""},
+		{"avg_over_time(DCGM_FI_DEV_POWER_USAGE[" + r + "])", "", 1e-9, ""},
+		{"rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[" + r + "])", "", 1e-6, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"},
+		{"increase(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL[" + r + "])", "", 1e-6, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"},
+		{"resets(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL[" + r + "])", "", 0, ""},
+		{"max by (Hostname) (DCGM_FI_DEV_GPU_TEMP)", "max by (Hostname) (avg_over_time(DCGM_FI_DEV_GPU_TEMP[" + r + "]))", 1e-9, ""},
+		{"avg(DCGM_FI_DEV_GPU_UTIL)", "avg(avg_over_time(DCGM_FI_DEV_GPU_UTIL[" + r + "]))", 1e-9, ""},
+	}
+}
+
+// rawAnswers puts into raw the raw answers of checks (key r+query) and the
+// sample counts their counter tolerances need (key r+"count "+metric).
+func rawAnswers(t *testing.T, qurl, tenant string, raw map[string]seriesPoints, r string, checks []downsampleCheck, start, end time.Time, step time.Duration) {
+	t.Helper()
+	for _, c := range checks {
+		raw[r+c.rawQuery()], _ = queryRange(t, qurl, tenant, c.rawQuery(), start, end, step, "raw")
+		if c.counter != "" {
+			raw[r+"count "+c.counter], _ = queryRange(t, qurl, tenant, "count_over_time("+c.counter+"["+r+"])", start, end, step, "raw")
+		}
+	}
+}
+
+// compareChecks runs checks at maxRes ("" for auto) and compares each answer
+// with its raw answer in raw; each answer must say it read r data.
+func compareChecks(t *testing.T, when, qurl, tenant string, raw map[string]seriesPoints, r string, checks []downsampleCheck,
+	start, end time.Time, step, interval time.Duration, maxRes string) {
+	t.Helper()
+	for _, ch := range checks {
+		got, infos := queryRange(t, qurl, tenant, ch.q, start, end, step, maxRes)
+		tol := func(string, int64) float64 { return ch.tol }
+		if ch.counter != "" {
+			counts, rng := raw[r+"count "+ch.counter], mustDuration(t, r).Seconds()
+			tol = func(k string, ts int64) float64 {
+				sampled := (counts[dropName(k)][ts] - 1) * interval.Seconds()
+				if sampled >= rng-interval.Seconds() {
+					return ch.tol // covered
+				}
+				return (rng-sampled)/max(sampled, 1) + ch.tol
+			}
+		}
+		compareSeries(t, fmt.Sprintf("%s, %s data: %s", when, r, ch.q), raw[r+ch.rawQuery()], got, tol)
+		if !slices.ContainsFunc(infos, func(s string) bool { return strings.Contains(s, r+" data for") }) {
+			t.Errorf("%s, %s: the answer does not say it read %s data: infos %q", when, ch.q, r, infos)
+		}
+	}
+}
+
 // series is one series of a range query's answer: labels → time → value.
 type seriesPoints map[string]map[int64]float64
 
@@ -205,9 +281,6 @@ func queryRange(t *testing.T, base, tenant, q string, start, end time.Time, step
 	return out, r.Infos
 }
 
-// compareSeries checks got against want point by point within a relative
-// tolerance, and that want is not empty (the comparison proves something).
-
 func mustDuration(t *testing.T, s string) time.Duration {
 	d, err := time.ParseDuration(s)
 	if err != nil {
@@ -225,6 +298,8 @@ func dropName(k string) string {
 	return labels.NewBuilder(ls).Del(labels.MetricName).Labels().String()
 }
 
+// compareSeries checks got against want point by point within a relative
+// tolerance, and that want is not empty (the comparison proves something).
 func compareSeries(t *testing.T, what string, want, got seriesPoints, tol func(series string, ts int64) float64) {
 	t.Helper()
 	points, bad := 0, 0
@@ -268,44 +343,9 @@ func TestDownsampledQueriesMatchRaw(t *testing.T) {
 	}
 	// Two whole days: finished, so downsampled at both resolutions.
 	start, end := sl.Start.Add(time.Hour), sl.Start.Add(2*day)
-	type check struct {
-		q, rawEquivalent string
-		tol              float64
-		// counter: the metric, for rate and increase. Where the series
-		// covers the whole range the answers agree within tol; where it
-		// starts or ends inside it, raw extrapolates half a scrape interval
-		// past its first/last sample and the kept samples of the counter
-		// aggregate (too few for the engine's average-interval estimate)
-		// extrapolate to the range edge: the difference is then bounded by
-		// the uncovered share of the range.
-		counter string
-	}
-	checks := func(r string) []check {
-		return []check{
-			{"max_over_time(DCGM_FI_DEV_GPU_TEMP[" + r + "])", "", 0, ""},
-			{"min_over_time(DCGM_FI_DEV_GPU_UTIL[" + r + "])", "", 0, ""},
-			{"sum_over_time(DCGM_FI_DEV_POWER_USAGE[" + r + "])", "", 1e-9, ""},
-			{"count_over_time(DCGM_FI_DEV_GPU_UTIL[" + r + "])", "", 0, ""},
-			{"avg_over_time(DCGM_FI_DEV_POWER_USAGE[" + r + "])", "", 1e-9, ""},
-			{"rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[" + r + "])", "", 1e-6, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"},
-			{"increase(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL[" + r + "])", "", 1e-6, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"},
-			{"resets(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL[" + r + "])", "", 0, ""},
-			{"max by (Hostname) (DCGM_FI_DEV_GPU_TEMP)", "max by (Hostname) (avg_over_time(DCGM_FI_DEV_GPU_TEMP[" + r + "]))", 1e-9, ""},
-			{"avg(DCGM_FI_DEV_GPU_UTIL)", "avg(avg_over_time(DCGM_FI_DEV_GPU_UTIL[" + r + "]))", 1e-9, ""},
-		}
-	}
 	raw := map[string]seriesPoints{}
 	for _, r := range []string{"5m", "1h"} {
-		for _, c := range checks(r) {
-			q := c.q
-			if c.rawEquivalent != "" {
-				q = c.rawEquivalent
-			}
-			raw[r+q], _ = queryRange(t, qurl, "dq", q, start, end, time.Hour, "raw")
-			if c.counter != "" {
-				raw[r+"count "+c.counter], _ = queryRange(t, qurl, "dq", "count_over_time("+c.counter+"["+r+"])", start, end, time.Hour, "raw")
-			}
-		}
+		rawAnswers(t, qurl, "dq", raw, r, downsampleChecks(r), start, end, time.Hour)
 	}
 
 	cfg := testConfig()
@@ -317,28 +357,7 @@ func TestDownsampledQueriesMatchRaw(t *testing.T) {
 	}
 	compareAll := func(when string) {
 		for _, r := range []string{"5m", "1h"} {
-			for _, ch := range checks(r) {
-				q := ch.q
-				if ch.rawEquivalent != "" {
-					q = ch.rawEquivalent
-				}
-				got, infos := queryRange(t, qurl, "dq", ch.q, start, end, time.Hour, r)
-				tol := func(string, int64) float64 { return ch.tol }
-				if ch.counter != "" {
-					counts, rng := raw[r+"count "+ch.counter], mustDuration(t, r).Seconds()
-					tol = func(k string, ts int64) float64 {
-						sampled := (counts[dropName(k)][ts] - 1) * sl.Interval.Seconds()
-						if sampled >= rng-sl.Interval.Seconds() {
-							return ch.tol // covered
-						}
-						return (rng-sampled)/max(sampled, 1) + ch.tol
-					}
-				}
-				compareSeries(t, fmt.Sprintf("%s, %s data: %s", when, r, ch.q), raw[r+q], got, tol)
-				if !slices.ContainsFunc(infos, func(s string) bool { return strings.Contains(s, r+" data for") }) {
-					t.Errorf("%s, %s: the answer does not say it read %s data: infos %q", when, ch.q, r, infos)
-				}
-			}
+			compareChecks(t, when, qurl, "dq", raw, r, downsampleChecks(r), start, end, time.Hour, sl.Interval, r)
 		}
 	}
 	compareAll("raw kept")

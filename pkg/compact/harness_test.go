@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -122,7 +123,10 @@ func testConfig() compact.Config {
 	cfg.PartialDeleteDelay = model.Duration(time.Second)
 	cfg.LeaseSettle = model.Duration(50 * time.Millisecond)
 	cfg.LeaseTTL = model.Duration(10 * time.Second)
-	cfg.RetentionRaw = 0
+	// No retention: the slices are written at fixed dates that fall out of
+	// any retention as the calendar moves on (365 days for downsampled
+	// data would empty the 2026 slices' 5m and 1h blocks in 2027).
+	cfg.RetentionRaw, cfg.Retention5m, cfg.Retention1h = 0, 0, 0
 	// The compaction tests count blocks and samples of one resolution;
 	// downsampling has its own tests (downsample_test.go).
 	cfg.Downsample = false
@@ -150,6 +154,13 @@ type simSlice struct {
 	Duration time.Duration
 	Interval time.Duration
 	Block    time.Duration
+	// GPUs per node (0: gpusim's default, 8) and Metrics, the metric names
+	// kept (nil: all), thin a slice that must span months.
+	GPUs    int
+	Metrics []string
+	// Epoch anchors gpusim's counters and jobs (zero: gpusim's default);
+	// a slice that starts before it should start at it.
+	Epoch time.Time
 }
 
 // write writes the slice's blocks into dir and returns their directories.
@@ -158,7 +169,7 @@ func (s simSlice) write(t testing.TB, dir string) []string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	c, err := gpusim.New(gpusim.Config{Nodes: s.Nodes, TargetLabels: true})
+	c, err := gpusim.New(gpusim.Config{Nodes: s.Nodes, GPUsPerNode: s.GPUs, Epoch: s.Epoch, TargetLabels: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,6 +187,9 @@ func (s simSlice) write(t testing.TB, dir string) []string {
 		}
 		for ts := blk; ts.Before(blk.Add(s.Block)); ts = ts.Add(s.Interval) {
 			buf = c.AppendSamples(buf[:0], ts, gpusim.Replica{})
+			if s.Metrics != nil {
+				buf = slices.DeleteFunc(buf, func(sr gpusim.Series) bool { return !slices.Contains(s.Metrics, sr.Name()) })
+			}
 			app := w.Appender(context.Background())
 			for i := range buf {
 				sr := &buf[i]
