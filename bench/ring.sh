@@ -15,7 +15,7 @@ set -euo pipefail
 topologies=${1:-"single 1:1 3:1 3:3 5:3"}
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
-go build -o "$work/gpustore" "$root/cmd/gpustore"
+go build -tags dedupelabels -o "$work/gpustore" "$root/cmd/gpustore"
 go build -o "$work/loadgen" "$root/bench/cmd/loadgen"
 pids=()
 stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }

@@ -56,7 +56,7 @@ func TestEncodeV1Decodes(t *testing.T) {
 		if len(req.Timeseries) != n {
 			t.Fatalf("%d timeseries, want %d", len(req.Timeseries), n)
 		}
-		var b labels.ScratchBuilder
+		b := labels.NewScratchBuilder(0)
 		for i, ts := range req.Timeseries {
 			got, want := ts.ToLabels(&b, nil), withExternal(series[i].Labels)
 			if !labels.Equal(got, want) {
@@ -100,7 +100,7 @@ func TestEncodeV2Decodes(t *testing.T) {
 		if len(req.Timeseries) != n {
 			t.Fatalf("%d timeseries, want %d", len(req.Timeseries), n)
 		}
-		var b labels.ScratchBuilder
+		b := labels.NewScratchBuilder(0)
 		nan := 0
 		for i, ts := range req.Timeseries {
 			got, err := ts.ToLabels(&b, req.Symbols)

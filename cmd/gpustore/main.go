@@ -12,6 +12,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/prometheus/prometheus/model/labels"
+
 	"github.com/gpustore/gpustore/internal/logging"
 	"github.com/gpustore/gpustore/internal/version"
 	"github.com/gpustore/gpustore/pkg/app"
@@ -73,7 +75,7 @@ func run(args []string) int {
 			}
 		}
 	}()
-	logger.Info("starting gpustore", "version", version.Version, "target", cfg.Target, "listen", cfg.Server.ListenAddress, "data", cfg.TSDB.Dir)
+	logger.Info("starting gpustore", "version", version.Version, "labels", labels.ImplementationName, "target", cfg.Target, "listen", cfg.Server.ListenAddress, "data", cfg.TSDB.Dir)
 	if err := a.Start(ctx); err != nil {
 		logger.Error("start failed", "err", err)
 		_ = a.Stop()

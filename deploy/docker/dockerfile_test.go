@@ -143,6 +143,9 @@ func TestDockerfiles(t *testing.T) {
 				if !strings.Contains(line, "CGO_ENABLED=0") {
 					t.Errorf("go build without CGO_ENABLED=0: the binary would not be static: %s", line)
 				}
+				if img.mainPkg == "./cmd/gpustore" && !strings.Contains(line, "-tags dedupelabels") {
+					t.Errorf("gpustore built without -tags dedupelabels (as make builds it): labels would take a quarter more memory: %s", line)
+				}
 				f := strings.Fields(line)
 				if f[len(f)-1] != img.mainPkg {
 					t.Errorf("go build builds %s, want %s", f[len(f)-1], img.mainPkg)

@@ -14,7 +14,7 @@ RUN go mod download
 COPY . .
 ARG VERSION=dev
 ARG REVISION=unknown
-RUN CGO_ENABLED=0 go build -trimpath \
+RUN CGO_ENABLED=0 go build -trimpath -tags dedupelabels \
       -ldflags "-s -w -X github.com/gpustore/gpustore/internal/version.Version=${VERSION} -X github.com/gpustore/gpustore/internal/version.Revision=${REVISION}" \
       -o /out/gpustore ./cmd/gpustore
 

@@ -73,7 +73,7 @@ func buildBenchData(dir string) error {
 	t0 := gpusim.DefaultEpoch
 	var buf []gpusim.Series
 	lsets := map[string]labels.Labels{}
-	var sb labels.ScratchBuilder
+	sb := labels.NewScratchBuilder(0)
 	key := make([]byte, 0, 512)
 	for blk := time.Duration(0); blk < benchDays*24*time.Hour; blk += benchBlock {
 		w, err := tsdb.NewBlockWriter(quietLogger(), blocks, benchBlock.Milliseconds())

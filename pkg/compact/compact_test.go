@@ -488,7 +488,7 @@ func corruptFirstChunk(t *testing.T, dir, metric string) {
 	if err != nil || !ps.Next() {
 		t.Fatalf("no series of %s: %v", metric, err)
 	}
-	var sb labels.ScratchBuilder
+	sb := labels.NewScratchBuilder(0)
 	var chks []chunks.Meta
 	if err := ir.Series(ps.At(), &sb, &chks); err != nil {
 		t.Fatal(err)

@@ -175,7 +175,7 @@ func (s simSlice) write(t testing.TB, dir string) []string {
 	}
 	var (
 		buf   []gpusim.Series
-		sb    labels.ScratchBuilder
+		sb    = labels.NewScratchBuilder(0)
 		key   []byte
 		dirs  []string
 		lsets = map[string]labels.Labels{}

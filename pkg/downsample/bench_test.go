@@ -35,7 +35,7 @@ func simBlock(tb testing.TB, dir string, nodes int, d time.Duration) (*tsdb.Bloc
 	var (
 		buf     []gpusim.Series
 		refs    = map[string]storage.SeriesRef{}
-		b       labels.ScratchBuilder
+		b       = labels.NewScratchBuilder(0)
 		samples int64
 	)
 	start := time.UnixMilli(t0)

@@ -119,7 +119,7 @@ func marshalled(m interface{ Marshal() ([]byte, error) }) []byte {
 func oursV1(body []byte) (series []fuzzSeries, metadata [][]byte, err error) {
 	d := newV1Decoder()
 	d.reset(body)
-	var ac appendCtx
+	ac := appendCtx{builder: labels.NewScratchBuilder(0)}
 	for d.next() {
 		s := d.series()
 		var fs fuzzSeries
@@ -161,7 +161,7 @@ func oursV1(body []byte) (series []fuzzSeries, metadata [][]byte, err error) {
 }
 
 func generatedV1(req *prompb.WriteRequest) (series []fuzzSeries, metadata [][]byte) {
-	var b labels.ScratchBuilder
+	b := labels.NewScratchBuilder(0)
 	for _, ts := range req.Timeseries {
 		var fs fuzzSeries
 		for _, l := range ts.Labels {
@@ -233,7 +233,7 @@ func FuzzDecodeV1(f *testing.F) {
 func oursV2(body []byte) ([]fuzzSeries, error) {
 	d := newV2Decoder()
 	d.reset(body)
-	var ac appendCtx
+	ac := appendCtx{builder: labels.NewScratchBuilder(0)}
 	var out []fuzzSeries
 	for d.next() {
 		s := d.series()
@@ -272,7 +272,7 @@ func generatedV2(req *writev2.Request) []fuzzSeries {
 		}
 		return req.Symbols[ref]
 	}
-	var b labels.ScratchBuilder
+	b := labels.NewScratchBuilder(0)
 	var out []fuzzSeries
 	for _, ts := range req.Timeseries {
 		var fs fuzzSeries

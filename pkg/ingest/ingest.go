@@ -28,6 +28,7 @@ import (
 	"github.com/grafana/dskit/limiter"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/storage"
 
@@ -163,7 +164,36 @@ type tenantState struct {
 	labelLimits atomic.Pointer[labelLimits]
 	// drivers remembers per GPU the driver info the dcgm preset last wrote.
 	drivers *driverMemo
+	// symbols is the table new series' labels are built in (nil under the
+	// default build; see tenantdb.DB.Symbols).
+	symbols func() *labels.SymbolTable
 }
+
+// symbolSource is a TenantStore that keeps its series' labels in a symbol
+// table of its own (tenantdb.DB under the dedupelabels build).
+type symbolSource interface{ Symbols() *labels.SymbolTable }
+
+// symbolsOf is the symbol table source for a tenant's store: the store's
+// own, or, for a store that keeps no labels (a distributor forwards them),
+// a table replaced by a fresh one whenever it passes maxForwardSymbols, so
+// that churn does not grow it forever.
+func symbolsOf(ts TenantStore) func() *labels.SymbolTable {
+	if ss, ok := ts.(symbolSource); ok {
+		return ss.Symbols
+	}
+	var cur atomic.Pointer[labels.SymbolTable]
+	cur.Store(labels.NewSymbolTable())
+	return func() *labels.SymbolTable {
+		st := cur.Load()
+		if st != nil && st.Len() > maxForwardSymbols {
+			st = labels.NewSymbolTable()
+			cur.Store(st)
+		}
+		return st
+	}
+}
+
+const maxForwardSymbols = 1 << 20
 
 // labelLimits are what a series is validated against when first seen: the
 // label limits and the relabel rules (by their fingerprint).
@@ -253,7 +283,7 @@ func (i *Ingester) tenant(id string) (*tenantState, error) {
 	if st, ok := i.caches[id]; ok {
 		return st, nil
 	}
-	st = &tenantState{id: id, appendable: ts, cache: newSeriesCache(), ha: newHATable(), md: &metadataSink{set: ts.SetMetadata}, m: i.metrics.forTenant(id), drivers: newDriverMemo()}
+	st = &tenantState{id: id, appendable: ts, cache: newSeriesCache(), ha: newHATable(), md: &metadataSink{set: ts.SetMetadata}, m: i.metrics.forTenant(id), drivers: newDriverMemo(), symbols: symbolsOf(ts)}
 	ll := labelLimitsOf(i.limits.For(id))
 	st.labelLimits.Store(&ll)
 	i.caches[id] = st

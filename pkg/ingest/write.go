@@ -179,6 +179,7 @@ func (w *writeRequest) reset(ctx context.Context, st *tenantState, lim *limits.L
 		ac:   w.ac, decisions: w.decisions[:0], claims: w.claims[:0],
 	}
 	w.dcgmHost, _ = w.rules.DCGM()
+	w.ac.builder.SetSymbolTable(st.symbols())
 	if ha != nil {
 		w.gap = ha.GapFillAfter().Milliseconds()
 	}

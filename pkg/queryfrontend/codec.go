@@ -84,7 +84,7 @@ func decodeData(it *jsoniter.Iterator) (promql.Matrix, error) {
 				return nil, fmt.Errorf("%w: result type %q", errNotJoinable, t)
 			}
 		case "result":
-			var b labels.ScratchBuilder
+			b := labels.NewScratchBuilder(0) // with its own symbol table under dedupelabels
 			for it.ReadArray() {
 				s, err := decodeSeries(it, &b)
 				if err != nil {

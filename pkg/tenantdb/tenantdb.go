@@ -79,6 +79,8 @@ type DB struct {
 	Metadata *MetadataStore
 
 	openedWindow int64 // out-of-order window (ms) the database was opened with
+	logger       *slog.Logger
+	symbols      symbols
 }
 
 // TenantLimits lets the per-tenant limits shape each tenant's database.
@@ -389,7 +391,9 @@ func (m *Manager) open(tenantID string, gate DeletionGate) (*DB, error) {
 		return nil, fmt.Errorf("open metadata of tenant %q: %w", tenantID, err)
 	}
 	m.logger.Info("opened tenant database", "tenant", tenantID, "dir", dir, "duration", time.Since(start))
-	return &DB{DB: tdb, Tenant: tenantID, Metadata: md, openedWindow: opts.OutOfOrderTimeWindow}, nil
+	db := &DB{DB: tdb, Tenant: tenantID, Metadata: md, openedWindow: opts.OutOfOrderTimeWindow, logger: m.logger.With("tenant", tenantID)}
+	db.rebuildSymbols() // the replayed series' labels and the new ones share one table
+	return db, nil
 }
 
 func openTSDB(dir string, l *slog.Logger, r prometheus.Registerer, opts *tsdb.Options) (*tsdb.DB, error) {
