@@ -199,10 +199,23 @@ func LocalFiles(dir string) ([]File, error) {
 	return files, nil
 }
 
+// Linker is a bucket that can store a local file without copying it: a
+// folder bucket on the same filesystem as the file (pkg/bucket), by a hard
+// link. A block's chunk segments and index are never written again once the
+// block is complete, so the local block and the bucket can share them: with
+// the embedded default (a folder inside the data directory) a block uploaded
+// and still kept locally is on disk once, and deleting the local copy only
+// removes a name. Link replaces a file already at name; an error (the file
+// is on another filesystem) leaves Upload to copy.
+type Linker interface {
+	Link(src, name string) error
+}
+
 // Upload copies the local block directory dir to <tenant>/<ULID>/ with meta
 // as its meta.json: every chunk segment, then the index, then meta.json last,
 // so that a reader that finds meta.json finds a whole block. Re-uploading a
-// block (after a failed or crashed attempt) overwrites what is there.
+// block (after a failed or crashed attempt) overwrites what is there. A
+// bucket that is a Linker takes the segments and the index by hard link.
 func Upload(ctx context.Context, bkt objstore.Bucket, dir string, meta Meta) error {
 	files, err := LocalFiles(dir)
 	if err != nil {
@@ -228,6 +241,17 @@ func Upload(ctx context.Context, bkt objstore.Bucket, dir string, meta Meta) err
 }
 
 func uploadFile(ctx context.Context, bkt objstore.Bucket, src, dst string) error {
+	if l, ok := bkt.(Linker); ok {
+		if err := l.Link(src, dst); err == nil {
+			return nil
+		}
+		// Copied instead, into a new file: one left at dst by an earlier
+		// attempt may be a link of src, and a folder bucket's upload writes
+		// into the file it finds, which would truncate src.
+		if err := bkt.Delete(ctx, dst); err != nil && !bkt.IsObjNotFoundErr(err) {
+			return fmt.Errorf("replace %s: %w", dst, err)
+		}
+	}
 	f, err := os.Open(src)
 	if err != nil {
 		return err

@@ -137,17 +137,20 @@ func New(c Config, dataDir string, logger *slog.Logger, reg prometheus.Registere
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
-	var bkt objstore.Bucket
+	var (
+		bkt    objstore.Bucket
+		folder string // a FILESYSTEM bucket's directory
+	)
 	switch strings.ToUpper(r.Type) {
 	case Filesystem:
-		dir, _ := r.Config["directory"].(string)
-		if dir == "" {
-			dir = filepath.Join(dataDir, DefaultDirName)
+		folder, _ = r.Config["directory"].(string)
+		if folder == "" {
+			folder = filepath.Join(dataDir, DefaultDirName)
 		}
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := os.MkdirAll(folder, 0o755); err != nil {
 			return nil, fmt.Errorf("create bucket directory: %w", err)
 		}
-		bkt, err = filesystem.NewBucket(dir)
+		bkt, err = filesystem.NewBucket(folder)
 	case S3:
 		var raw []byte
 		raw, err = yaml.Marshal(r.Config)
@@ -162,7 +165,33 @@ func New(c Config, dataDir string, logger *slog.Logger, reg prometheus.Registere
 	if r.Prefix != "" {
 		bkt = objstore.NewPrefixedBucket(bkt, r.Prefix)
 	}
-	return objstore.WrapWithMetrics(bkt, reg, "gpustore"), nil
+	ib := objstore.WrapWithMetrics(bkt, reg, "gpustore")
+	if folder != "" {
+		return folderBucket{InstrumentedBucket: ib, root: filepath.Join(folder, filepath.FromSlash(r.Prefix))}, nil
+	}
+	return ib, nil
+}
+
+// folderBucket is a FILESYSTEM bucket that also takes local files by hard
+// link (block.Linker): blocks uploaded from the same disk are stored once.
+type folderBucket struct {
+	objstore.InstrumentedBucket
+	root string // the directory object names are relative to (the prefix included)
+}
+
+// Link makes the object name the file src without copying it. A file
+// already at name is removed first: writing into it (the folder bucket's
+// Upload does) would write into src when it is a link of src. It fails
+// when src is on another filesystem (EXDEV); the caller then copies.
+func (b folderBucket) Link(src, name string) error {
+	dst := filepath.Join(b.root, filepath.FromSlash(name))
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	if err := os.Remove(dst); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return os.Link(src, dst)
 }
 
 // Describe is a one-line description of the bucket for logs (no secrets).
