@@ -1,4 +1,4 @@
-package bucket_test
+package block
 
 import (
 	"bytes"
@@ -9,52 +9,17 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/prometheus/model/labels"
-	"github.com/prometheus/prometheus/tsdb"
 	"github.com/thanos-io/objstore"
 
-	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/bucket"
 )
-
-// localBlock cuts a small real TSDB block and returns its directory and the
-// meta a receiver would ship it with.
-func localBlock(t *testing.T) (string, block.Meta) {
-	t.Helper()
-	parent := t.TempDir()
-	w, err := tsdb.NewBlockWriter(slog.New(slog.DiscardHandler), parent, int64(2*time.Hour/time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	app := w.Appender(context.Background())
-	for i := range 240 {
-		if _, err := app.Append(0, labels.FromStrings("__name__", "DCGM_FI_DEV_GPU_TEMP", "gpu", "0"), int64(i)*15_000, float64(40+i%9)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := app.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	id, err := w.Flush(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = w.Close()
-	dir := filepath.Join(parent, id.String())
-	bm, err := block.ReadLocalMeta(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir, block.Meta{BlockMeta: bm, GPUStore: block.GPUStoreMeta{Version: block.MetaVersion, Tenant: "t", Source: block.SourceReceive}}
-}
 
 // snapshot is the content of a block's files.
 func snapshot(t *testing.T, dir string) map[string][]byte {
 	t.Helper()
-	files, err := block.LocalFiles(dir)
+	files, err := LocalFiles(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,13 +47,13 @@ func TestFolderBucketStoresABlockOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := bkt.(block.Linker); !ok {
+	if _, ok := bkt.(Linker); !ok {
 		t.Fatalf("the embedded folder bucket (%T) does not take files by link", bkt)
 	}
-	dir, meta := localBlock(t)
+	dir, meta := writeLocalBlock(t, "t")
 	want := snapshot(t, dir)
 	inBucket := func(rel string) string {
-		return filepath.Join(data, bucket.DefaultDirName, filepath.FromSlash(block.ObjectName("t", meta.ULID, rel)))
+		return filepath.Join(data, bucket.DefaultDirName, filepath.FromSlash(ObjectName("t", meta.ULID, rel)))
 	}
 	check := func(when string, shared bool) {
 		t.Helper()
@@ -104,7 +69,7 @@ func TestFolderBucketStoresABlockOnce(t *testing.T) {
 			if got := snapshot(t, dir)[rel]; !bytes.Equal(got, b) {
 				t.Fatalf("%s: local %s changed: %d bytes, was %d", when, rel, len(got), len(b))
 			}
-			rc, err := bkt.Get(ctx, block.ObjectName("t", meta.ULID, rel))
+			rc, err := bkt.Get(ctx, ObjectName("t", meta.ULID, rel))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -115,26 +80,26 @@ func TestFolderBucketStoresABlockOnce(t *testing.T) {
 			}
 		}
 	}
-	if err := block.Upload(ctx, bkt, dir, meta); err != nil {
+	if err := Upload(ctx, bkt, dir, meta); err != nil {
 		t.Fatal(err)
 	}
 	check("uploaded", true)
-	if lm, bm := mustStat(t, filepath.Join(dir, block.MetaFilename)), mustStat(t, inBucket(block.MetaFilename)); os.SameFile(lm, bm) {
+	if lm, bm := mustStat(t, filepath.Join(dir, MetaFilename)), mustStat(t, inBucket(MetaFilename)); os.SameFile(lm, bm) {
 		t.Error("meta.json is shared: the bucket's is gpustore's own and must be a file of its own")
 	}
-	if err := block.Upload(ctx, bkt, dir, meta); err != nil { // a retry after a crash
+	if err := Upload(ctx, bkt, dir, meta); err != nil { // a retry after a crash
 		t.Fatal(err)
 	}
 	check("uploaded again", true)
 
 	// A link that fails after an earlier attempt left one in place: the
 	// copy goes into a new file.
-	if err := block.Upload(ctx, failingLinker{bkt}, dir, meta); err != nil {
+	if err := Upload(ctx, failingLinker{bkt}, dir, meta); err != nil {
 		t.Fatal(err)
 	}
 	check("copied over a link", false)
 
-	if err := block.Upload(ctx, bkt, dir, meta); err != nil {
+	if err := Upload(ctx, bkt, dir, meta); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.RemoveAll(dir); err != nil { // local retention
@@ -163,7 +128,7 @@ func mustStat(t *testing.T, p string) os.FileInfo {
 type failingLinker struct{ objstore.InstrumentedBucket }
 
 func (b failingLinker) Link(src, name string) error {
-	if err := b.InstrumentedBucket.(block.Linker).Link(src, name); err != nil {
+	if err := b.InstrumentedBucket.(Linker).Link(src, name); err != nil {
 		return err
 	}
 	return errors.New("injected link failure")
