@@ -369,7 +369,10 @@ func TestRingHAPair(t *testing.T) {
 	}
 
 	// One election, the same on both distributors.
-	var leader string
+	var (
+		leader string
+		agreed time.Time // when both were first seen agreeing
+	)
 	waitFor(t, 10*time.Second, "both distributors electing the same replica", func() error {
 		var got []string
 		for _, f := range fronts {
@@ -382,14 +385,19 @@ func TestRingHAPair(t *testing.T) {
 		if got[0] == "" || got[0] != got[1] {
 			return fmt.Errorf("elected %v", got)
 		}
-		leader = got[0]
+		leader, agreed = got[0], time.Now()
 		return nil
 	})
 	other := map[string]string{"p0": "p1", "p1": "p0"}[leader]
 	t.Logf("elected %s", leader)
 
+	// The window starts after the agreement was seen (plus a second for
+	// batches in flight): before it, a distributor whose own election had
+	// not met the other's yet stored its replica, as it should (CI once saw
+	// that take 5 s under load, and a window reaching back into it).
 	const window = 15 * time.Second
-	t1 := time.Now().Add(-2 * time.Second).Truncate(time.Second)
+	t1 := agreed.Add(time.Second + window).Truncate(time.Second).Add(time.Second)
+	time.Sleep(time.Until(t1.Add(2 * time.Second)))
 	checkStoredOnce(t, fronts, proms[leader], proms[other], t1, window, "before failover")
 
 	// The whole run so far: stored twice at most while the election was
