@@ -93,6 +93,11 @@ func (c Config) Validate() error {
 	if c.GapFillAfter < 0 || c.GapFillAfter >= c.FailoverTimeout {
 		return fmt.Errorf("ha-tracker gap fill delay %s must be below the failover timeout %s", c.GapFillAfter, c.FailoverTimeout)
 	}
+	if c.KVStore != "inmemory" && c.GapFillAfter > 0 && c.GapFillAfter+c.UpdateTimeout >= c.FailoverTimeout {
+		// See Tracker.Silence: with a shared store, a receiver counts the
+		// silence of writes it did not see from the update timeout's end.
+		return fmt.Errorf("ha-tracker gap fill delay %s plus update timeout %s must be below the failover timeout %s with a shared store", c.GapFillAfter, c.UpdateTimeout, c.FailoverTimeout)
+	}
 	if time.Duration(c.UpdateTimeout)*2 > time.Duration(c.FailoverTimeout) {
 		return fmt.Errorf("ha-tracker update timeout %s must be at most half the failover timeout %s", c.UpdateTimeout, c.FailoverTimeout)
 	}
@@ -270,14 +275,27 @@ func (t *Tracker) Accept(ctx context.Context, tenant, cluster, replica string) (
 // GapFillAfter returns the configured gap-fill delay (0: off).
 func (t *Tracker) GapFillAfter() time.Duration { return time.Duration(t.cfg.GapFillAfter) }
 
-// Silence is how long the elected replica of the cluster has not written,
-// as far as this receiver knows.
+// Silence is how long the elected replica of the cluster has surely not
+// written, as far as this receiver knows. Its own writes this receiver saw
+// (lastSeen) are exact. Writes other receivers took reach it only through
+// the store, which records them at most once per update timeout: a replica
+// recorded at ReceivedAt may have written until ReceivedAt + update timeout
+// without the store showing it, so with a shared store that is the latest
+// it can be known silent from. (Counting from ReceivedAt, a receiver that
+// never sees the elected replica's writes, as when the two replicas of a
+// pair write to different distributors, took an alive replica for silent
+// during each update timeout and let the other fill a gap it did not have:
+// CI saw one scrape of the other replica stored besides the elected one's.)
 func (t *Tracker) Silence(tenant, cluster string) time.Duration {
 	t.mtx.RLock()
 	e := t.local[key{tenant, cluster}]
 	var last int64
 	if e != nil {
-		last = max(e.desc.ReceivedAt, e.lastSeen)
+		recorded := e.desc.ReceivedAt
+		if t.cfg.KVStore != "inmemory" {
+			recorded += time.Duration(t.cfg.UpdateTimeout).Milliseconds()
+		}
+		last = max(recorded, e.lastSeen)
 	}
 	t.mtx.RUnlock()
 	if e == nil {

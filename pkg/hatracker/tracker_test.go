@@ -162,6 +162,62 @@ func TestTwoReceiversShareTheElection(t *testing.T) {
 	}
 }
 
+// A receiver that never sees the elected replica's writes (the two replicas
+// of a pair write to different distributors) knows them only as recorded in
+// the shared store, once per update timeout: it must not take the replica
+// for silent while a write may be unrecorded, or the other replica fills a
+// gap there is not (and its samples are stored besides the elected one's).
+func TestSilenceOfWritesSeenElsewhere(t *testing.T) {
+	clock := newClock()
+	cfg := testConfig() // failover 30 s, update 5 s
+	cfg.KVStore = "memberlist"
+	cfg.GapFillAfter = model.Duration(10 * time.Second)
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	client, _ := consul.NewInMemoryClient(replicaCodec{}, logging.GoKit(discard()), nil)
+	a := newTracker(cfg, client, discard(), prometheus.NewRegistry())
+	b := newTracker(cfg, client, discard(), prometheus.NewRegistry())
+	a.now, b.now = clock.now, clock.now
+	for _, tr := range []*Tracker{a, b} {
+		if err := services.StartAndAwaitRunning(context.Background(), tr); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), tr) })
+	}
+	mustAccept(t, a, "t", "gpu-a", "p0", true) // recorded in the store now
+	deadline := time.Now().Add(5 * time.Second)
+	for len(b.Statuses()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("b never saw the election")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	clock.advance(4 * time.Second)
+	mustAccept(t, a, "t", "gpu-a", "p0", true) // within the update timeout: not recorded
+	clock.advance(7 * time.Second)
+	// 11 s since the record, but p0 may have written until 5 s after it
+	// unrecorded: b, which never saw p0's writes, and a alike (another
+	// receiver might have taken some of them).
+	for name, tr := range map[string]*Tracker{"a": a, "b": b} {
+		if got := tr.Silence("t", "gpu-a"); got != 6*time.Second {
+			t.Errorf("%s: silence %s 11 s after the store recorded p0, want 6 s", name, got)
+		}
+	}
+	clock.advance(5 * time.Second)
+	if got := b.Silence("t", "gpu-a"); got < time.Duration(cfg.GapFillAfter) {
+		t.Errorf("16 s after the record, b's silence %s is still below the gap-fill delay", got)
+	}
+
+	// One process (in-memory store) sees every write: its silence is exact.
+	one, _ := newTestTracker(t, clock)
+	mustAccept(t, one, "t", "gpu-a", "p0", true)
+	clock.advance(10 * time.Second)
+	if got := one.Silence("t", "gpu-a"); got != 10*time.Second {
+		t.Errorf("in-memory store: silence %s, want 10 s", got)
+	}
+}
+
 func TestMergeConverges(t *testing.T) {
 	x := &ReplicaDesc{Replica: "p0", ElectedAt: 10, ReceivedAt: 50}
 	y := &ReplicaDesc{Replica: "p1", ElectedAt: 40, ReceivedAt: 40}
@@ -182,5 +238,15 @@ func TestConfigValidate(t *testing.T) {
 	c.UpdateTimeout = c.FailoverTimeout
 	if c.Validate() == nil {
 		t.Fatal("update timeout equal to failover timeout accepted")
+	}
+	c = testConfig()
+	c.KVStore = "memberlist"
+	c.GapFillAfter = model.Duration(25 * time.Second) // + 5 s update = failover
+	if c.Validate() == nil {
+		t.Fatal("shared store: gap fill that cannot start before the failover accepted")
+	}
+	c.KVStore = "inmemory"
+	if err := c.Validate(); err != nil {
+		t.Fatalf("in-memory store, gap fill 25 s of 30: %v", err)
 	}
 }
