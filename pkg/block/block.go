@@ -104,6 +104,10 @@ func (m *Meta) Sources() []SourceRange {
 // Downsample describes a block's resolution.
 type Downsample struct {
 	Resolution int64 `json:"resolution"`
+	// FoldedLabels are labels downsampling merged series over (pod: one
+	// series per GPU rather than per GPU and pod); a query naming one reads
+	// finer data where it exists.
+	FoldedLabels []string `json:"folded_labels,omitempty"`
 }
 
 // File is one object of a block, by its path relative to the block.

@@ -503,7 +503,11 @@ func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.Se
 	if from, ok := downsample.LocalFrom(ctx); ok { // the local TSDB serves it raw
 		forcedRaw = []span{{from, math.MaxInt64}}
 	}
-	segs := plan(q.blocks, mint, maxt, downsample.MaxResolution(ctx, hints), forcedRaw)
+	maxRes := downsample.MaxResolution(ctx, hints)
+	if maxRes != block.ResolutionRaw && downsample.NamesFolded(ctx, foldedLabels(q.blocks, mint, maxt), hints, ms) {
+		maxRes = block.ResolutionRaw // where raw has expired, the folded data still answers
+	}
+	segs := plan(q.blocks, mint, maxt, maxRes, forcedRaw)
 	sets := make([]storage.SeriesSet, 0, len(segs))
 	for _, sg := range segs {
 		if len(sg.blocks) == 0 {
@@ -552,6 +556,22 @@ func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.Se
 		return withInfo{SeriesSet: set, info: info}
 	}
 	return set
+}
+
+// foldedLabels lists the labels folded in the downsampled blocks that
+// overlap [mint, maxt].
+func foldedLabels(bs []*bucketBlock, mint, maxt int64) []string {
+	var out []string
+	for _, b := range bs {
+		if b.meta.MinTime <= maxt && b.meta.MaxTime > mint {
+			for _, l := range b.meta.GPUStore.Downsample.FoldedLabels {
+				if !slices.Contains(out, l) {
+					out = append(out, l)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // withInfo adds an info annotation to a series set.

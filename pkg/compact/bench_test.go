@@ -21,6 +21,7 @@ import (
 	"github.com/gpustore/gpustore/bench/gpusim"
 	"github.com/gpustore/gpustore/bench/load"
 	"github.com/gpustore/gpustore/pkg/bucketstore"
+	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/downsample"
 )
 
@@ -201,6 +202,11 @@ func BenchmarkLongRangeOverview(b *testing.B) {
 	bkt := freshBucket(b, filepath.Join(dir, "blocks"))
 	cfg := testConfig()
 	cfg.Downsample = true
+	cfg.DownsampleFoldLabels = compact.DefaultConfig().DownsampleFoldLabels
+	cfg.LeaseTTL = compact.DefaultConfig().LeaseTTL // a niced run beside others renews late
+	if os.Getenv("GPUSTORE_BENCH_FOLD") == "0" { // pods kept in 5m and 1h data
+		cfg.DownsampleFoldLabels = nil
+	}
 	c, _ := newCompactor(b, cfg, bkt, nil)
 	t0 := time.Now()
 	st := compactUntilStable(b, c, bkt, "bench")

@@ -87,6 +87,7 @@ type Compactor struct {
 	m      *metrics
 	dir    string
 	now    func() time.Time
+	fold   *downsample.Fold // labels merged away at downsampling (nil: none)
 
 	// afterCompact is a test hook: called with the plan's working directory
 	// when the result is written, before anything is removed.
@@ -115,6 +116,7 @@ func New(cfg Config, bkt objstore.Bucket, dataDir string, limits Limits, logger 
 		indexes: map[string]*bucketindex.Index{},
 		empty:   map[ulid.ULID]struct{}{},
 	}
+	c.fold, _ = cfg.fold() // validated
 	c.m = newMetrics()
 	if reg != nil {
 		if err := reg.Register(c.m); err != nil {
@@ -796,7 +798,13 @@ func (p *pass) compactPlan(ctx context.Context, group string, plan []*block.Meta
 		return nil
 	}
 	first := plan[0].GPUStore
-	meta, resBytes, err := p.uploadResult(ctx, filepath.Join(work, res[0].String()), first.Labels, first.Downsample.Resolution, block.SourceCompactor, sourceRanges(plan))
+	ds := block.Downsample{Resolution: first.Downsample.Resolution}
+	for _, m := range plan { // a folded block merged with others: the result is folded
+		ds.FoldedLabels = append(ds.FoldedLabels, m.GPUStore.Downsample.FoldedLabels...)
+	}
+	slices.Sort(ds.FoldedLabels)
+	ds.FoldedLabels = slices.Compact(ds.FoldedLabels)
+	meta, resBytes, err := p.uploadResult(ctx, filepath.Join(work, res[0].String()), first.Labels, ds, block.SourceCompactor, sourceRanges(plan))
 	if err != nil {
 		return err
 	}
@@ -821,7 +829,7 @@ func (p *pass) compactPlan(ctx context.Context, group string, plan []*block.Meta
 // downsampling's result; meta.json last) with the group's labels, the given
 // resolution and source, and records it in the pass. It returns the meta
 // and the block's bytes.
-func (p *pass) uploadResult(ctx context.Context, dir string, labels map[string]string, res int64, source string, ranges []block.SourceRange) (*block.Meta, int64, error) {
+func (p *pass) uploadResult(ctx context.Context, dir string, labels map[string]string, ds block.Downsample, source string, ranges []block.SourceRange) (*block.Meta, int64, error) {
 	bm, err := block.ReadLocalMeta(dir)
 	if err != nil {
 		return nil, 0, err
@@ -831,7 +839,7 @@ func (p *pass) uploadResult(ctx context.Context, dir string, labels map[string]s
 	}
 	meta := &block.Meta{BlockMeta: bm, GPUStore: block.GPUStoreMeta{
 		Version: block.MetaVersion, Tenant: p.tenant, Labels: labels,
-		Downsample: block.Downsample{Resolution: res}, Source: source, SourceRanges: ranges,
+		Downsample: ds, Source: source, SourceRanges: ranges,
 	}}
 	if err := p.held.Check(ctx); err != nil {
 		return nil, 0, err

@@ -7,7 +7,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/grafana/dskit/flagext"
 	"github.com/prometheus/common/model"
+
+	"github.com/gpustore/gpustore/pkg/downsample"
 )
 
 // Config is the compactor's configuration (the compact section of the YAML).
@@ -42,6 +45,12 @@ type Config struct {
 	LeaseSettle model.Duration `yaml:"lease_settle"`
 	// Downsample writes 5m and 1h blocks (pkg/downsample) in each pass.
 	Downsample bool `yaml:"downsample"`
+	// DownsampleFoldLabels are merged away when raw data of the metrics
+	// matching DownsampleFoldMetrics is downsampled (downsample.Fold): by
+	// default dcgm-exporter's pod label, so that 5m and 1h data hold one
+	// series per GPU instead of one per GPU and job. Empty: off.
+	DownsampleFoldLabels  flagext.StringSliceCSV `yaml:"downsample_fold_labels"`
+	DownsampleFoldMetrics string                 `yaml:"downsample_fold_metrics"`
 }
 
 // DefaultConfig: 2h → 8h → 2d → 14d, a pass every 5 minutes, deletion 48h
@@ -59,7 +68,16 @@ func DefaultConfig() Config {
 		LeaseTTL:           model.Duration(5 * time.Minute),
 		LeaseSettle:        model.Duration(2 * time.Second),
 		Downsample:         true,
+		// Pods come and go on a GPU every few hours; namespace (who
+		// used the GPU) and container are kept.
+		DownsampleFoldLabels:  flagext.StringSliceCSV{"pod"},
+		DownsampleFoldMetrics: "DCGM_.+",
 	}
+}
+
+// fold is the configured downsample.Fold (nil: off).
+func (c Config) fold() (*downsample.Fold, error) {
+	return downsample.NewFold(c.DownsampleFoldLabels, c.DownsampleFoldMetrics)
 }
 
 // Validate checks the configuration.
@@ -84,6 +102,9 @@ func (c Config) Validate() error {
 	}
 	if c.RetentionRaw < 0 || c.Retention5m < 0 || c.Retention1h < 0 {
 		errs = append(errs, errors.New("compact retention must not be negative"))
+	}
+	if _, err := c.fold(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.LeaseTTL <= 0 || c.LeaseSettle < 0 || c.LeaseSettle >= c.LeaseTTL/3 {
 		errs = append(errs, fmt.Errorf("compact lease: want ttl > 0 and 0 <= settle (%s) < ttl/3 (%s)", c.LeaseSettle, c.LeaseTTL/3))
@@ -112,6 +133,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&c.Retention1h, "compact.retention.1h", "How long 1h-resolution (downsampled) blocks stay in the bucket (0: forever).")
 	fs.Var(&c.LeaseTTL, "compact.lease-ttl", "How long a compactor's lease on a tenant lasts without renewal.")
 	fs.BoolVar(&c.Downsample, "compact.downsample", c.Downsample, "Downsample finished blocks to 5m and 1h resolution (raw retention then waits for the 5m data).")
+	fs.Var(&c.DownsampleFoldLabels, "compact.downsample.fold-labels", "Comma-separated labels merged away when raw data is downsampled, for the metrics of -compact.downsample.fold-metrics (one 5m/1h series per GPU instead of one per GPU and pod; queries naming them read raw data where it exists). Empty: keep every label.")
+	fs.StringVar(&c.DownsampleFoldMetrics, "compact.downsample.fold-metrics", c.DownsampleFoldMetrics, "Regular expression (anchored) of the metric names whose series -compact.downsample.fold-labels applies to.")
 	fs.Var(&c.LeaseSettle, "compact.lease-settle", "Wait between writing a tenant's lease and reading it back; must exceed how long a bucket write can lag (below lease-ttl/3).")
 }
 

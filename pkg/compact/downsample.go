@@ -169,11 +169,15 @@ func (p *pass) downsampleBlock(ctx context.Context, m *block.Meta, res int64) er
 		readers = append(readers, b)
 	}
 	out := filepath.Join(work, "out")
-	id, st, err := downsample.Downsample(ctx, readers, downsample.Config{
+	dcfg := downsample.Config{
 		SourceResolution: m.GPUStore.Downsample.Resolution, Resolution: res,
 		Mint: mint, Maxt: maxt, Dir: out, Tenant: p.tenant, Sources: sources(m),
-		Logger: p.logger,
-	})
+		Fold: p.c.fold, Logger: p.logger,
+	}
+	for _, in := range inputs {
+		dcfg.Folded = append(dcfg.Folded, in.GPUStore.Downsample.FoldedLabels...)
+	}
+	id, st, err := downsample.Downsample(ctx, readers, dcfg)
 	if err != nil {
 		return err
 	}
@@ -188,7 +192,8 @@ func (p *pass) downsampleBlock(ctx context.Context, m *block.Meta, res int64) er
 		p.c.mtx.Unlock()
 		return nil
 	}
-	_, outBytes, err := p.uploadResult(ctx, filepath.Join(out, id.String()), m.GPUStore.Labels, res, downsample.Source, nil)
+	ds := block.Downsample{Resolution: res, FoldedLabels: dcfg.FoldedLabels()}
+	_, outBytes, err := p.uploadResult(ctx, filepath.Join(out, id.String()), m.GPUStore.Labels, ds, downsample.Source, nil)
 	if err != nil {
 		return err
 	}

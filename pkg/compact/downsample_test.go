@@ -21,6 +21,7 @@ import (
 
 	"github.com/gpustore/gpustore/bench/gpusim"
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/downsample"
 )
 
@@ -72,6 +73,7 @@ func TestDownsampleInThePass(t *testing.T) {
 
 	cfg := testConfig()
 	cfg.Downsample = true
+	cfg.DownsampleFoldLabels = compact.DefaultConfig().DownsampleFoldLabels // the defaults' sizes
 	c, reg := newCompactor(t, cfg, bkt, nil)
 	t0 := time.Now()
 	st := compactUntilStable(t, c, bkt, "ds")

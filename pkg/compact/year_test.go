@@ -15,6 +15,7 @@ import (
 	"github.com/gpustore/gpustore/bench/load"
 	rulepack "github.com/gpustore/gpustore/deploy/rules"
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/downsample"
 )
 
@@ -116,11 +117,12 @@ func yearChecks(t *testing.T, r string) []downsampleCheck {
 
 // TestYearOfDownsampledData is issue 11's long-range end-to-end test: a
 // year of the simulated cluster's slice (yearSlice) shipped to the real S3
-// server, compacted and downsampled by the compactor, raw retention (30
-// days) expired; then Grafana's requests (auto resolution) for the
-// cluster-overview panels and the GPU recording rules over the last 30 days
-// (a 3h step: 5m data) and the whole year (a 1d step: 1h data) answer, from
-// downsampled data, what the raw data answered before retention deleted it.
+// server, compacted and downsampled by the compactor with its defaults (pod
+// folded), raw retention (30 days) expired; then Grafana's requests (auto
+// resolution) for the cluster-overview panels and the GPU recording rules
+// over the last 30 days (a 3h step: 5m data) and the whole year (a 1d step:
+// 1h data) answer, from downsampled data, what raw data without pod labels
+// answers.
 func TestYearOfDownsampledData(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a year of data: not in -short")
@@ -131,7 +133,14 @@ func TestYearOfDownsampledData(t *testing.T) {
 	t0 := time.Now()
 	dirs := sl.write(t, t.TempDir())
 	upload(t, bkt, "year", nil, dirs...)
-	t.Logf("a year of one GPU at 1m: %d blocks written and shipped in %s", len(dirs), time.Since(t0).Round(time.Millisecond))
+	// The raw answers come from the same slice written without pod labels:
+	// the 5m and 1h data (folded over pod, the default) keep one series per
+	// GPU, and must answer as raw data without pods does.
+	truth := sl
+	truth.DropLabels = []string{"pod"}
+	upload(t, bkt, "year-truth", nil, truth.write(t, t.TempDir())...)
+	t.Logf("a year of one GPU at 1m: %d blocks written and shipped in %s, twice (with and without pods)", len(dirs), time.Since(t0).Round(time.Millisecond))
+	_, rawBytes := byResolution(readBucket(t, bkt, "year"))
 	qa, qurl := startQuery(t, s3.bucket())
 	if err := qa.BucketStore.Sync(context.Background()); err != nil {
 		t.Fatal(err)
@@ -152,12 +161,13 @@ func TestYearOfDownsampledData(t *testing.T) {
 	raw := map[string]seriesPoints{}
 	t0 = time.Now()
 	for _, w := range windows {
-		rawAnswers(t, qurl, "year", raw, w.resolution, yearChecks(t, w.resolution), w.start, w.end, w.step)
+		rawAnswers(t, qurl, "year-truth", raw, w.resolution, yearChecks(t, w.resolution), w.start, w.end, w.step)
 	}
 	t.Logf("raw answers in %s", time.Since(t0).Round(time.Millisecond))
 
 	cfg := testConfig()
 	cfg.Downsample = true
+	cfg.DownsampleFoldLabels = compact.DefaultConfig().DownsampleFoldLabels
 	cfg.RetentionRaw = model.Duration(30 * day)
 	// The downsampled data's 365 days, counted from the slice's start
 	// rather than from today (the slice is at fixed dates).
@@ -168,7 +178,16 @@ func TestYearOfDownsampledData(t *testing.T) {
 	st := compactUntilStable(t, c, bkt, "year")
 	blocks, bytes := byResolution(st)
 	t.Logf("compacted, downsampled and raw retention applied in %s: %s", time.Since(t0).Round(time.Millisecond), st.spans())
-	t.Logf("bytes: raw %d (after retention), 5m %d, 1h %d", bytes[block.ResolutionRaw], bytes[downsample.Res5m], bytes[downsample.Res1h])
+	t.Logf("bytes: raw %d before retention (%d after), 5m %d (%.1f %%), 1h %d (%.1f %%)", rawBytes[block.ResolutionRaw], bytes[block.ResolutionRaw],
+		bytes[downsample.Res5m], 100*float64(bytes[downsample.Res5m])/float64(rawBytes[block.ResolutionRaw]),
+		bytes[downsample.Res1h], 100*float64(bytes[downsample.Res1h])/float64(rawBytes[block.ResolutionRaw]))
+	for _, r := range []int64{downsample.Res5m, downsample.Res1h} {
+		for _, m := range blocks[r] {
+			if f := m.GPUStore.Downsample.FoldedLabels; !slices.Equal(f, []string{"pod"}) {
+				t.Fatalf("%s block %s: folded_labels %q, want [pod]", downsample.ResolutionName(r), m.ULID, f)
+			}
+		}
+	}
 	for _, m := range blocks[block.ResolutionRaw] {
 		if m.MinTime < end5m.UnixMilli() {
 			t.Fatalf("raw block %s+%s survived 30 days' retention", time.UnixMilli(m.MinTime).UTC(),
@@ -208,6 +227,17 @@ func TestYearOfDownsampledData(t *testing.T) {
 		}
 		if !slices.ContainsFunc(infos, func(s string) bool { return strings.Contains(s, "5m data for") }) {
 			t.Errorf("%s: rate(x[5m]) did not read 5m data: infos %q", w.name, infos)
+		}
+		// A query by pod where only folded data is left answers per GPU
+		// (documented): not empty, and no pod label.
+		got, _ = queryRange(t, qurl, "year", "max by (pod, gpu) (DCGM_FI_DEV_GPU_UTIL)", w.start, w.end, w.step, "")
+		if points(got) == 0 {
+			t.Errorf("%s: max by (pod, gpu) over folded data answered nothing", w.name)
+		}
+		for k := range got {
+			if strings.Contains(k, "pod=") {
+				t.Errorf("%s: max by (pod, gpu) over folded data: series %s", w.name, k)
+			}
 		}
 	}
 }

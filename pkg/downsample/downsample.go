@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/prometheus/model/labels"
@@ -45,6 +46,11 @@ type Config struct {
 	// exactly Maxt (it starts at Maxt) is read but not a source, so that the
 	// compactor does not count it as downsampled.
 	Sources []ulid.ULID
+	// Fold, when set, merges the series of raw metrics that differ only in
+	// its labels (fold.go). Folded lists labels the sources have folded
+	// already (5m data downsampled to 1h): meta.json records both.
+	Fold   *Fold
+	Folded []string
 	// Types looks up metric types in the tenant's metadata (optional; names decide without it).
 	Types  TypeLookup
 	Logger *slog.Logger
@@ -109,8 +115,15 @@ func Downsample(ctx context.Context, sources []tsdb.BlockReader, cfg Config) (ul
 	defer q.Close()
 
 	w := &writer{bw: bw}
-	ss := q.Select(ctx, true, &storage.SelectHints{Start: lo, End: hi},
-		labels.MustNewMatcher(labels.MatchRegexp, labels.MetricName, ".+"))
+	ms := []*labels.Matcher{labels.MustNewMatcher(labels.MatchRegexp, labels.MetricName, ".+")}
+	fold := cfg.Fold
+	if cfg.SourceResolution != ResRaw {
+		fold = nil // downsampled sources are folded or not already
+	}
+	if fold != nil {
+		ms = append(ms, fold.notFolded())
+	}
+	ss := q.Select(ctx, true, &storage.SelectHints{Start: lo, End: hi}, ms...)
 	var it chunkenc.Iterator
 	for ss.Next() {
 		if err := ctx.Err(); err != nil {
@@ -132,6 +145,12 @@ func Downsample(ctx context.Context, sources []tsdb.BlockReader, cfg Config) (ul
 	if err := ss.Err(); err != nil {
 		bw.abort()
 		return ulid.ULID{}, st, fmt.Errorf("downsample: read sources: %w", err)
+	}
+	if fold != nil {
+		if err := cfg.downsampleFolded(ctx, sources, w, lo, hi, &st); err != nil {
+			bw.abort()
+			return ulid.ULID{}, st, err
+		}
 	}
 	st.OutSeries, st.OutSamples = int64(len(bw.series)), w.samples
 	id, err := bw.finish(cfg.Dir, func(m tsdb.BlockMeta) error {
@@ -189,7 +208,7 @@ func (cfg *Config) writeMeta(dir string, m tsdb.BlockMeta, srcs []tsdb.BlockMeta
 	meta := block.Meta{BlockMeta: m, GPUStore: block.GPUStoreMeta{
 		Version:    block.MetaVersion,
 		Tenant:     cfg.Tenant,
-		Downsample: block.Downsample{Resolution: cfg.Resolution},
+		Downsample: block.Downsample{Resolution: cfg.Resolution, FoldedLabels: cfg.FoldedLabels()},
 		Source:     Source,
 	}}
 	b, err := json.MarshalIndent(meta, "", "\t")
@@ -204,6 +223,17 @@ func (cfg *Config) writeMeta(dir string, m tsdb.BlockMeta, srcs []tsdb.BlockMeta
 		return fmt.Errorf("downsample: write meta: %w", err)
 	}
 	return nil
+}
+
+// FoldedLabels are the labels folded in the written block (meta.json's
+// gpustore.downsample.folded_labels): the sources' and, from raw, the fold's.
+func (cfg *Config) FoldedLabels() []string {
+	out := slices.Clone(cfg.Folded)
+	if cfg.Fold != nil && cfg.SourceResolution == ResRaw {
+		out = append(out, cfg.Fold.Labels...)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // ReadResolution returns gpustore.downsample.resolution of a local block
@@ -286,15 +316,7 @@ func (cfg *Config) series(w *writer, lset labels.Labels, it chunkenc.Iterator, s
 // (counter floats and histograms).
 func (cfg *Config) feed(it chunkenc.Iterator, shift int64, st *Stats, red *reducer, packed bool, counter func() *counterSelector) error {
 	for vt := it.Next(); vt != chunkenc.ValNone; vt = it.Next() {
-		var s sample
-		switch vt {
-		case chunkenc.ValFloat:
-			s.t, s.f = it.At()
-		case chunkenc.ValHistogram:
-			s.t, s.h = it.AtHistogram(nil)
-		case chunkenc.ValFloatHistogram:
-			s.t, s.fh = it.AtFloatHistogram(nil)
-		}
+		s := readSample(it, vt)
 		s.t += shift
 		if s.t <= cfg.Mint || s.t > cfg.Maxt {
 			continue

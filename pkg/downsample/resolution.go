@@ -3,7 +3,9 @@ package downsample
 import (
 	"context"
 	"fmt"
+	"slices"
 
+	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/storage"
 )
 
@@ -90,4 +92,46 @@ func WithLocalFrom(ctx context.Context, t int64) context.Context {
 func LocalFrom(ctx context.Context) (int64, bool) {
 	t, ok := ctx.Value(localFromKey{}).(int64)
 	return t, ok
+}
+
+type queryLabelsKey struct{}
+
+// WithQueryLabels records the label names the request's query uses
+// (LabelsNamed) for the bucket store's selects.
+func WithQueryLabels(ctx context.Context, names []string) context.Context {
+	return context.WithValue(ctx, queryLabelsKey{}, names)
+}
+
+// QueryLabels is WithQueryLabels' names.
+func QueryLabels(ctx context.Context) []string {
+	n, _ := ctx.Value(queryLabelsKey{}).([]string)
+	return n
+}
+
+// NamesFolded says whether a select (its matchers and hints, and the
+// query's labels recorded in ctx) uses any of the folded labels: then
+// downsampled data folded over them cannot tell its series apart, and the
+// select reads finer data where it exists.
+func NamesFolded(ctx context.Context, folded []string, h *storage.SelectHints, ms []*labels.Matcher) bool {
+	if len(folded) == 0 {
+		return false
+	}
+	for _, m := range ms {
+		if slices.Contains(folded, m.Name) {
+			return true
+		}
+	}
+	if h != nil && h.By {
+		for _, g := range h.Grouping {
+			if slices.Contains(folded, g) {
+				return true
+			}
+		}
+	}
+	for _, n := range QueryLabels(ctx) {
+		if slices.Contains(folded, n) {
+			return true
+		}
+	}
+	return false
 }

@@ -91,3 +91,72 @@ func RewriteQuery(qs string) (string, bool, error) {
 	}
 	return expr.String(), true, nil
 }
+
+// Prepare parses a query for the bucket store: its Rewrite, and the label
+// names it uses (LabelsNamed), which decide whether downsampled data whose
+// series were folded over a label (Fold) can answer it.
+func Prepare(qs string) (rewritten string, changed bool, named []string, err error) {
+	expr, err := parser.NewParser(parser.Options{}).ParseExpr(qs)
+	if err != nil {
+		return qs, false, nil, err
+	}
+	named = LabelsNamed(expr)
+	if expr, changed = Rewrite(expr); changed {
+		qs = expr.String()
+	}
+	return qs, changed, named, nil
+}
+
+// LabelsNamed lists the label names a query depends on besides the metric
+// name: in its selectors' matchers, `by` groupings, vector matching (on,
+// group_left/right) and the label arguments of label_replace, label_join and
+// sort_by_label. A query that names none of the labels downsampling folded
+// gets the same series from folded data as from raw data without them.
+func LabelsNamed(expr parser.Expr) []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(names ...string) {
+		for _, n := range names {
+			if n != labels.MetricName && n != AggrLabel && !seen[n] {
+				seen[n] = true
+				out = append(out, n)
+			}
+		}
+	}
+	parser.Inspect(expr, func(node parser.Node, _ []parser.Node) error {
+		switch n := node.(type) {
+		case *parser.VectorSelector:
+			for _, m := range n.LabelMatchers {
+				add(m.Name)
+			}
+		case *parser.AggregateExpr:
+			if !n.Without {
+				add(n.Grouping...)
+			}
+		case *parser.BinaryExpr:
+			if vm := n.VectorMatching; vm != nil {
+				if vm.On {
+					add(vm.MatchingLabels...)
+				}
+				add(vm.Include...)
+			}
+		case *parser.Call:
+			var args parser.Expressions // the arguments that are label names
+			switch n.Func.Name {
+			case "label_replace": // (v, dst, replacement, src, regex)
+				args = parser.Expressions{n.Args[1], n.Args[3]}
+			case "label_join": // (v, dst, separator, src...)
+				args = append(parser.Expressions{n.Args[1]}, n.Args[3:]...)
+			case "sort_by_label", "sort_by_label_desc": // (v, label...)
+				args = n.Args[1:]
+			}
+			for _, a := range args {
+				if s, ok := a.(*parser.StringLiteral); ok {
+					add(s.Val)
+				}
+			}
+		}
+		return nil
+	})
+	return out
+}

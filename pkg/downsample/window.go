@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/model/value"
+	"github.com/prometheus/prometheus/tsdb/chunkenc"
 	"github.com/prometheus/prometheus/util/kahansum"
 )
 
@@ -15,6 +16,31 @@ type sample struct {
 	f  float64
 	h  *histogram.Histogram
 	fh *histogram.FloatHistogram
+}
+
+// readSample is the point it is at (vt is what its Next returned).
+func readSample(it chunkenc.Iterator, vt chunkenc.ValueType) sample {
+	var s sample
+	switch vt {
+	case chunkenc.ValFloat:
+		s.t, s.f = it.At()
+	case chunkenc.ValHistogram:
+		s.t, s.h = it.AtHistogram(nil)
+	case chunkenc.ValFloatHistogram:
+		s.t, s.fh = it.AtFloatHistogram(nil)
+	}
+	return s
+}
+
+// out is s as a point of a buffered series (bufIterator).
+func (s *sample) out() outSample {
+	switch {
+	case s.h != nil:
+		return outSample{t: s.t, kind: chunkenc.ValHistogram, h: s.h}
+	case s.fh != nil:
+		return outSample{t: s.t, kind: chunkenc.ValFloatHistogram, fh: s.fh}
+	}
+	return outSample{t: s.t, kind: chunkenc.ValFloat, f: s.f}
 }
 
 func (s *sample) isHistogram() bool { return s.h != nil || s.fh != nil }

@@ -291,8 +291,10 @@ func (a *API) dedup(next http.Handler) http.Handler {
 // default) into its context for the bucket store's selects, and, for
 // PromQL queries of a tenant with downsampled blocks, rewrites
 // count_over_time and avg_over_time into sums of explicit aggregates
-// (downsample.Rewrite), which read downsampled and raw data alike. Queries of
-// tenants without downsampled data run as written.
+// (downsample.Rewrite), which read downsampled and raw data alike, and
+// records the labels the query names (a select that names a label folded in
+// downsampled data reads finer data). Queries of tenants without downsampled
+// data run as written.
 func (a *API) resolution(next http.Handler) http.Handler {
 	def, _ := downsample.ParseMaxSourceResolution(a.opts.Config.MaxSourceResolution) // validated
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -306,8 +308,11 @@ func (a *API) resolution(next http.Handler) http.Handler {
 		}
 		ctx := downsample.WithMaxSourceResolution(r.Context(), res)
 		if p := r.URL.Path; (strings.HasSuffix(p, "/query") || strings.HasSuffix(p, "/query_range")) && a.downsampled(ctx) {
-			if rq, changed, err := downsample.RewriteQuery(r.FormValue("query")); err == nil && changed {
-				r.Form.Set("query", rq) // FormValue parsed the form; the API reads r.Form
+			if rq, changed, named, err := downsample.Prepare(r.FormValue("query")); err == nil {
+				ctx = downsample.WithQueryLabels(ctx, named)
+				if changed {
+					r.Form.Set("query", rq) // FormValue parsed the form; the API reads r.Form
+				}
 			}
 		}
 		next.ServeHTTP(w, r.WithContext(ctx))

@@ -1,0 +1,65 @@
+package downsample
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/storage"
+)
+
+// The labels a query depends on decide whether data folded over pod can
+// answer it: a query that selects, groups, matches or relabels by pod must
+// read raw data where it exists; one that only aggregates pods away can read
+// the folded data.
+func TestLabelsNamed(t *testing.T) {
+	for q, want := range map[string][]string{
+		`avg(DCGM_FI_DEV_GPU_UTIL)`:                                          nil,
+		`max by (Hostname) (DCGM_FI_DEV_GPU_TEMP)`:                           {"Hostname"},
+		`sum without (pod) (DCGM_FI_DEV_POWER_USAGE)`:                        nil,
+		`DCGM_FI_DEV_GPU_UTIL{pod=~"train-.*"}`:                              {"pod"},
+		`count by (pod) (DCGM_FI_DEV_GPU_UTIL > 0)`:                          {"pod"},
+		`DCGM_FI_DEV_GPU_UTIL * on (UUID) group_left (pod) kube_pod_info`:    {"UUID", "pod"},
+		`label_replace(DCGM_FI_DEV_GPU_UTIL, "job", "$1", "pod", "(.*)-.*")`: {"job", "pod"},
+		`label_join(DCGM_FI_DEV_GPU_UTIL, "who", "/", "namespace", "pod")`:   {"who", "namespace", "pod"},
+		`rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="0"}[5m])`:            {"gpu"},
+	} {
+		_, _, got, err := Prepare(q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: named %q, want %q", q, got, want)
+		}
+	}
+}
+
+func TestNamesFolded(t *testing.T) {
+	pod := []string{"pod"}
+	m := func(n string) []*labels.Matcher {
+		return []*labels.Matcher{labels.MustNewMatcher(labels.MatchEqual, labels.MetricName, "DCGM_FI_DEV_GPU_UTIL"), labels.MustNewMatcher(labels.MatchRegexp, n, ".+")}
+	}
+	ctx := context.Background()
+	for _, c := range []struct {
+		what   string
+		ctx    context.Context
+		folded []string
+		h      *storage.SelectHints
+		ms     []*labels.Matcher
+		want   bool
+	}{
+		{"nothing folded", ctx, nil, nil, m("pod"), false},
+		{"matcher on pod", ctx, pod, nil, m("pod"), true},
+		{"matcher on gpu", ctx, pod, nil, m("gpu"), false},
+		{"by (pod)", ctx, pod, &storage.SelectHints{By: true, Grouping: pod}, m("gpu"), true},
+		{"without (pod)", ctx, pod, &storage.SelectHints{By: false, Grouping: pod}, m("gpu"), false},
+		{"query names pod", WithQueryLabels(ctx, []string{"UUID", "pod"}), pod, nil, m("gpu"), true},
+	} {
+		if got := NamesFolded(c.ctx, c.folded, c.h, c.ms); got != c.want {
+			t.Errorf("%s: %v, want %v", c.what, got, c.want)
+		}
+	}
+}
