@@ -181,6 +181,9 @@ type view struct {
 // queryState is what one query's readers of one block share.
 type queryState struct {
 	mint, maxt int64
+	// need, when set, says which chunks the select reads (stepWindows);
+	// the others are left out of the series' chunk lists.
+	need *stepWindows
 
 	smtx   sync.Mutex
 	series *window // series entries, read in ascending order
@@ -198,7 +201,7 @@ type queryState struct {
 
 func newView(ctx context.Context, b *bucketBlock, mint, maxt int64) view {
 	st := &queryState{
-		mint: mint, maxt: maxt,
+		mint: mint, maxt: maxt, need: neededWindows(ctx),
 		series:  &window{c: b.cache, o: b.index, maxPages: b.readahead, streaming: true},
 		syms:    map[uint32]string{},
 		symbols: &window{c: b.cache, o: b.index, maxPages: b.readahead},

@@ -887,6 +887,9 @@ func (r *indexReader) Series(ref storage.SeriesRef, builder *labels.ScratchBuild
 		}
 		return r.corrupt("read series %d: %v", ref, err)
 	}
+	if need := r.st.need; need != nil && chks != nil {
+		*chks = slices.DeleteFunc(*chks, func(c chunks.Meta) bool { return !need.overlaps(c.MinTime, c.MaxTime) })
+	}
 	return nil
 }
 

@@ -1,9 +1,12 @@
 package bucketstore
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/prometheus/prometheus/storage"
 
 	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/downsample"
@@ -116,4 +119,47 @@ func describe(segs []segment) string {
 		return ""
 	}
 	return fmt.Sprintf("gpustore: served from downsampled blocks: %v", parts)
+}
+
+// stepWindows are the times a range function's select reads when it is
+// evaluated at its hints' steps (downsample.WithSelectsAtSteps): the
+// windows [start + k·step, start + k·step + rng] for k ≥ 0 while the window
+// starts before end (closed, and a millisecond wider at the start, for the
+// downsampled points stored a millisecond before the raw time they stand
+// for: a chunk kept by mistake costs a read, one skipped by mistake a wrong
+// answer).
+type stepWindows struct{ start, end, step, rng int64 }
+
+// sparseWindows returns the windows of a select, or nil when it reads its
+// whole range (no step, no range, or steps no longer than the range).
+func sparseWindows(ctx context.Context, h *storage.SelectHints) *stepWindows {
+	if h == nil || h.Range <= 0 || h.Step <= h.Range || !downsample.SelectsAtSteps(ctx) {
+		return nil
+	}
+	return &stepWindows{start: h.Start - 1, end: h.End, step: h.Step, rng: h.Range + 1}
+}
+
+// overlaps says whether [mint, maxt] meets a window.
+func (w *stepWindows) overlaps(mint, maxt int64) bool {
+	// The first window that ends at or after mint.
+	k := int64(0)
+	if d := mint - w.start - w.rng; d > 0 {
+		k = (d + w.step - 1) / w.step
+	}
+	from := w.start + k*w.step
+	return from <= w.end && from <= maxt
+}
+
+type needKey struct{}
+
+func withNeededWindows(ctx context.Context, w *stepWindows) context.Context {
+	if w == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, needKey{}, w)
+}
+
+func neededWindows(ctx context.Context) *stepWindows {
+	w, _ := ctx.Value(needKey{}).(*stepWindows)
+	return w
 }

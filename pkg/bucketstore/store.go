@@ -508,6 +508,7 @@ func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.Se
 		maxRes = block.ResolutionRaw // where raw has expired, the folded data still answers
 	}
 	segs := plan(q.blocks, mint, maxt, maxRes, forcedRaw)
+	ctx = withNeededWindows(ctx, sparseWindows(ctx, hints))
 	sets := make([]storage.SeriesSet, 0, len(segs))
 	for _, sg := range segs {
 		if len(sg.blocks) == 0 {

@@ -116,8 +116,9 @@ func peakHeap(f func()) uint64 {
 	return peak.Load()
 }
 
-// BenchmarkDownsampleDCGM downsamples a day of the simulator's DCGM series
-// (2 nodes, 16 GPUs, 512 series, 15 s scrape) raw → 5m → 1h and reports
+// BenchmarkDownsampleDCGM downsamples a day of the simulator's series
+// (2 nodes, 16 GPUs, 15 s scrape), with pods kept and with the compactor's
+// default fold (pod on DCGM metrics), raw → 5m → 1h and reports
 // bytes per raw sample of each block (chunks + index + meta), the size of
 // the 5m and 1h blocks relative to raw, raw samples per second on one core,
 // and the peak heap of the raw → 5m step.
@@ -129,43 +130,54 @@ func BenchmarkDownsampleDCGM(b *testing.B) {
 	raw, samples := simBlock(b, filepath.Join(dir, "raw"), 2, day)
 	// The sample at exactly t0+24h is in the raw block too; windows (t0, t0+24h].
 	rawBytes := dirBytes(b, raw.Dir())
-	var st Stats
-	var peak uint64
-	var id5, id1 ulid.ULID
-	var busy time.Duration
-	b.ResetTimer()
-	for i := 0; b.Loop(); i++ {
-		out := filepath.Join(dir, "out", time.Now().Format("150405.000000000"))
-		peak = max(peak, peakHeap(func() {
-			began := time.Now()
-			defer func() { busy += time.Since(began) }()
-			u, s, err := Downsample(context.Background(), []tsdb.BlockReader{raw}, Config{
-				SourceResolution: ResRaw, Resolution: Res5m, Mint: t0, Maxt: t0 + day.Milliseconds(), Dir: out,
-			})
-			if err != nil {
-				b.Fatal(err)
-			}
-			st, id5 = s, u
-		}))
-		b5 := openBlock(b, filepath.Join(out, id5.String()))
-		u, _, err := Downsample(context.Background(), []tsdb.BlockReader{b5}, Config{
-			SourceResolution: Res5m, Resolution: Res1h, Mint: t0, Maxt: t0 + day.Milliseconds(), Dir: out,
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-		id1 = u
-		if i == 0 {
-			b5Bytes := dirBytes(b, filepath.Join(out, id5.String()))
-			b1Bytes := dirBytes(b, filepath.Join(out, id1.String()))
-			b.ReportMetric(float64(rawBytes)/float64(samples), "raw_bytes/sample")
-			b.ReportMetric(float64(b5Bytes)/float64(samples), "5m_bytes/raw_sample")
-			b.ReportMetric(float64(b1Bytes)/float64(samples), "1h_bytes/raw_sample")
-			b.ReportMetric(100*float64(b5Bytes)/float64(rawBytes), "5m_%_of_raw")
-			b.ReportMetric(100*float64(b1Bytes)/float64(rawBytes), "1h_%_of_raw")
-			b.Logf("raw %d samples, %d series, %d bytes; 5m %d bytes (%d points); 1h %d bytes", samples, st.InSeries, rawBytes, b5Bytes, st.OutSamples, b1Bytes)
-		}
+	podFold, err := NewFold([]string{"pod"}, "DCGM_.+") // the compactor's default
+	if err != nil {
+		b.Fatal(err)
 	}
-	b.ReportMetric(float64(st.InSamples)*float64(b.N)/busy.Seconds(), "raw_samples/s")
-	b.ReportMetric(float64(peak)/(1<<20), "peak_heap_MiB")
+	for _, c := range []struct {
+		name string
+		fold *Fold
+	}{{"pods-kept", nil}, {"pod-folded", podFold}} {
+		b.Run(c.name, func(b *testing.B) {
+			var st Stats
+			var peak uint64
+			var id5, id1 ulid.ULID
+			var busy time.Duration
+			for i := 0; b.Loop(); i++ {
+				out := filepath.Join(dir, "out", time.Now().Format("150405.000000000"))
+				peak = max(peak, peakHeap(func() {
+					began := time.Now()
+					defer func() { busy += time.Since(began) }()
+					u, s, err := Downsample(context.Background(), []tsdb.BlockReader{raw}, Config{
+						SourceResolution: ResRaw, Resolution: Res5m, Mint: t0, Maxt: t0 + day.Milliseconds(), Dir: out, Fold: c.fold,
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+					st, id5 = s, u
+				}))
+				b5 := openBlock(b, filepath.Join(out, id5.String()))
+				u, _, err := Downsample(context.Background(), []tsdb.BlockReader{b5}, Config{
+					SourceResolution: Res5m, Resolution: Res1h, Mint: t0, Maxt: t0 + day.Milliseconds(), Dir: out,
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				id1 = u
+				if i == 0 {
+					b5Bytes := dirBytes(b, filepath.Join(out, id5.String()))
+					b1Bytes := dirBytes(b, filepath.Join(out, id1.String()))
+					b.ReportMetric(float64(rawBytes)/float64(samples), "raw_bytes/sample")
+					b.ReportMetric(float64(b5Bytes)/float64(samples), "5m_bytes/raw_sample")
+					b.ReportMetric(float64(b1Bytes)/float64(samples), "1h_bytes/raw_sample")
+					b.ReportMetric(100*float64(b5Bytes)/float64(rawBytes), "5m_%_of_raw")
+					b.ReportMetric(100*float64(b1Bytes)/float64(rawBytes), "1h_%_of_raw")
+					b.Logf("raw %d samples, %d series, %d bytes; 5m %d series, %d bytes (%d points); 1h %d bytes",
+						samples, st.InSeries, rawBytes, st.OutSeries, b5Bytes, st.OutSamples, b1Bytes)
+				}
+			}
+			b.ReportMetric(float64(st.InSamples)*float64(b.N)/busy.Seconds(), "raw_samples/s")
+			b.ReportMetric(float64(peak)/(1<<20), "peak_heap_MiB")
+		})
+	}
 }

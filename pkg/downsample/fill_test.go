@@ -2,6 +2,8 @@ package downsample
 
 import (
 	"math"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/prometheus/prometheus/model/histogram"
@@ -54,6 +56,55 @@ func TestFillRepeatsWindowsForPlainSelectors(t *testing.T) {
 	}
 	if it.Seek(400*m) != chunkenc.ValNone || it.Next() != chunkenc.ValNone {
 		t.Fatal("seek past the end did not end the iterator")
+	}
+}
+
+// Seek lands where stepping with Next lands, for any target, from any
+// position: its jump over repeats keeps their grid and stops at real points,
+// gaps, markers and the [from, to] bounds.
+func TestFillSeekMatchesScan(t *testing.T) {
+	const m = 60_000
+	rng := rand.New(rand.NewPCG(7, 11))
+	var samples []chunks.Sample
+	for w := int64(1); w < 200; w++ {
+		switch rng.IntN(8) {
+		case 0: // a missing window
+			continue
+		case 1:
+			samples = append(samples, fSample{w*60*m - 1, math.Float64frombits(value.StaleNaN)})
+		default:
+			samples = append(samples, fSample{w*60*m - 1, float64(w)})
+		}
+	}
+	s := storage.NewListSeries(labels.FromStrings("a", "b"), samples)
+	from, to := int64(7*60*m), int64(190*60*m)
+	var all []int64 // what Next gives
+	for it := (filledSeries{Series: s, res: Res1h, from: from, to: to}).Iterator(nil); it.Next() != chunkenc.ValNone; {
+		all = append(all, it.AtT())
+	}
+	for round := 0; round < 200; round++ {
+		it := filledSeries{Series: s, res: Res1h, from: from, to: to}.Iterator(nil)
+		pos := -1 // index in all of the iterator's point
+		if rng.IntN(2) == 0 && it.Next() != chunkenc.ValNone {
+			pos = 0
+		}
+		for seek := int64(0); seek < 205*60*m; seek += rng.Int64N(40 * 60 * m) {
+			want := pos
+			if want < 0 || all[want] < seek {
+				want, _ = slices.BinarySearch(all, seek)
+			}
+			vt := it.Seek(seek)
+			if want >= len(all) {
+				if vt != chunkenc.ValNone {
+					t.Fatalf("seek(%d) = %d, want the end", seek, it.AtT())
+				}
+				break
+			}
+			if vt == chunkenc.ValNone || it.AtT() != all[want] {
+				t.Fatalf("seek(%d) from point %d: %v at %d, want %d", seek, pos, vt, it.AtT(), all[want])
+			}
+			pos = want
+		}
 	}
 }
 

@@ -25,10 +25,11 @@ func TestLabelsNamed(t *testing.T) {
 		`label_join(DCGM_FI_DEV_GPU_UTIL, "who", "/", "namespace", "pod")`:   {"who", "namespace", "pod"},
 		`rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="0"}[5m])`:            {"gpu"},
 	} {
-		_, _, got, err := Prepare(q)
+		pq, err := Prepare(q)
 		if err != nil {
 			t.Fatal(err)
 		}
+		got := pq.Labels
 		slices.Sort(got)
 		slices.Sort(want)
 		if !slices.Equal(got, want) {
@@ -60,6 +61,26 @@ func TestNamesFolded(t *testing.T) {
 	} {
 		if got := NamesFolded(c.ctx, c.folded, c.h, c.ms); got != c.want {
 			t.Errorf("%s: %v, want %v", c.what, got, c.want)
+		}
+	}
+}
+
+// Only a query whose selectors are all evaluated at the request's steps
+// lets the bucket store read just the steps' windows.
+func TestPrepareAtSteps(t *testing.T) {
+	for q, want := range map[string]bool{
+		`rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m])`:                       true,
+		`max_over_time(DCGM_FI_DEV_GPU_TEMP[10m] offset 1h) > 80`:              true,
+		`max_over_time(rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m])[1h:5m])`: false,
+		`rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m] @ 1767225600)`:          false,
+		`rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m] @ end())`:               false,
+	} {
+		pq, err := Prepare(q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pq.AtSteps != want {
+			t.Errorf("%s: AtSteps %v, want %v", q, pq.AtSteps, want)
 		}
 	}
 }

@@ -92,19 +92,42 @@ func RewriteQuery(qs string) (string, bool, error) {
 	return expr.String(), true, nil
 }
 
-// Prepare parses a query for the bucket store: its Rewrite, and the label
-// names it uses (LabelsNamed), which decide whether downsampled data whose
-// series were folded over a label (Fold) can answer it.
-func Prepare(qs string) (rewritten string, changed bool, named []string, err error) {
+// Prepared is what the bucket store needs to know of a query, from Prepare.
+type Prepared struct {
+	// Query is the query to run: Rewrite's, when Rewritten.
+	Query     string
+	Rewritten bool
+	// Labels are the label names it uses (LabelsNamed), which decide
+	// whether downsampled data whose series were folded (Fold) can answer.
+	Labels []string
+	// AtSteps: every selector is evaluated at the request's steps only (no
+	// subquery, no @ modifier), so a select's hints say which times it reads
+	// (see WithSelectsAtSteps).
+	AtSteps bool
+}
+
+// Prepare parses a query for the bucket store.
+func Prepare(qs string) (Prepared, error) {
 	expr, err := parser.NewParser(parser.Options{}).ParseExpr(qs)
 	if err != nil {
-		return qs, false, nil, err
+		return Prepared{Query: qs}, err
 	}
-	named = LabelsNamed(expr)
-	if expr, changed = Rewrite(expr); changed {
-		qs = expr.String()
+	p := Prepared{Query: qs, Labels: LabelsNamed(expr), AtSteps: true}
+	parser.Inspect(expr, func(node parser.Node, _ []parser.Node) error {
+		switch n := node.(type) {
+		case *parser.SubqueryExpr:
+			p.AtSteps = false
+		case *parser.VectorSelector:
+			if n.Timestamp != nil || n.StartOrEnd != 0 {
+				p.AtSteps = false
+			}
+		}
+		return nil
+	})
+	if expr, p.Rewritten = Rewrite(expr); p.Rewritten {
+		p.Query = expr.String()
 	}
-	return qs, changed, named, nil
+	return p, nil
 }
 
 // LabelsNamed lists the label names a query depends on besides the metric

@@ -293,8 +293,10 @@ func (a *API) dedup(next http.Handler) http.Handler {
 // count_over_time and avg_over_time into sums of explicit aggregates
 // (downsample.Rewrite), which read downsampled and raw data alike, and
 // records the labels the query names (a select that names a label folded in
-// downsampled data reads finer data). Queries of tenants without downsampled
-// data run as written.
+// downsampled data reads finer data) and whether its selects are evaluated
+// at the request's steps only (the bucket store then reads only the chunks
+// the steps' windows need). Queries of tenants without downsampled data run
+// as written.
 func (a *API) resolution(next http.Handler) http.Handler {
 	def, _ := downsample.ParseMaxSourceResolution(a.opts.Config.MaxSourceResolution) // validated
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -308,10 +310,13 @@ func (a *API) resolution(next http.Handler) http.Handler {
 		}
 		ctx := downsample.WithMaxSourceResolution(r.Context(), res)
 		if p := r.URL.Path; (strings.HasSuffix(p, "/query") || strings.HasSuffix(p, "/query_range")) && a.downsampled(ctx) {
-			if rq, changed, named, err := downsample.Prepare(r.FormValue("query")); err == nil {
-				ctx = downsample.WithQueryLabels(ctx, named)
-				if changed {
-					r.Form.Set("query", rq) // FormValue parsed the form; the API reads r.Form
+			if pq, err := downsample.Prepare(r.FormValue("query")); err == nil {
+				ctx = downsample.WithQueryLabels(ctx, pq.Labels)
+				if pq.AtSteps && strings.HasSuffix(p, "/query_range") {
+					ctx = downsample.WithSelectsAtSteps(ctx)
+				}
+				if pq.Rewritten {
+					r.Form.Set("query", pq.Query) // FormValue parsed the form; the API reads r.Form
 				}
 			}
 		}
