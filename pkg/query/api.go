@@ -288,15 +288,14 @@ func (a *API) dedup(next http.Handler) http.Handler {
 }
 
 // resolution puts the request's max_source_resolution (or the configured
-// default) into its context for the bucket store's selects, and, for
-// PromQL queries of a tenant with downsampled blocks, rewrites
+// default) into its context for the bucket store's selects, and parses a
+// PromQL query once (downsample.Prepare) to record whether its selects are
+// evaluated at the request's steps only (the bucket store then reads only
+// the chunks the steps' windows need) and, for a tenant with downsampled
+// blocks, the labels it names (a select that names a label folded in
+// downsampled data reads finer data); for such a tenant it also rewrites
 // count_over_time and avg_over_time into sums of explicit aggregates
-// (downsample.Rewrite), which read downsampled and raw data alike, and
-// records the labels the query names (a select that names a label folded in
-// downsampled data reads finer data) and whether its selects are evaluated
-// at the request's steps only (the bucket store then reads only the chunks
-// the steps' windows need). Queries of tenants without downsampled data run
-// as written.
+// (downsample.Rewrite), which read downsampled and raw data alike.
 func (a *API) resolution(next http.Handler) http.Handler {
 	def, _ := downsample.ParseMaxSourceResolution(a.opts.Config.MaxSourceResolution) // validated
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -309,14 +308,17 @@ func (a *API) resolution(next http.Handler) http.Handler {
 			}
 		}
 		ctx := downsample.WithMaxSourceResolution(r.Context(), res)
-		if p := r.URL.Path; (strings.HasSuffix(p, "/query") || strings.HasSuffix(p, "/query_range")) && a.downsampled(ctx) {
+		p := r.URL.Path
+		if strings.HasSuffix(p, "/query") || strings.HasSuffix(p, "/query_range") {
 			if pq, err := downsample.Prepare(r.FormValue("query")); err == nil {
-				ctx = downsample.WithQueryLabels(ctx, pq.Labels)
 				if pq.AtSteps && strings.HasSuffix(p, "/query_range") {
 					ctx = downsample.WithSelectsAtSteps(ctx)
 				}
-				if pq.Rewritten {
-					r.Form.Set("query", pq.Query) // FormValue parsed the form; the API reads r.Form
+				if a.downsampled(ctx) {
+					ctx = downsample.WithQueryLabels(ctx, pq.Labels)
+					if pq.Rewritten {
+						r.Form.Set("query", pq.Query) // FormValue parsed the form; the API reads r.Form
+					}
 				}
 			}
 		}
