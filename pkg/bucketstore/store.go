@@ -481,13 +481,15 @@ func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt, f
 			}
 			return nil, err
 		}
+		var bv storage.Querier
 		if res := b.meta.GPUStore.Downsample.Resolution; res == block.ResolutionRaw {
-			qs = append(qs, downsample.NewRawQuerier(bq))
+			bv = downsample.NewRawQuerier(bq)
 		} else {
-			qs = append(qs, downsample.NewQuerier(bq, res, from, to))
+			bv = downsample.NewQuerier(bq, res, from, to)
 		}
+		qs = append(qs, spanQuerier{Querier: bv, lo: lo, hi: hi})
 	}
-	return storage.NewMergeQuerier(qs, nil, storage.ChainedSeriesMerge), nil
+	return storage.NewMergeQuerier(qs, nil, mergeSpans), nil
 }
 
 // Select reads each segment of the hinted range (plan) from its blocks,
