@@ -11,6 +11,7 @@ require (
 	github.com/grafana/dskit v0.0.0-20260703122047-de1ec7541c44
 	github.com/grafana/grafana-foundation-sdk/go v0.0.22
 	github.com/json-iterator/go v1.1.12
+	github.com/klauspost/compress v1.20.3
 	github.com/moby/buildkit v0.32.2
 	github.com/oklog/ulid/v2 v2.1.2
 	github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring v0.92.1
@@ -175,7 +176,6 @@ require (
 	github.com/jmespath/go-jmespath v0.4.0 // indirect
 	github.com/jpillora/backoff v1.0.0 // indirect
 	github.com/julienschmidt/httprouter v1.3.0 // indirect
-	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/klauspost/cpuid/v2 v2.2.10 // indirect
 	github.com/knadh/koanf/maps v0.1.3 // indirect
 	github.com/knadh/koanf/providers/confmap v1.0.1 // indirect

@@ -241,10 +241,11 @@ func (a *API) RegisterRoutes(mux *http.ServeMux) {
 	if a.opts.Frontend != nil {
 		api = a.opts.Frontend(api)
 	}
-	mux.Handle("/api/v1/", boundSubqueries(a.tenant(api)))
-	mux.Handle("/api/v1/metadata", a.tenant(http.HandlerFunc(a.metadata)))
-	mux.Handle("/api/v1/status/tsdb", a.tenant(http.HandlerFunc(a.tsdbStatus)))
-	mux.Handle("/api/v1/status/tsdb/blocks", a.tenant(http.HandlerFunc(a.tsdbBlocks)))
+	compress := answerCompression()
+	mux.Handle("/api/v1/", compress(boundSubqueries(a.tenant(api))))
+	mux.Handle("/api/v1/metadata", compress(a.tenant(http.HandlerFunc(a.metadata))))
+	mux.Handle("/api/v1/status/tsdb", compress(a.tenant(http.HandlerFunc(a.tsdbStatus))))
+	mux.Handle("/api/v1/status/tsdb/blocks", compress(a.tenant(http.HandlerFunc(a.tsdbBlocks))))
 }
 
 // tenant puts the request's tenant into its context (dskit's user package,
