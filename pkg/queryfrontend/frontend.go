@@ -185,11 +185,19 @@ type plan struct {
 	ooo    time.Duration
 }
 
+// minPiecesUncached is the fewest day pieces worth splitting a request into
+// when no cache is filled (no-store, or the cache off): the pieces then pay
+// only by running in parallel, and each runs the engine, opens the blocks
+// and encodes JSON again. A day-crossing 24 h panel (two pieces, often very
+// unequal) answered whole took 14.3-16.1 ms at p50 against 16.4-19.0 ms split;
+// a 7-day one (eight pieces) 26.9-32.4 ms whole against 22.8-24.0 split.
+const minPiecesUncached = 3
+
 func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, next http.Handler, req *rangeRequest, tenantID string) {
 	pieces := split(req.start, req.end, req.step)
 	useCache := f.cache != nil && !req.noStore
-	if len(pieces) == 1 && !useCache {
-		f.requests.WithLabelValues("pass_one_piece").Inc()
+	if !useCache && len(pieces) < minPiecesUncached {
+		f.requests.WithLabelValues("pass_few_pieces").Inc()
 		next.ServeHTTP(w, r)
 		return
 	}

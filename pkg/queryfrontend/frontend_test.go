@@ -381,6 +381,32 @@ func TestMidnightSplit(t *testing.T) {
 	}
 }
 
+// Without a cache to fill (no-store), a request is split only into enough
+// day pieces to gain from running them in parallel: a day-crossing 24 h
+// panel is answered whole, a 3-day one split; both answer as the API does.
+func TestUncachedSplitOnlyIntoManyPieces(t *testing.T) {
+	s := newStack(t, 3, nil)
+	const q = `avg by (gpu) (rate(energy_total[5m]))`
+	end := s.now.UTC().Truncate(24 * time.Hour).Add(7 * time.Hour) // a 24 h range crosses one midnight
+	if end.After(s.now) {
+		end = end.Add(-24 * time.Hour)
+	}
+	for _, c := range []struct {
+		span  time.Duration
+		split bool
+	}{{24 * time.Hour, false}, {60 * time.Hour, true}} {
+		before := testutil.ToFloat64(s.fe.requests.WithLabelValues("split"))
+		start := end.Add(-c.span)
+		got := rangeQuery(t, s.front, q, start, end, 5*time.Minute, "Cache-Control", "no-store")
+		if diff := same(got, rangeQuery(t, s.direct, q, start, end, 5*time.Minute)); diff != "" {
+			t.Fatalf("%s: %s", c.span, diff)
+		}
+		if split := testutil.ToFloat64(s.fe.requests.WithLabelValues("split")) > before; split != c.split {
+			t.Errorf("%s without the cache: split %v, want %v", c.span, split, c.split)
+		}
+	}
+}
+
 // Out-of-order samples written after an answer was cached show in the next
 // answer: inside max freshness, and older than it but inside the tenant's
 // out-of-order window (the frontend caches only steps older than both).
