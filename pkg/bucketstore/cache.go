@@ -304,16 +304,20 @@ func (c *PageCache) Drop(objects map[string]struct{}) {
 // fetching the following run in the background, so while PromQL iterates
 // over one block the next pages of every other block are already on their
 // way (the blocks' fetches overlap instead of queueing behind each other).
-// A window holds at most two runs (the query's own memory, not the cache's).
+// A window holds at most two runs, as the cache's own pages: a read within
+// one page is a slice of it, and only a read across a page boundary (a few
+// in a hundred for chunks and series entries) is copied. (Joining each run
+// into one buffer cost a 24-hour dashboard query 4.4 MB of copies, over half
+// of what it allocated.)
 type window struct {
 	c         *PageCache
 	o         object
 	maxPages  int64
 	streaming bool
 
-	buf   []byte
-	start int64
-	ra    int64 // pages of the next run
+	pages [][]byte // the run, pages of c.pageSize bytes (the object's last may be shorter)
+	start int64    // offset of pages[0]
+	ra    int64    // pages of the next run
 	next  *prefetch
 	// limit, when set, is where the reader knows its reads end: nothing
 	// past it is read ahead.
@@ -323,21 +327,54 @@ type window struct {
 type prefetch struct {
 	start, end int64
 	done       chan struct{}
-	buf        []byte
+	pages      [][]byte
 	err        error
 }
 
+// runEnd is the offset just past the run.
+func (w *window) runEnd() int64 {
+	return min(w.o.size, w.start+int64(len(w.pages))*w.c.pageSize)
+}
+
 func (w *window) has(start, end int64) bool {
-	return w.buf != nil && start >= w.start && end <= w.start+int64(len(w.buf))
+	return w.pages != nil && start >= w.start && end <= w.runEnd()
 }
 
+// slice returns bytes [start, end) of the run, capped so that nothing can
+// append into a cached page.
 func (w *window) slice(start, end int64) []byte {
-	return w.buf[start-w.start : end-w.start : end-w.start]
+	ps := w.c.pageSize
+	if end <= start {
+		return []byte{}
+	}
+	first, last := (start-w.start)/ps, (end-1-w.start)/ps
+	if first == last {
+		off := w.start + first*ps
+		return w.pages[first][start-off : end-off : end-off]
+	}
+	out := make([]byte, 0, end-start)
+	for i := first; i <= last; i++ {
+		off := w.start + i*ps
+		out = append(out, w.pages[i][max(start, off)-off:min(end, off+int64(len(w.pages[i])))-off]...)
+	}
+	return out
 }
 
+// read returns bytes [start, end) of the object.
 func (w *window) read(ctx context.Context, start, end int64) ([]byte, error) {
-	if w.has(start, end) {
-		return w.slice(start, end), nil
+	if err := w.load(ctx, start, end); err != nil {
+		return nil, err
+	}
+	return w.slice(start, end), nil
+}
+
+// load makes the window hold bytes [start, end) of the object.
+func (w *window) load(ctx context.Context, start, end int64) error {
+	if start < 0 || end > w.o.size || start > end {
+		return fmt.Errorf("read %s: range [%d,%d) outside object of %d bytes", w.o.name, start, end, w.o.size)
+	}
+	if start == end || w.has(start, end) {
+		return nil
 	}
 	ps := w.c.pageSize
 	if p := w.next; p != nil && start >= p.start && end <= p.end {
@@ -345,17 +382,17 @@ func (w *window) read(ctx context.Context, start, end int64) ([]byte, error) {
 		select {
 		case <-p.done:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		}
 		if p.err == nil {
-			w.buf, w.start = p.buf, p.start
+			w.pages, w.start = p.pages, p.start
 			w.ra = min(w.maxPages, 2*w.ra)
 			w.prefetchNext(ctx)
-			return w.slice(start, end), nil
+			return nil
 		}
 		// Read again below: the error is reported for this read.
 	}
-	sequential := w.buf != nil && start >= w.start && start <= w.start+int64(len(w.buf))+ps
+	sequential := w.pages != nil && start >= w.start && start <= w.runEnd()+ps
 	switch {
 	case !sequential || w.ra == 0:
 		w.ra = 1
@@ -363,20 +400,16 @@ func (w *window) read(ctx context.Context, start, end int64) ([]byte, error) {
 		w.ra = min(w.maxPages, 2*w.ra)
 	}
 	ws := start / ps * ps
-	we := min(w.end(), ws+w.ra*ps)
-	if r := we % ps; r != 0 && we < w.o.size {
-		we += ps - r // whole pages
-	}
-	we = min(w.o.size, max(end, we))
-	b, err := w.c.Range(ctx, w.o, ws, we)
+	we := min(w.o.size, max(end, min(w.end(), ws+w.ra*ps)))
+	pages, err := w.c.getPages(ctx, w.o, ws/ps, (max(we, ws+1)-1)/ps)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	w.buf, w.start = b, ws
+	w.pages, w.start = pages, ws
 	if w.streaming && sequential {
 		w.prefetchNext(ctx)
 	}
-	return w.slice(start, end), nil
+	return nil
 }
 
 func (w *window) end() int64 {
@@ -388,18 +421,17 @@ func (w *window) end() int64 {
 
 // prefetchNext starts fetching the run after the current one.
 func (w *window) prefetchNext(ctx context.Context) {
-	s := w.start + int64(len(w.buf))
+	s := w.runEnd()
 	if s >= w.end() {
 		return
 	}
 	e := min(w.end(), s+w.ra*w.c.pageSize)
-	if r := e % w.c.pageSize; r != 0 && e < w.o.size {
-		e = min(w.o.size, e+w.c.pageSize-r)
-	}
-	p := &prefetch{start: s, end: e, done: make(chan struct{})}
+	p := &prefetch{start: s, done: make(chan struct{})}
+	first, last := s/w.c.pageSize, (e-1)/w.c.pageSize
+	p.end = min(w.o.size, (last+1)*w.c.pageSize)
 	w.next = p
 	go func() {
-		p.buf, p.err = w.c.Range(ctx, w.o, p.start, p.end)
+		p.pages, p.err = w.c.getPages(ctx, w.o, first, last)
 		close(p.done)
 	}()
 }

@@ -423,7 +423,7 @@ func (r *indexReader) lookupSymbol(_ context.Context, o uint32) (string, error) 
 	)
 	if tableLen := r.h.symEnd - r.h.symStart; tableLen <= r.b.readahead*r.b.cache.pageSize {
 		// A small table: the window holds all of it after the first lookup.
-		if _, err = r.st.symbols.read(r.ctx, r.h.symStart, r.h.symEnd); err == nil {
+		if err = r.st.symbols.load(r.ctx, r.h.symStart, r.h.symEnd); err == nil {
 			b, err = r.st.symbols.read(r.ctx, start, end)
 		}
 	} else {
