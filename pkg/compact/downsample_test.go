@@ -198,6 +198,26 @@ func downsampleChecks(r string) []downsampleCheck {
 	}
 }
 
+// rawDownsampleAnswers records the raw answers of the 5m and 1h checks
+// (downsampleChecks) over [start, end] at a 1h step.
+func rawDownsampleAnswers(t *testing.T, qurl, tenant string, start, end time.Time) map[string]seriesPoints {
+	t.Helper()
+	raw := map[string]seriesPoints{}
+	for _, r := range []string{"5m", "1h"} {
+		rawAnswers(t, qurl, tenant, raw, r, downsampleChecks(r), start, end, time.Hour)
+	}
+	return raw
+}
+
+// compareDownsampleChecks compares the 5m and 1h checks, each read at its
+// resolution, with the raw answers of rawDownsampleAnswers.
+func compareDownsampleChecks(t *testing.T, when, qurl, tenant string, raw map[string]seriesPoints, start, end time.Time, interval time.Duration) {
+	t.Helper()
+	for _, r := range []string{"5m", "1h"} {
+		compareChecks(t, when, qurl, tenant, raw, r, downsampleChecks(r), start, end, time.Hour, interval, r)
+	}
+}
+
 // rawAnswers puts into raw the raw answers of checks (key r+query) and the
 // sample counts their counter tolerances need (key r+"count "+metric).
 func rawAnswers(t *testing.T, qurl, tenant string, raw map[string]seriesPoints, r string, checks []downsampleCheck, start, end time.Time, step time.Duration) {
@@ -345,10 +365,7 @@ func TestDownsampledQueriesMatchRaw(t *testing.T) {
 	}
 	// Two whole days: finished, so downsampled at both resolutions.
 	start, end := sl.Start.Add(time.Hour), sl.Start.Add(2*day)
-	raw := map[string]seriesPoints{}
-	for _, r := range []string{"5m", "1h"} {
-		rawAnswers(t, qurl, "dq", raw, r, downsampleChecks(r), start, end, time.Hour)
-	}
+	raw := rawDownsampleAnswers(t, qurl, "dq", start, end)
 
 	cfg := testConfig()
 	cfg.Downsample = true
@@ -358,9 +375,7 @@ func TestDownsampledQueriesMatchRaw(t *testing.T) {
 		t.Fatal(err)
 	}
 	compareAll := func(when string) {
-		for _, r := range []string{"5m", "1h"} {
-			compareChecks(t, when, qurl, "dq", raw, r, downsampleChecks(r), start, end, time.Hour, sl.Interval, r)
-		}
+		compareDownsampleChecks(t, when, qurl, "dq", raw, start, end, sl.Interval)
 	}
 	compareAll("raw kept")
 

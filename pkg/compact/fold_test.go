@@ -33,10 +33,7 @@ func TestFoldedDownsamplingAnswersLikeRawWithoutPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	start, end := sl.Start.Add(time.Hour), sl.Start.Add(2*day)
-	raw := map[string]seriesPoints{}
-	for _, r := range []string{"5m", "1h"} {
-		rawAnswers(t, qurl, "truth", raw, r, downsampleChecks(r), start, end, time.Hour)
-	}
+	raw := rawDownsampleAnswers(t, qurl, "truth", start, end)
 	const byPod = "count by (pod) (DCGM_FI_DEV_GPU_UTIL)"
 	podRaw, _ := queryRange(t, qurl, "fold", byPod, start, end, 40*time.Minute, "raw")
 
@@ -67,9 +64,7 @@ func TestFoldedDownsamplingAnswersLikeRawWithoutPods(t *testing.T) {
 		t.Errorf("5m data folded over pod has %d series against raw's %d: want a quarter or less", series[downsample.Res5m], series[block.ResolutionRaw])
 	}
 
-	for _, r := range []string{"5m", "1h"} {
-		compareChecks(t, "folded", qurl, "fold", raw, r, downsampleChecks(r), start, end, time.Hour, sl.Interval, r)
-	}
+	compareDownsampleChecks(t, "folded", qurl, "fold", raw, start, end, sl.Interval)
 
 	// Auto resolution at a week-long panel's step: a query by pod reads raw
 	// (and answers as before), one that aggregates pods away reads 5m data.
