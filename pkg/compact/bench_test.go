@@ -191,10 +191,16 @@ func BenchmarkLongRangeOverview(b *testing.B) {
 	if v, err := time.ParseDuration(os.Getenv("GPUSTORE_BENCH_INTERVAL")); err == nil && v > 0 {
 		sl.Interval = v
 	}
-	dir := filepath.Join(os.TempDir(), fmt.Sprintf("gpustore-compact-bench-%dn-%s-%s", sl.Nodes, sl.Duration, sl.Interval))
+	// The panels read the slice; the blocks go on for a few hours past it,
+	// as a running receiver's do: the compactor downsamples only blocks that
+	// newer ones follow, so without them the slice's last 2 days would stay
+	// raw and its last 14 days have no 1h data, which no running store has.
+	written := sl
+	written.Duration += 6 * time.Hour
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("gpustore-compact-bench-%dn-%s-%s", written.Nodes, written.Duration, written.Interval))
 	if _, err := os.Stat(filepath.Join(dir, "complete")); err != nil {
 		_ = os.RemoveAll(dir)
-		sl.write(b, filepath.Join(dir, "blocks"))
+		written.write(b, filepath.Join(dir, "blocks"))
 		if err := os.WriteFile(filepath.Join(dir, "complete"), nil, 0o644); err != nil {
 			b.Fatal(err)
 		}

@@ -44,15 +44,19 @@ func MaxSourceResolution(ctx context.Context) int64 {
 }
 
 // MaxResolution is the coarsest resolution a Select may read. An explicit
-// max_source_resolution wins. Auto picks the coarsest resolution that is at
-// most a fifth of the query's step (as Thanos does: several windows per
-// step, so that downsampled data is read only where it saves most of the
-// points; Grafana asks for a few hundred points per panel, so a 24-hour
-// panel's ~6 min step reads raw, a 7-day panel's ~40 min step 5m data and a
-// year's ~35 h step 1h data) and no coarser than the function's range (so
-// that every range holds whole windows: rate(x[5m]) reads at most 5m data).
-// Selects without a step (instant queries, series and label lookups) read
-// raw.
+// max_source_resolution wins. Auto picks, for a range function, the
+// coarsest resolution that is at most a fifth of the query's step (as Thanos
+// does: several windows per step, so that downsampled data is read only
+// where it saves most of the points) and no coarser than the function's
+// range (so that every range holds whole windows: rate(x[5m]) reads at most
+// 5m data). A plain selector reads one point per step whatever the
+// resolution, the average of the window before it, so it may read up to
+// half the step: each step still reads its own window, and a coarser window
+// stands for more of the step it is drawn for. Grafana asks for about 250
+// points per panel, so a 24-hour panel's ~6 min step reads raw, a 7-day
+// panel's ~40 min step 5m data and a 30-day panel's ~3 h step 1h data for
+// its plain selectors (5m for its range functions). Selects without a step
+// (instant queries, series and label lookups) read raw.
 //
 // This is the most a Select may read, not what it gets: where no block of
 // that resolution covers a time range, finer data answers, and where only
@@ -65,9 +69,9 @@ func MaxResolution(ctx context.Context, h *storage.SelectHints) int64 {
 	if h == nil || h.Step <= 0 {
 		return ResRaw
 	}
-	limit := h.Step / 5
+	limit := h.Step / 2
 	if h.Range > 0 {
-		limit = min(limit, h.Range)
+		limit = min(h.Step/5, h.Range)
 	}
 	for _, r := range []int64{Res1h, Res5m} {
 		if r <= limit {
