@@ -38,6 +38,7 @@ import (
 
 	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/downsample"
+	"github.com/gpustore/gpustore/pkg/seriesset"
 )
 
 // Config is the bucket store's configuration.
@@ -489,7 +490,7 @@ func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt, f
 		}
 		qs = append(qs, spanQuerier{Querier: bv, lo: lo, hi: hi})
 	}
-	return storage.NewMergeQuerier(qs, nil, mergeSpans), nil
+	return seriesset.NewMergeQuerier(qs, mergeSpans), nil
 }
 
 // Select reads each segment of the hinted range (plan) from its blocks,
@@ -553,7 +554,7 @@ func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.Se
 	case 1:
 		set = sets[0]
 	default:
-		set = storage.NewMergeSeriesSet(sets, 0, storage.ChainedSeriesMerge)
+		set = seriesset.NewMergeSeriesSet(sets, storage.ChainedSeriesMerge)
 	}
 	if info := describe(segs); info != "" {
 		return withInfo{SeriesSet: set, info: info}

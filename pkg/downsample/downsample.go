@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
 
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/seriesset"
 )
 
 // Source is gpustore.source in the meta.json of a downsampled block.
@@ -111,7 +112,7 @@ func Downsample(ctx context.Context, sources []tsdb.BlockReader, cfg Config) (ul
 		queriers = append(queriers, q)
 		srcMetas = append(srcMetas, b.Meta())
 	}
-	q := storage.NewMergeQuerier(queriers, nil, storage.ChainedSeriesMerge)
+	q := seriesset.NewMergeQuerier(queriers, storage.ChainedSeriesMerge)
 	defer q.Close()
 
 	w := &writer{bw: bw}

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/prometheus/storage"
 
 	"github.com/gpustore/gpustore/pkg/downsample"
+	"github.com/gpustore/gpustore/pkg/seriesset"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
@@ -134,7 +135,7 @@ func (q TenantQueryable) openQuerier(tenantID string, mint, maxt int64) (storage
 	case 1:
 		return qs[0], nil
 	}
-	return storage.NewMergeQuerier(qs, nil, storage.ChainedSeriesMerge), nil
+	return seriesset.NewMergeQuerier(qs, storage.ChainedSeriesMerge), nil
 }
 
 // openChunkQuerier is openQuerier for chunk queries.
