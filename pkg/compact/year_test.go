@@ -125,9 +125,9 @@ func yearRangeChecks(r string) []downsampleCheck {
 // server, compacted and downsampled by the compactor with its defaults (pod
 // folded), raw retention (30 days) expired; then Grafana's requests (auto
 // resolution) for the cluster-overview panels and the GPU recording rules
-// over the last 30 days (a 3h step: 1h data for plain selectors, 5m for
-// range functions over 5m) and the whole year (a 1d step: 1h data) answer, from downsampled data, what raw data without pod labels
-// answers.
+// over 30 days (a 3h step: 1h data for plain selectors, 5m for range
+// functions over 5m) and the whole year (a 1d step: 1h data) answer, from
+// downsampled data, what raw data without pod labels answers.
 func TestYearOfDownsampledData(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a year of data: not in -short")
