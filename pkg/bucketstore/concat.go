@@ -9,6 +9,8 @@ import (
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
+
+	"github.com/gpustore/gpustore/pkg/seriesset"
 )
 
 // A series of a long range is read from many blocks of one resolution (a
@@ -56,14 +58,14 @@ func mergeSpans(series ...storage.Series) storage.Series {
 	for _, s := range series {
 		p, ok := s.(spanSeries)
 		if !ok {
-			return storage.ChainedSeriesMerge(series...)
+			return seriesset.ChainedSeriesMerge(series...)
 		}
 		pieces = append(pieces, p)
 	}
 	slices.SortFunc(pieces, func(a, b spanSeries) int { return cmp.Compare(a.lo, b.lo) })
 	for i := 1; i < len(pieces); i++ {
 		if pieces[i].lo <= pieces[i-1].hi {
-			return storage.ChainedSeriesMerge(series...)
+			return seriesset.ChainedSeriesMerge(series...)
 		}
 	}
 	return concatSeries{pieces: pieces}

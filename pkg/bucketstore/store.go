@@ -554,7 +554,7 @@ func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.Se
 	case 1:
 		set = sets[0]
 	default:
-		set = seriesset.NewMergeSeriesSet(sets, storage.ChainedSeriesMerge)
+		set = seriesset.NewMergeSeriesSet(sets, seriesset.ChainedSeriesMerge)
 	}
 	if info := describe(segs); info != "" {
 		return withInfo{SeriesSet: set, info: info}

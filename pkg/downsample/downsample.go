@@ -112,7 +112,7 @@ func Downsample(ctx context.Context, sources []tsdb.BlockReader, cfg Config) (ul
 		queriers = append(queriers, q)
 		srcMetas = append(srcMetas, b.Meta())
 	}
-	q := seriesset.NewMergeQuerier(queriers, storage.ChainedSeriesMerge)
+	q := seriesset.NewMergeQuerier(queriers, seriesset.ChainedSeriesMerge)
 	defer q.Close()
 
 	w := &writer{bw: bw}

@@ -11,6 +11,8 @@ import (
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
 	"github.com/prometheus/prometheus/util/annotations"
+
+	"github.com/gpustore/gpustore/pkg/seriesset"
 )
 
 // View is how a selector reads a downsampled series. Every view answers for
@@ -307,7 +309,7 @@ func gaugeSeries(view View, base labels.Labels, comps map[string]storage.Series)
 	case old == nil:
 		return packedSeries{lset: base, s: p, view: view}
 	}
-	return storage.ChainedSeriesMerge(packedSeries{lset: base, s: p, view: view}, old)
+	return seriesset.ChainedSeriesMerge(packedSeries{lset: base, s: p, view: view}, old)
 }
 
 type relabeled struct {

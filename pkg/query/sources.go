@@ -135,7 +135,7 @@ func (q TenantQueryable) openQuerier(tenantID string, mint, maxt int64) (storage
 	case 1:
 		return qs[0], nil
 	}
-	return seriesset.NewMergeQuerier(qs, storage.ChainedSeriesMerge), nil
+	return seriesset.NewMergeQuerier(qs, seriesset.ChainedSeriesMerge), nil
 }
 
 // openChunkQuerier is openQuerier for chunk queries.

@@ -7,6 +7,8 @@ import (
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
+
+	"github.com/gpustore/gpustore/pkg/seriesset"
 )
 
 // receivedSeries is one series as one receiver streamed it: the frames it
@@ -26,7 +28,7 @@ func (s *receivedSeries) Iterator(it chunkenc.Iterator) chunkenc.Iterator {
 		return s.parts[0].Iterator(it)
 	}
 	// Frames follow each other in time: the chain never has to merge.
-	return storage.ChainSampleIteratorFromSeries(it, s.parts)
+	return seriesset.ChainSampleIterator(it, s.parts)
 }
 
 // encodedChunks is what the remote-read client's streamed series expose of
@@ -94,5 +96,5 @@ next:
 		return distinct[0]
 	}
 	s.replicas.merged.Add(float64(len(distinct)))
-	return storage.ChainedSeriesMerge(distinct...)
+	return seriesset.ChainedSeriesMerge(distinct...)
 }

@@ -9,6 +9,10 @@
 // segment's blocks beside another segment) builds each series several
 // times over before anyone reads it. The wrappers here call At once per
 // Next and hand the same series to every comparison and to the caller.
+//
+// ChainedSeriesMerge (chain.go) is the merge function to pass them: the
+// samples of a series found in several sets, without the allocations of
+// Prometheus' chained iterator at every Seek.
 package seriesset
 
 import (
@@ -26,9 +30,19 @@ func NewMergeQuerier(qs []storage.Querier, merge storage.VerticalSeriesMergeFunc
 	}
 	wrapped := make([]storage.Querier, len(qs))
 	for i, q := range qs {
-		wrapped[i] = memoQuerier{q}
+		wrapped[i] = MemoQuerier(q)
 	}
 	return storage.NewMergeQuerier(wrapped, nil, merge)
+}
+
+// MemoQuerier returns q with each select's current series built once per
+// Next (see Memo), for merges this package does not build: the TSDB's own
+// merge of its head and blocks (tsdb.Options.BlockQuerierFunc).
+func MemoQuerier(q storage.Querier) storage.Querier {
+	if m, ok := q.(memoQuerier); ok {
+		return m
+	}
+	return memoQuerier{q}
 }
 
 // NewMergeSeriesSet is storage.NewMergeSeriesSet over sets with each set's

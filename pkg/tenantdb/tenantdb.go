@@ -25,9 +25,12 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/config"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/prometheus/prometheus/tsdb/chunks"
 	"github.com/prometheus/prometheus/util/compression"
+
+	"github.com/gpustore/gpustore/pkg/seriesset"
 )
 
 // Config is the part of gpustore's configuration that shapes each tenant's TSDB.
@@ -355,6 +358,15 @@ func (m *Manager) open(tenantID string, gate DeletionGate) (*DB, error) {
 		}
 		return nil // during WAL replay: the series being restored are not new
 	}}
+	// The TSDB merges its head and blocks with Prometheus' merge, which
+	// builds a block's current series again at every comparison.
+	opts.BlockQuerierFunc = func(b tsdb.BlockReader, mint, maxt int64) (storage.Querier, error) {
+		q, err := tsdb.NewBlockQuerier(b, mint, maxt)
+		if err != nil {
+			return nil, err
+		}
+		return seriesset.MemoQuerier(q), nil
+	}
 	opts.EnableExemplarStorage = m.cfg.MaxExemplars > 0
 	opts.MaxExemplars = m.cfg.MaxExemplars
 	opts.IsolationDisabled = !m.cfg.Isolation
