@@ -216,9 +216,23 @@ func BenchmarkLongRangeOverview(b *testing.B) {
 	c, _ := newCompactor(b, cfg, bkt, nil)
 	t0 := time.Now()
 	st := compactUntilStable(b, c, bkt, "bench")
-	_, bytes := byResolution(st)
+	metas, bytes := byResolution(st)
 	b.Logf("compacted and downsampled in %s: raw %d bytes, 5m %d, 1h %d", time.Since(t0).Round(time.Second),
 		bytes[0], bytes[downsample.Res5m], bytes[downsample.Res1h])
+	for _, r := range []int64{0, downsample.Res5m, downsample.Res1h} {
+		var index, series, samples, chunks int64
+		for _, m := range metas[r] {
+			for _, f := range m.GPUStore.Files {
+				if f.RelPath == "index" {
+					index += f.SizeBytes
+				}
+			}
+			series, samples, chunks = series+int64(m.Stats.NumSeries), samples+int64(m.Stats.NumSamples), chunks+int64(m.Stats.NumChunks)
+		}
+		b.Logf("resolution %s: %d blocks, %d bytes (index %.1f %%), %d series, %d chunks, %d samples, %.2f bytes/sample",
+			downsample.ResolutionName(r), len(metas[r]), bytes[r], 100*float64(index)/float64(max(bytes[r], 1)),
+			series, chunks, samples, float64(bytes[r])/float64(max(samples, 1)))
+	}
 	s, err := bucketstore.New(bucketstore.DefaultConfig(), bkt, quiet(), nil)
 	if err != nil {
 		b.Fatal(err)
