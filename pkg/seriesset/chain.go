@@ -68,7 +68,7 @@ func ChainSampleIterator(it chunkenc.Iterator, series []storage.Series) chunkenc
 	for i, s := range series {
 		c.parts[i] = part{it: s.Iterator(c.parts[i].it)}
 	}
-	c.curr, c.lastT, c.consecutive, c.err = -1, math.MinInt64, false, nil
+	c.curr, c.other, c.lastT, c.consecutive, c.err = -1, -1, math.MinInt64, false, nil
 	return c
 }
 
@@ -91,6 +91,11 @@ const (
 type chainIterator struct {
 	parts []part
 	curr  int // the part whose sample is current; -1 before the first and after the last
+	// other is the positioned part after curr with the earliest sample
+	// (-1: none): while curr's next sample comes before other's, Next
+	// moves curr alone. Frames of a remote-read stream or blocks one after
+	// another make many parts that seldom take turns.
+	other int
 	lastT int64
 	// consecutive says the current sample follows the previous one in the
 	// same part (no Seek, no switch), as Prometheus' iterator tracks it for
@@ -118,10 +123,11 @@ func (c *chainIterator) move(p *part, next bool, t int64) bool {
 	return true
 }
 
-// pick makes the earliest positioned part current, first stepping every
-// part off the timestamp just returned (another part's copy of it).
+// pick makes the earliest positioned part current (the first of equals)
+// and finds the next earliest, first stepping every part off the timestamp
+// just returned (another part's copy of it).
 func (c *chainIterator) pick() chunkenc.ValueType {
-	best := -1
+	best, other := -1, -1
 	for i := range c.parts {
 		p := &c.parts[i]
 		for p.state == positioned && p.t <= c.lastT {
@@ -130,11 +136,15 @@ func (c *chainIterator) pick() chunkenc.ValueType {
 				return chunkenc.ValNone
 			}
 		}
-		if p.state == positioned && (best < 0 || p.t < c.parts[best].t) {
-			best = i
+		switch {
+		case p.state != positioned:
+		case best < 0 || p.t < c.parts[best].t:
+			best, other = i, best
+		case other < 0 || p.t < c.parts[other].t:
+			other = i
 		}
 	}
-	c.curr = best
+	c.curr, c.other = best, other
 	if best < 0 {
 		return chunkenc.ValNone
 	}
@@ -156,9 +166,18 @@ func (c *chainIterator) Next() chunkenc.ValueType {
 				return chunkenc.ValNone
 			}
 		}
-	} else if !c.move(&c.parts[prev], true, 0) {
-		c.curr = -1
-		return chunkenc.ValNone
+	} else {
+		p := &c.parts[prev]
+		if !c.move(p, true, 0) {
+			c.curr = -1
+			return chunkenc.ValNone
+		}
+		// Before the other parts' earliest (which is then after the sample
+		// just returned: no copy of it to step off), curr goes on alone.
+		if p.state == positioned && (c.other < 0 || p.t < c.parts[c.other].t) {
+			c.lastT, c.consecutive = p.t, true
+			return p.vt
+		}
 	}
 	vt := c.pick()
 	c.consecutive = prev >= 0 && c.curr == prev

@@ -237,3 +237,58 @@ func TestChainStopsAtAnError(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkChain reads series the query path merges: a series in 2 parts
+// that take turns (a receiver's replicas), 2 parts one after the other (the
+// bucket beside the local TSDB) and 200 frames one after the other (a
+// remote-read stream), by Next and by a Seek per step, with Prometheus'
+// chained merge beside this package's.
+func BenchmarkChain(b *testing.B) {
+	frames := func(n, per int, interleave bool) []storage.Series {
+		out := make([]storage.Series, n)
+		for i := range out {
+			ts := make([]int64, per)
+			for j := range ts {
+				if interleave {
+					ts[j] = int64(j*n + i)
+				} else {
+					ts[j] = int64(i*per + j)
+				}
+			}
+			out[i] = &sliceSeries{ts: ts}
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name   string
+		series []storage.Series
+	}{
+		{"2-taking-turns", frames(2, 2000, true)},
+		{"2-one-after-the-other", frames(2, 2000, false)},
+		{"200-frames", frames(200, 20, false)},
+	} {
+		for _, m := range []struct {
+			name  string
+			merge func(...storage.Series) storage.Series
+		}{{"prometheus", storage.ChainedSeriesMerge}, {"seriesset", ChainedSeriesMerge}} {
+			s := m.merge(c.series...)
+			b.Run(c.name+"/next/"+m.name, func(b *testing.B) {
+				var it chunkenc.Iterator
+				for b.Loop() {
+					it = s.Iterator(it)
+					for it.Next() != chunkenc.ValNone {
+					}
+				}
+			})
+			b.Run(c.name+"/seek/"+m.name, func(b *testing.B) {
+				var it chunkenc.Iterator
+				for b.Loop() {
+					it = s.Iterator(it)
+					for t := int64(0); it.Seek(t) != chunkenc.ValNone; t += 7 {
+						_ = it.Err()
+					}
+				}
+			})
+		}
+	}
+}
