@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/thanos-io/objstore"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/gpustore/gpustore/bench/gpusim"
 	"github.com/gpustore/gpustore/bench/load"
+	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/downsample"
@@ -40,7 +42,10 @@ func benchWeek(b *testing.B) (simSlice, string) {
 	return sl, filepath.Join(dir, "blocks")
 }
 
-func freshBucket(b *testing.B, blocks string) objstore.Bucket {
+// freshBucket uploads the blocks to a new folder bucket, each block
+// copies times under as many ULIDs (copies beyond the first are what
+// other receivers of a replicated ring ship of the same data).
+func freshBucket(b *testing.B, blocks string, copies int) objstore.Bucket {
 	bkt, err := filesystem.NewBucket(b.TempDir())
 	if err != nil {
 		b.Fatal(err)
@@ -50,7 +55,22 @@ func freshBucket(b *testing.B, blocks string) objstore.Bucket {
 		b.Fatal(err)
 	}
 	for _, e := range ents {
-		upload(b, bkt, "bench", nil, filepath.Join(blocks, e.Name()))
+		dir := filepath.Join(blocks, e.Name())
+		upload(b, bkt, "bench", nil, dir)
+		for range copies - 1 {
+			bm, err := block.ReadLocalMeta(dir)
+			if err != nil {
+				b.Fatal(err)
+			}
+			bm.ULID = ulid.Make()
+			bm.Compaction.Sources = []ulid.ULID{bm.ULID}
+			meta := block.Meta{BlockMeta: bm, GPUStore: block.GPUStoreMeta{
+				Version: block.MetaVersion, Tenant: "bench", Labels: map[string]string{}, Source: block.SourceReceive,
+			}}
+			if err := block.Upload(context.Background(), bkt, dir, meta); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 	return bkt
 }
@@ -65,13 +85,20 @@ func cpuTime() time.Duration {
 // GPUs at 1m) from a FILESYSTEM bucket to its final layout: every level,
 // download, TSDB compaction, upload, marks and deletion. It reports
 // samples/s per CPU-second and the peak Go heap while compacting.
+// GPUSTORE_BENCH_REPLICAS=2 ships every block twice, as the two receivers
+// of a ring with replication factor 2 do: each compaction then merges the
+// copies (vertical compaction), one sample kept per timestamp.
 func BenchmarkCompactWeek(b *testing.B) {
 	_, blocks := benchWeek(b)
+	copies := 1
+	if v, err := strconv.Atoi(os.Getenv("GPUSTORE_BENCH_REPLICAS")); err == nil && v > 1 {
+		copies = v
+	}
 	var samples, cpu float64
 	var peak atomic.Uint64
 	for b.Loop() {
 		b.StopTimer()
-		bkt := freshBucket(b, blocks)
+		bkt := freshBucket(b, blocks, copies)
 		c, reg := newCompactor(b, testConfig(), bkt, nil)
 		runtime.GC()
 		stop := make(chan struct{})
@@ -113,14 +140,14 @@ func BenchmarkCompactWeek(b *testing.B) {
 // blocks as shipped and over the compacted blocks.
 func BenchmarkDashboardQueries(b *testing.B) {
 	sl, blocks := benchWeek(b)
-	raw := freshBucket(b, blocks)
-	compacted := freshBucket(b, blocks)
+	raw := freshBucket(b, blocks, 1)
+	compacted := freshBucket(b, blocks, 1)
 	c, _ := newCompactor(b, testConfig(), compacted, nil)
 	st := compactUntilStable(b, c, compacted, "bench")
 	b.Logf("compacted: %s", st.spans())
 	// The same, downsampled too: Grafana's 7-day step reads 5m data
 	// (auto resolution), the 24-hour one raw.
-	downsampled := freshBucket(b, blocks)
+	downsampled := freshBucket(b, blocks, 1)
 	dcfg := testConfig()
 	dcfg.Downsample = true
 	dc, _ := newCompactor(b, dcfg, downsampled, nil)
@@ -205,7 +232,7 @@ func BenchmarkLongRangeOverview(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	bkt := freshBucket(b, filepath.Join(dir, "blocks"))
+	bkt := freshBucket(b, filepath.Join(dir, "blocks"), 1)
 	cfg := testConfig()
 	cfg.Downsample = true
 	cfg.DownsampleFoldLabels = compact.DefaultConfig().DownsampleFoldLabels

@@ -240,9 +240,10 @@ func TestChainStopsAtAnError(t *testing.T) {
 
 // BenchmarkChain reads series the query path merges: a series in 2 parts
 // that take turns (a receiver's replicas), 2 parts one after the other (the
-// bucket beside the local TSDB) and 200 frames one after the other (a
-// remote-read stream), by Next and by a Seek per step, with Prometheus'
-// chained merge beside this package's.
+// bucket beside the local TSDB), 200 frames one after the other (a
+// remote-read stream) and 2 identical copies (two receivers' blocks), by
+// Next and by a Seek per step, with Prometheus' chained merge beside this
+// package's.
 func BenchmarkChain(b *testing.B) {
 	frames := func(n, per int, interleave bool) []storage.Series {
 		out := make([]storage.Series, n)
@@ -266,6 +267,7 @@ func BenchmarkChain(b *testing.B) {
 		{"2-taking-turns", frames(2, 2000, true)},
 		{"2-one-after-the-other", frames(2, 2000, false)},
 		{"200-frames", frames(200, 20, false)},
+		{"2-copies", append(frames(1, 2000, false), frames(1, 2000, false)...)},
 	} {
 		for _, m := range []struct {
 			name  string
