@@ -15,8 +15,9 @@ import (
 //
 //   - Prometheus' chained iterator builds a new heap of every part at every
 //     Seek and allocates a slice at every Err; this one keeps each part's
-//     current timestamp and picks the earliest by a scan (merges here have
-//     two to four parts), allocating nothing after it is built;
+//     current timestamp, moves the current part alone while it stays ahead
+//     of the others and scans the parts only when they take turns,
+//     allocating nothing after it is built;
 //   - a Seek leaves parts already at or past the time where they are
 //     instead of seeking each again;
 //   - a part that is itself a chained series (a merge of merges: the bucket
@@ -91,10 +92,10 @@ const (
 type chainIterator struct {
 	parts []part
 	curr  int // the part whose sample is current; -1 before the first and after the last
-	// other is the positioned part after curr with the earliest sample
-	// (-1: none): while curr's next sample comes before other's, Next
-	// moves curr alone. Frames of a remote-read stream or blocks one after
-	// another make many parts that seldom take turns.
+	// other is the earliest positioned part but curr (-1: none): while
+	// curr's next sample comes before other's, Next moves curr alone.
+	// Frames of a remote-read stream or blocks one after another make many
+	// parts that seldom take turns.
 	other int
 	lastT int64
 	// consecutive says the current sample follows the previous one in the
