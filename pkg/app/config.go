@@ -148,6 +148,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Query.MaxConcurrency, "query.max-concurrency", c.Query.MaxConcurrency, "Maximum queries executed at once; others wait.")
 	fs.Var(&c.Query.LookbackDelta, "query.lookback-delta", "How far back an instant selector looks for the latest sample.")
 	fs.StringVar(&c.Query.MaxSourceResolution, "query.max-source-resolution", c.Query.MaxSourceResolution, "Coarsest bucket data a query reads unless it asks (max_source_resolution): raw, 5m, 1h or auto (from each select's step and range).")
+	fs.IntVar(&c.Query.RangeParallelism, "query.range-parallelism", c.Query.RangeParallelism, "Most slices of its steps a range query runs as in parallel, on the cores no other query is using (0: one per core; 1: never sliced).")
+	fs.IntVar(&c.Query.MinStepsPerSlice, "query.min-steps-per-slice", c.Query.MinStepsPerSlice, "Fewest steps of a range query's slice: shorter queries run whole.")
 	fs.Var(&c.Query.ReplicaLabels, "query.replica-label", "Comma-separated replica labels merged at query time (data not deduplicated at ingest); a request's dedup=false turns it off.")
 	c.QueryFrontend.RegisterFlags(fs)
 	c.Limits.RegisterFlags(fs)

@@ -60,18 +60,26 @@ type Config struct {
 	// reads when it does not say (max_source_resolution): raw, 5m, 1h or
 	// auto (each select from its step and range, pkg/downsample).
 	MaxSourceResolution string `yaml:"max_source_resolution"`
+	// RangeParallelism is the most slices a range query runs as in
+	// parallel while cores are idle (0: one per core; 1: never sliced);
+	// MinStepsPerSlice the fewest steps of a slice.
+	RangeParallelism int `yaml:"range_parallelism"`
+	MinStepsPerSlice int `yaml:"min_steps_per_slice"`
 }
 
 // DefaultConfig returns Prometheus' own defaults.
 func DefaultConfig() Config {
 	return Config{Timeout: model.Duration(2 * time.Minute), MaxSamples: 50_000_000, MaxConcurrency: 20, LookbackDelta: model.Duration(5 * time.Minute), ReplicaLabels: flagext.StringSliceCSV{"__replica__"},
-		MaxSourceResolution: "auto"}
+		MaxSourceResolution: "auto", MinStepsPerSlice: defaultMinStepsPerSlice}
 }
 
 // Validate checks the configuration.
 func (c Config) Validate() error {
 	if c.Timeout <= 0 || c.MaxSamples <= 0 || c.MaxConcurrency <= 0 || c.LookbackDelta <= 0 {
 		return errors.New("query timeout, max samples, max concurrency and lookback delta must be positive")
+	}
+	if c.RangeParallelism < 0 || c.MinStepsPerSlice <= 0 {
+		return errors.New("query range parallelism must not be negative, min steps per slice must be positive")
 	}
 	if _, err := downsample.ParseMaxSourceResolution(c.MaxSourceResolution); err != nil {
 		return err
@@ -159,7 +167,7 @@ func New(opts Options) (*API, error) {
 	startTime := time.Now()
 	build := opts.BuildInfo
 	api := v1.NewAPI(
-		engine, q, nil, q,
+		newSlicingEngine(engine, opts.Config.RangeParallelism, opts.Config.MinStepsPerSlice, opts.Registry), q, nil, q,
 		func(context.Context) v1.ScrapePoolsRetriever { return noTargets{} },
 		func(context.Context) v1.TargetRetriever { return noTargets{} },
 		func(context.Context) v1.AlertmanagerRetriever { return noAlertmanagers{} },
