@@ -19,6 +19,11 @@ import (
 	"github.com/prometheus/prometheus/util/stats"
 )
 
+// defaultMinStepsPerSlice: a 1 h panel at a 15 s step (241 steps) runs as
+// two slices, at a 1 m step (61 steps) whole; sliced in two, the latter was
+// no faster (p50 790 against 767 µs on a bench-compare week).
+const defaultMinStepsPerSlice = 60
+
 // slicingEngine is the API's PromQL engine. A range query long enough to be
 // worth it runs as consecutive slices of its steps, each an ordinary range
 // query of the same engine, in parallel on the cores no other query of
@@ -337,5 +342,3 @@ func (q *slicedQuery) Close() {
 
 func (q *slicedQuery) Statement() parser.Statement { return q.whole.Statement() }
 func (q *slicedQuery) String() string              { return q.whole.String() }
-
-const defaultMinStepsPerSlice = 60
