@@ -184,6 +184,10 @@ func (q *slicedQuery) Exec(ctx context.Context) *promql.Result {
 	if n < 2 {
 		return q.whole.Exec(ctx)
 	}
+	// The slices count as running queries: a query starting meanwhile
+	// finds their cores taken.
+	q.e.running.Add(int64(n - 1))
+	defer q.e.running.Add(-int64(n - 1))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	timer := stats.NewQueryTimers()

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/prometheus/model/value"
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/promql/parser"
+	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 )
 
@@ -308,5 +310,62 @@ func TestRangeDurationRunsWhole(t *testing.T) {
 	ms.RangeExpr = &parser.DurationExpr{Op: parser.ADD, LHS: &parser.NumberLiteral{Val: 60}, RHS: &parser.DurationExpr{Op: parser.RANGE}}
 	if !readsQueryRange(expr) {
 		t.Fatal("5m + range() not seen")
+	}
+}
+
+// gatedQueryable holds every Select until gate is closed.
+type gatedQueryable struct {
+	storage.Queryable
+	gate chan struct{}
+}
+
+func (g gatedQueryable) Querier(mint, maxt int64) (storage.Querier, error) {
+	q, err := g.Queryable.Querier(mint, maxt)
+	return gatedQuerier{q, g.gate}, err
+}
+
+type gatedQuerier struct {
+	storage.Querier
+	gate chan struct{}
+}
+
+func (g gatedQuerier) Select(ctx context.Context, sorted bool, h *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
+	<-g.gate
+	return g.Querier.Select(ctx, sorted, h, ms...)
+}
+
+// TestSlicesTakeTheirCores: while a query runs as slices, they count as
+// running queries, so a query starting meanwhile runs whole.
+func TestSlicesTakeTheirCores(t *testing.T) {
+	db := slicesTestDB(t)
+	ng := promql.NewEngine(promql.EngineOpts{MaxSamples: 50_000_000, Timeout: time.Minute})
+	se := newSlicingEngine(ng, 0, 1, prometheus.NewRegistry())
+	se.cores = func() int { return 3 }
+	gate := make(chan struct{})
+	release := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(release) // before the database closes
+	start := time.UnixMilli(slicesDataStart + 3600_000)
+	q, err := se.NewRangeQuery(context.Background(), gatedQueryable{db, gate}, nil, `sum(rate(c_total[5m]))`, start, start.Add(time.Hour), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan *promql.Result, 1)
+	go func() { done <- q.Exec(context.Background()) }()
+	for deadline := time.Now().Add(10 * time.Second); se.running.Load() != 3; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d queries running, want the query's 3 slices", se.running.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n := se.slicesFor(60, se.running.Load()); n != 1 {
+		t.Errorf("a query starting while 3 slices hold the 3 cores would run as %d slices", n)
+	}
+	release()
+	if r := <-done; r.Err != nil || len(r.Value.(promql.Matrix)) != 1 || len(r.Value.(promql.Matrix)[0].Floats) < 30 {
+		t.Fatalf("sliced query: %v %v", r.Err, r.Value)
+	}
+	q.Close()
+	if n := se.running.Load(); n != 0 {
+		t.Errorf("%d queries still counted as running", n)
 	}
 }
