@@ -42,7 +42,8 @@ var counterFuncs = map[string]bool{"rate": true, "increase": true, "irate": true
 
 // dedupSeriesSet reads every series of the underlying set, groups those that
 // are equal but for the replica labels, and yields one merged series per
-// group, sorted by the labels that remain.
+// group, sorted by the labels that remain. Without replicas it yields the
+// set's series in the set's order.
 func dedupSeriesSet(ss storage.SeriesSet, replicaLabels []string, hints *storage.SelectHints) storage.SeriesSet {
 	var all []storage.Series
 	replicated := false
@@ -81,6 +82,11 @@ func dedupSeriesSet(ss storage.SeriesSet, replicaLabels []string, hints *storage
 		g.replicas = append(g.replicas, s)
 	}
 	slices.SortFunc(order, func(a, b *dedupGroup) int { return labels.Compare(a.lset, b.lset) })
+	for _, g := range order { // replicas in label order, whatever the select's: the merge prefers the first on a tie
+		if len(g.replicas) > 1 {
+			slices.SortFunc(g.replicas, func(a, b storage.Series) int { return labels.Compare(a.Labels(), b.Labels()) })
+		}
+	}
 	counter := hints != nil && counterFuncs[hints.Func]
 	out := make([]storage.Series, 0, len(order))
 	for _, g := range order {

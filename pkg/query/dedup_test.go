@@ -399,3 +399,53 @@ func TestDedupMatchesReferenceMerge(t *testing.T) {
 		}
 	}
 }
+
+// TestDedupTieIndependentOfSelectOrder: the engine selects unsorted, and the
+// head returns series in the order they were created; replicas with samples
+// at the same times still merge to the first replica by labels.
+func TestDedupTieIndependentOfSelectOrder(t *testing.T) {
+	cfg := tenantdb.DefaultConfig()
+	cfg.Dir = t.TempDir()
+	dbs, err := tenantdb.NewManager(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dbs.Close()
+	db, err := dbs.Get("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now().Add(-time.Hour).Truncate(time.Minute).UnixMilli()
+	app := db.Appender(context.Background())
+	for i := int64(0); i < 20; i++ {
+		for _, r := range []struct {
+			name string
+			v    float64
+		}{{"p1", 1}, {"p0", 2}} { // p1 created first
+			if _, err := app.Append(0, labels.FromStrings("__name__", "x", "__replica__", r.name), start+i*15000, r.v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := app.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 1e7, Timeout: time.Minute, LookbackDelta: 5 * time.Minute})
+	ctx := WithDedup(user.InjectOrgID(context.Background(), "t"), []string{"__replica__"})
+	qry, err := engine.NewRangeQuery(ctx, TenantQueryable{DBs: dbs}, nil, "x", time.UnixMilli(start), time.UnixMilli(start+19*15000), 15*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := qry.Exec(ctx).Matrix()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m) != 1 || len(m[0].Floats) != 20 {
+		t.Fatalf("merged replicas: %v", m)
+	}
+	for _, p := range m[0].Floats {
+		if p.F != 2 {
+			t.Fatalf("at %d the merge took replica p1's %v, not p0's", p.T, p.F)
+		}
+	}
+}
