@@ -92,8 +92,9 @@ func (e *slicingEngine) NewRangeQuery(ctx context.Context, q storage.Queryable, 
 	return &slicedQuery{e: e, whole: whole, queryable: q, opts: opts, qs: qs, start: start, step: step, steps: steps}, nil
 }
 
-// slicesFor is how many slices a query of steps steps runs as while others
-// queries are running: one per idle core, each of at least minSteps.
+// slicesFor is how many slices a query of the given steps runs as while
+// others other queries (or slices) are running: one per idle core, each of
+// at least minSteps steps, at most maxSlices.
 func (e *slicingEngine) slicesFor(steps int, others int64) int {
 	cores := e.cores()
 	n := e.maxSlices
