@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -367,5 +370,44 @@ func TestSlicesTakeTheirCores(t *testing.T) {
 	q.Close()
 	if n := se.running.Load(); n != 0 {
 		t.Errorf("%d queries still counted as running", n)
+	}
+}
+
+// TestAPIRangeQueriesSliced: through the HTTP API, a long range query is
+// sliced (query.range-parallelism left at its default) and answers what it
+// answers unsliced.
+func TestAPIRangeQueriesSliced(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	sliced, now := newTestAPIWith(t, func(o *Options) { o.Registry = reg })
+	whole, _ := newTestAPI(t, func(c *Config) { c.RangeParallelism = 1 })
+	ts := func(ms int64) string { return time.UnixMilli(ms).UTC().Format(time.RFC3339) }
+	for _, q := range []string{`max by (gpu) (DCGM_FI_DEV_GPU_TEMP)`, `DCGM_FI_DEV_GPU_TEMP`, `count(DCGM_FI_DEV_GPU_TEMP) > 4`} {
+		params := url.Values{"query": {q}, "start": {ts(now - 10*60_000)}, "end": {ts(now)}, "step": {"1s"}} // 601 steps
+		sc, sr := call(t, sliced, http.MethodGet, "/api/v1/query_range", params)
+		wc, wr := call(t, whole, http.MethodGet, "/api/v1/query_range", params)
+		if sc != http.StatusOK || wc != http.StatusOK || sr.Status != "success" {
+			t.Fatalf("%s: %d %s / %d %s", q, sc, sr.Error, wc, wr.Error)
+		}
+		if string(sr.Data) != string(wr.Data) {
+			t.Errorf("%s: sliced answer\n%s\nwhole\n%s", q, sr.Data, wr.Data)
+		}
+		if !strings.Contains(string(sr.Data), `"values":[[`) {
+			t.Errorf("%s: no points: %s", q, sr.Data)
+		}
+	}
+	if runtime.GOMAXPROCS(0) >= 2 { // one core: nothing to slice over
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n float64
+		for _, mf := range mfs {
+			if mf.GetName() == "gpustore_query_range_sliced_total" {
+				n = mf.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		if n != 3 {
+			t.Errorf("%v of the 3 range queries were sliced", n)
+		}
 	}
 }
