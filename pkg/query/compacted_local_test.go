@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/grafana/dskit/user"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql"
@@ -33,16 +32,7 @@ func TestLocalBlocksBesideTheirCompactedCopy(t *testing.T) {
 	logger := slog.New(slog.DiscardHandler)
 	cfg := tenantdb.DefaultConfig()
 	cfg.BlockDuration = model.Duration(time.Minute)
-	cfg.Dir = t.TempDir()
-	dbs, err := tenantdb.NewManager(cfg, logger, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dbs.Close()
-	db, err := dbs.Get("t")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dbs, db := tenantDB(t, cfg, "t")
 	const minutes = 20
 	app := db.Appender(ctx)
 	written := 0

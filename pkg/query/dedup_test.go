@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -30,18 +29,7 @@ import (
 // (as a replica with a lagging exporter cache might), which a naive switch
 // would turn into counter resets.
 func TestQueryTimeDedup(t *testing.T) {
-	cfg := tenantdb.DefaultConfig()
-	cfg.Dir = t.TempDir()
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	dbs, err := tenantdb.NewManager(cfg, logger, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dbs.Close()
-	db, err := dbs.Get("t")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dbs, db := tenantDB(t, tenantdb.DefaultConfig(), "t")
 	start := time.Now().Add(-time.Hour).Truncate(time.Minute).UnixMilli()
 	const step = 15000
 	app := db.Appender(context.Background())
@@ -404,17 +392,7 @@ func TestDedupMatchesReferenceMerge(t *testing.T) {
 // head returns series in the order they were created; replicas with samples
 // at the same times still merge to the first replica by labels.
 func TestDedupTieIndependentOfSelectOrder(t *testing.T) {
-	cfg := tenantdb.DefaultConfig()
-	cfg.Dir = t.TempDir()
-	dbs, err := tenantdb.NewManager(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dbs.Close()
-	db, err := dbs.Get("t")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dbs, db := tenantDB(t, tenantdb.DefaultConfig(), "t")
 	start := time.Now().Add(-time.Hour).Truncate(time.Minute).UnixMilli()
 	app := db.Appender(context.Background())
 	for i := int64(0); i < 20; i++ {
@@ -448,4 +426,21 @@ func TestDedupTieIndependentOfSelectOrder(t *testing.T) {
 			t.Fatalf("at %d the merge took replica p1's %v, not p0's", p.T, p.F)
 		}
 	}
+}
+
+// tenantDB opens a tenant manager with cfg in a temporary directory (closed
+// with the test) and the tenant's TSDB.
+func tenantDB(t *testing.T, cfg tenantdb.Config, tenant string) (*tenantdb.Manager, *tenantdb.DB) {
+	t.Helper()
+	cfg.Dir = t.TempDir()
+	dbs, err := tenantdb.NewManager(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dbs.Close() })
+	db, err := dbs.Get(tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dbs, db
 }
