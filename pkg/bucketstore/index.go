@@ -888,7 +888,11 @@ func (r *indexReader) Series(ref storage.SeriesRef, builder *labels.ScratchBuild
 		return r.corrupt("read series %d: %v", ref, err)
 	}
 	if need := r.st.need; need != nil && chks != nil {
-		*chks = slices.DeleteFunc(*chks, func(c chunks.Meta) bool { return !need.overlaps(c.MinTime, c.MaxTime) })
+		// A downsampled chunk of counter pairs holds samples up to a window
+		// less a millisecond before its first point's time (downsample's
+		// pairs.go).
+		early := max(r.b.meta.GPUStore.Downsample.Resolution-1, 0)
+		*chks = slices.DeleteFunc(*chks, func(c chunks.Meta) bool { return !need.overlaps(c.MinTime-early, c.MaxTime) })
 	}
 	return nil
 }

@@ -486,7 +486,18 @@ func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt, f
 		if res := b.meta.GPUStore.Downsample.Resolution; res == block.ResolutionRaw {
 			bv = downsample.NewRawQuerier(bq)
 		} else {
-			bv = downsample.NewQuerier(bq, res, from, to)
+			ds := downsample.Blocks{Querier: bq, Resolution: res, Lo: lo, Hi: hi, From: from, To: to}
+			// Counter pairs are read up to a window past hi (downsample's pairs.go).
+			if _, wide := q.readRange(b, mint, maxt+min(res-1, math.MaxInt64-maxt)); wide > hi {
+				if ds.Pairs, err = tsdb.NewBlockQuerier(newView(ctx, b, lo, wide), lo, wide); err != nil {
+					_ = bq.Close()
+					for _, o := range qs {
+						_ = o.Close()
+					}
+					return nil, err
+				}
+			}
+			bv = downsample.NewQuerier(ds)
 		}
 		qs = append(qs, spanQuerier{Querier: bv, lo: lo, hi: hi})
 	}

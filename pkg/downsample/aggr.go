@@ -17,17 +17,20 @@
 //     timestamp stream and four XOR value streams. Packed points are not
 //     valid histograms (min and max may be negative) and never reach PromQL
 //     as histograms: the Querier turns them into floats per view.
-//   - counters (and native histograms): "counter", a subset of the raw samples
-//     that keeps the first and last sample of every window, both samples of
-//     every counter reset, and every NaN with its neighbours. Between two kept
-//     samples the raw series is a run without reset or NaN, so PromQL's reset
-//     handling over the kept samples gives the raw increase exactly, resets()
-//     is exact over any range, and min/max_over_time are exact.
+//   - counters: a subset of the raw samples that keeps the first and last
+//     sample of every window, both samples of every counter reset, and every
+//     NaN with its neighbours. Between two kept samples the raw series is a
+//     run without reset or NaN, so PromQL's reset handling over the kept
+//     samples gives the raw increase exactly, resets() is exact over any
+//     range, and min/max_over_time are exact. Float samples are stored two
+//     per point, "pairs" (a window's first and last sample in one point, see
+//     pairs.go); native histograms as they are, "counter".
 //
 // Blocks written before the packed layout hold a gauge as four float series
-// ("count", "sum", "min", "max"). They are still read (a series found in both
-// layouts reads merged, one point per time) and downsampled from 5m to 1h in
-// their own layout.
+// ("count", "sum", "min", "max"), and blocks written before pairs hold a
+// counter's kept float samples one per point ("counter"). They are still
+// read (a series found in both layouts reads merged, one point per time) and
+// downsampled from 5m to 1h in their own layout.
 //
 // # Windows and time
 //
@@ -63,10 +66,15 @@ const (
 	// gauge's aggregates, one series each, which blocks written before the
 	// packed layout hold. They are still read, and downsampled to 1h in the
 	// same layout.
-	AggrCount   = "count"
-	AggrSum     = "sum"
-	AggrMin     = "min"
-	AggrMax     = "max"
+	AggrCount = "count"
+	AggrSum   = "sum"
+	AggrMin   = "min"
+	AggrMax   = "max"
+	// AggrPairs marks the series that holds a counter's kept float samples
+	// two per point (pairs.go).
+	AggrPairs = "pairs"
+	// AggrCounter marks a series of kept samples one per point: native
+	// histograms, and floats in blocks written before pairs.
 	AggrCounter = "counter"
 )
 

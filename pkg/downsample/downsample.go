@@ -252,18 +252,36 @@ func ReadResolution(dir string) (int64, error) {
 }
 
 // series downsamples one input series into w: a raw gauge into one packed
-// series (packed.go), a raw counter or native histogram into kept samples
-// ("counter"); a downsampled series into the same aggregate at the coarser
-// resolution (old-layout count/sum/min/max series stay in the old layout).
+// series (packed.go), a raw counter into kept samples (floats as "pairs",
+// native histograms as "counter"); a downsampled series into the same
+// aggregate at the coarser resolution (old-layout count/sum/min/max and
+// float "counter" series stay in the old layout).
 func (cfg *Config) series(w *writer, lset labels.Labels, it chunkenc.Iterator, shift int64, st *Stats) error {
 	var (
 		red     *reducer
 		packed  bool // the input points are packed aggregates
 		counter *counterSelector
-		// Labels of the counter aggregate that native histograms go to
-		// when they turn up in a series downsampled as a gauge.
-		histLabels = labels.NewBuilder(lset).Set(AggrLabel, AggrCounter).Labels()
+		// Kept float samples go to pairs unless the input is an old-layout
+		// counter series.
+		floatsToPairs = true
+		hist, floats  *outSeries
+		pairs         *pairWriter
 	)
+	keep := func(s *sample) {
+		switch {
+		case s.isHistogram() || !floatsToPairs:
+			if hist == nil {
+				hist = w.series(labels.NewBuilder(lset).Set(AggrLabel, AggrCounter).Labels())
+			}
+			hist.appendSample(s)
+		default:
+			if pairs == nil {
+				floats = w.series(labels.NewBuilder(lset).Set(AggrLabel, AggrPairs).Labels())
+				pairs = &pairWriter{res: cfg.Resolution, out: floats}
+			}
+			pairs.add(s)
+		}
+	}
 	packedReducer := func(ls labels.Labels) *reducer {
 		out := w.series(ls)
 		return &reducer{res: cfg.Resolution, emit: out.appendAggr, emitStale: out.appendPackedStale}
@@ -292,19 +310,24 @@ func (cfg *Config) series(w *writer, lset labels.Labels, it chunkenc.Iterator, s
 		case AggrMax:
 			red = fieldReducer(func(a aggr) float64 { return a.max })
 		case AggrCounter:
+			floatsToPairs = false
+		case AggrPairs:
+			it = &pairIterator{it: it, lo: math.MinInt64, hi: math.MaxInt64}
 		default:
 			return fmt.Errorf("downsample: series %s of a %s block has no known %s", lset, ResolutionName(cfg.SourceResolution), AggrLabel)
 		}
 	}
 	err := cfg.feed(it, shift, st, red, packed, func() *counterSelector {
 		if counter == nil {
-			out := w.series(histLabels)
-			counter = &counterSelector{res: cfg.Resolution, emit: out.appendSample}
+			counter = &counterSelector{res: cfg.Resolution, emit: keep}
 		}
 		return counter
 	})
 	if counter != nil {
 		counter.finish()
+	}
+	if pairs != nil {
+		pairs.flush()
 	}
 	if err != nil {
 		return fmt.Errorf("downsample: read %s: %w", lset, err)

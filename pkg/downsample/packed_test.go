@@ -178,10 +178,10 @@ func TestPackedPointsAreNotValidHistograms(t *testing.T) {
 	}
 }
 
-// oldLayout rewrites a packed block as blocks were written before the packed
-// layout: one float series per gauge aggregate (count, sum, min, max, each
-// with the staleness markers), counters unchanged. It keeps points in
-// [mint, maxt).
+// oldLayout rewrites a block as blocks were written before the packed
+// layout and pairs: one float series per gauge aggregate (count, sum, min,
+// max, each with the staleness markers), a counter's kept samples one per
+// point ("counter"). It keeps points in [mint, maxt).
 func oldLayout(t *testing.T, dir string, b tsdb.BlockReader, mint, maxt int64) *tsdb.Block {
 	t.Helper()
 	w, err := tsdb.NewBlockWriter(slog.New(slog.DiscardHandler), dir, 4*span)
@@ -201,6 +201,20 @@ func oldLayout(t *testing.T, dir string, b tsdb.BlockReader, mint, maxt int64) *
 		s := ss.At()
 		it = s.Iterator(it)
 		isPacked := s.Labels().Get(AggrLabel) == AggrPacked
+		if s.Labels().Get(AggrLabel) == AggrPairs {
+			kept := labels.NewBuilder(s.Labels()).Set(AggrLabel, AggrCounter).Labels()
+			pi := pairsSeries{lset: kept, s: s, lo: mint, hi: maxt - 1}.Iterator(nil)
+			for pi.Next() != chunkenc.ValNone {
+				ts, v := pi.At()
+				if _, err := app.Append(0, kept, ts, v); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := pi.Err(); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
 		for vt := it.Next(); vt != chunkenc.ValNone; vt = it.Next() {
 			if it.AtT() < mint || it.AtT() >= maxt {
 				continue
@@ -376,7 +390,7 @@ func TestPlainSelectorFillReadsPackedAsOld(t *testing.T) {
 			if err != nil {
 				return nil, err
 			}
-			return NewQuerier(q, Res1h, mint, math.MaxInt64), nil
+			return NewQuerier(Blocks{Querier: q, Resolution: Res1h, Lo: mint, Hi: maxt, From: mint, To: math.MaxInt64}), nil
 		})
 	}
 	for _, qs := range []string{"avg(gauge_metric)", "gauge_metric"} {

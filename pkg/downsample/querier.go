@@ -2,6 +2,7 @@ package downsample
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 
@@ -17,7 +18,8 @@ import (
 
 // View is how a selector reads a downsampled series. Every view answers for
 // gauges and counters; where a series lacks the view's aggregate (counters
-// store only "counter", gauges no "counter") the view falls back as listed.
+// store only kept samples, "pairs" and "counter", gauges neither) the view
+// falls back as listed.
 // A gauge's aggregates are the fields of its packed series (or its
 // old-layout series of the same names).
 //
@@ -117,24 +119,42 @@ func (q queryable) Querier(mint, maxt int64) (storage.Querier, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &querier{Querier: inner, from: math.MinInt64, to: math.MaxInt64}, nil
+	// Pairs are read up to a window further (pairs.go).
+	pairs, err := q.Queryable.Querier(mint, maxt+Res1h-1)
+	if err != nil {
+		inner.Close()
+		return nil, err
+	}
+	return &querier{Querier: inner, pairs: pairs, from: math.MinInt64, to: math.MaxInt64, lo: mint, hi: maxt}, nil
 }
 
 type querier struct {
 	storage.Querier
+	// pairs reads the pairs series: the same blocks up to a window past hi
+	// (pairs.go); nil: Querier does.
+	pairs    storage.Querier
 	res      int64 // the blocks' resolution, for plain selectors' fill (0: no fill)
 	from, to int64 // plain selectors' points outside are read but not returned
+	lo, hi   int64 // the range Querier reads, to which pairs are cut
+}
+
+func (q *querier) Close() error {
+	err := q.Querier.Close()
+	if q.pairs != nil {
+		err = errors.Join(err, q.pairs.Close())
+	}
+	return err
 }
 
 // aggregates read per view: the packed gauge series, the view's own
-// old-layout series, then the fallback.
+// old-layout series, then the counter's.
 var viewAggrs = map[View][]string{
-	ViewAvg:     {AggrPacked, AggrSum, AggrCount, AggrCounter},
-	ViewCounter: {AggrPacked, AggrSum, AggrCount, AggrCounter},
-	ViewMin:     {AggrPacked, AggrMin, AggrCounter},
-	ViewMax:     {AggrPacked, AggrMax, AggrCounter},
-	ViewSum:     {AggrPacked, AggrSum, AggrCounter},
-	ViewCount:   {AggrPacked, AggrCount, AggrCounter},
+	ViewAvg:     {AggrPacked, AggrSum, AggrCount, AggrPairs, AggrCounter},
+	ViewCounter: {AggrPacked, AggrSum, AggrCount, AggrPairs, AggrCounter},
+	ViewMin:     {AggrPacked, AggrMin, AggrPairs, AggrCounter},
+	ViewMax:     {AggrPacked, AggrMax, AggrPairs, AggrCounter},
+	ViewSum:     {AggrPacked, AggrSum, AggrPairs, AggrCounter},
+	ViewCount:   {AggrPacked, AggrCount, AggrPairs, AggrCounter},
 }
 
 func (q *querier) Select(ctx context.Context, _ bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
@@ -147,12 +167,22 @@ func (q *querier) Select(ctx context.Context, _ bool, hints *storage.SelectHints
 	}
 	aggrs := viewAggrs[view]
 	sets := make([]storage.SeriesSet, len(aggrs))
+	// Pairs are read up to a window past the range and cut to it (pairs.go).
+	lo, hi, pairHints := q.pairRange(hints)
 	for i, a := range aggrs {
 		sel := make([]*labels.Matcher, 0, len(ms)+1)
 		sel = append(sel, ms...)
 		sel = append(sel, labels.MustNewMatcher(labels.MatchEqual, AggrLabel, a))
 		// Each set is sorted by its labels; AggrLabel is constant within it,
 		// so it is sorted by the series' own labels too, and the sets join.
+		if a == AggrPairs {
+			from := q.Querier
+			if q.pairs != nil {
+				from = q.pairs
+			}
+			sets[i] = from.Select(ctx, true, pairHints, sel...)
+			continue
+		}
 		sets[i] = q.Querier.Select(ctx, true, hints, sel...)
 	}
 	fill := int64(0)
@@ -160,7 +190,25 @@ func (q *querier) Select(ctx context.Context, _ bool, hints *storage.SelectHints
 		// 5m points already tile the default 5m lookback; 1h points do not.
 		fill = q.res
 	}
-	return &joinSet{view: view, aggrs: aggrs, sets: sets, fill: fill, from: q.from, to: q.to}
+	return &joinSet{view: view, aggrs: aggrs, sets: sets, fill: fill, from: q.from, to: q.to, lo: lo, hi: hi}
+}
+
+// pairRange returns the range a select reads (the TSDB's block querier
+// reads the hinted range when there are hints, its own otherwise) and the
+// hints that read its pairs: up to a window less a millisecond further.
+func (q *querier) pairRange(h *storage.SelectHints) (lo, hi int64, wide *storage.SelectHints) {
+	lo, hi = q.lo, q.hi
+	if h == nil {
+		return lo, hi, nil
+	}
+	lo, hi = max(lo, h.Start), min(hi, h.End)
+	further := Res1h - 1 // the coarsest resolution's, when the blocks' is not known
+	if q.res > 0 {
+		further = q.res - 1
+	}
+	wide = new(*h)
+	wide.End = h.End + min(further, math.MaxInt64-h.End)
+	return lo, hi, wide
 }
 
 func (q *querier) LabelNames(ctx context.Context, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
@@ -187,6 +235,8 @@ type joinSet struct {
 	fill  int64 // repeat points for plain selectors over gaps up to this long (0: no fill)
 	from  int64 // and return them from here on
 	to    int64 // up to here
+	lo    int64 // pairs are cut to [lo, hi]
+	hi    int64
 	view  View
 	aggrs []string
 	sets  []storage.SeriesSet
@@ -241,7 +291,7 @@ func (j *joinSet) Next() bool {
 			j.advance(i)
 		}
 	}
-	j.cur = buildSeries(j.view, base, comps)
+	j.cur = buildSeries(j.view, base, comps, j.lo, j.hi)
 	if j.fill > 0 {
 		j.cur = filledSeries{Series: j.cur, res: j.fill, from: j.from, to: j.to}
 	}
@@ -257,14 +307,14 @@ func (j *joinSet) Warnings() annotations.Annotations {
 	return j.warns
 }
 
-// buildSeries reads one series' aggregates through view.
-func buildSeries(view View, base labels.Labels, comps map[string]storage.Series) storage.Series {
-	counter := comps[AggrCounter]
+// buildSeries reads one series' aggregates through view (pairs cut to [lo, hi]).
+func buildSeries(view View, base labels.Labels, comps map[string]storage.Series, lo, hi int64) storage.Series {
+	counter := counterSeries(base, comps, lo, hi)
 	var s storage.Series
 	switch view {
 	case ViewCounter:
 		if counter != nil {
-			s = relabeled{base, counter}
+			s = counter
 		} else {
 			s = gaugeSeries(ViewAvg, base, comps)
 		}
@@ -274,19 +324,39 @@ func buildSeries(view View, base labels.Labels, comps map[string]storage.Series)
 		}
 	default:
 		if s = gaugeSeries(view, base, comps); s == nil && counter != nil {
-			s = relabeled{base, counter}
+			s = counter
 		}
 	}
 	if s == nil {
 		// An incomplete set of aggregates (a sum without its count): read
 		// whatever there is rather than hide the series.
-		for _, a := range []string{AggrSum, AggrCount, AggrMin, AggrMax, AggrCounter} {
+		for _, a := range []string{AggrSum, AggrCount, AggrMin, AggrMax} {
 			if c := comps[a]; c != nil {
 				return relabeled{base, c}
 			}
 		}
 	}
 	return s
+}
+
+// counterSeries reads a counter's kept samples: its pairs (cut to [lo, hi])
+// and its "counter" series (native histograms, old-layout floats), merged
+// when it has both; nil when it has neither.
+func counterSeries(base labels.Labels, comps map[string]storage.Series, lo, hi int64) storage.Series {
+	var pairs, kept storage.Series
+	if p := comps[AggrPairs]; p != nil {
+		pairs = pairsSeries{lset: base, s: p, lo: lo, hi: hi}
+	}
+	if c := comps[AggrCounter]; c != nil {
+		kept = relabeled{base, c}
+	}
+	switch {
+	case pairs == nil:
+		return kept
+	case kept == nil:
+		return pairs
+	}
+	return seriesset.ChainedSeriesMerge(pairs, kept)
 }
 
 // gaugeSeries reads a gauge's aggregate for view (avg, min, max, sum or
@@ -500,13 +570,26 @@ func (o onesSet) At() storage.Series {
 	return onesSeries{s.Labels(), s}
 }
 
-// NewQuerier is NewQueryable's querier over one querier of downsampled
-// blocks of resolution res; plain selectors see each window's value
-// repeated until the next window (fill.go), from time from to time to (the
-// caller reads one window before and one after, which fill the start and
-// the end).
-func NewQuerier(q storage.Querier, res, from, to int64) storage.Querier {
-	return &querier{Querier: q, res: res, from: from, to: to}
+// Blocks is what NewQuerier reads: downsampled blocks of one resolution.
+type Blocks struct {
+	// Querier reads the blocks over [Lo, Hi].
+	Querier storage.Querier
+	// Pairs reads them over [Lo, Hi + Resolution - 1] (or less where the
+	// blocks end) for the pairs series, whose points a range ending
+	// between a pair's two samples must still read (pairs.go). Nil:
+	// Querier, when Hi is where the blocks end.
+	Pairs      storage.Querier
+	Resolution int64
+	Lo, Hi     int64
+	// Plain selectors see each window's value repeated until the next
+	// window (fill.go), from From to To (the caller reads one window before
+	// and one after, which fill the start and the end).
+	From, To int64
+}
+
+// NewQuerier is NewQueryable's querier over one resolution's blocks.
+func NewQuerier(b Blocks) storage.Querier {
+	return &querier{Querier: b.Querier, pairs: b.Pairs, res: b.Resolution, from: b.From, to: b.To, lo: b.Lo, hi: b.Hi}
 }
 
 // NewRawQuerier is NewRawQueryable's querier over one querier of raw data.

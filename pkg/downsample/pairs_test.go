@@ -1,0 +1,182 @@
+package downsample
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/value"
+	"github.com/prometheus/prometheus/storage"
+	"github.com/prometheus/prometheus/tsdb/chunkenc"
+)
+
+// keptStream returns a counter's kept samples (stored times: raw - 1 ms)
+// for random raw samples: scrapes at a random interval and phase, resets,
+// NaNs, staleness markers, gaps and lone samples in a window.
+func keptStream(rng *rand.Rand, res int64) []sample {
+	var kept []sample
+	cs := &counterSelector{res: res, emit: func(s *sample) {
+		k := *s
+		k.t--
+		kept = append(kept, k)
+	}}
+	interval := []int64{1_000, 15_000, 60_000, 7 * 60_000}[rng.IntN(4)]
+	v := 0.0
+	for t := t0 + rng.Int64N(interval); t < t0+span; t += interval + rng.Int64N(3) {
+		switch r := rng.IntN(100); {
+		case r < 3:
+			t += rng.Int64N(3 * res) // a gap
+		case r < 5:
+			cs.add(sample{t: t, f: math.Float64frombits(value.StaleNaN)})
+			continue
+		case r < 7:
+			cs.add(sample{t: t, f: math.NaN()})
+			continue
+		case r < 10:
+			v = rng.Float64() // a reset
+		}
+		v += rng.ExpFloat64()
+		cs.add(sample{t: t, f: v})
+	}
+	cs.finish()
+	return kept
+}
+
+// Pairs give back exactly the kept samples, within the bounds they are read
+// with, by Next and by Seek.
+func TestPairsGiveBackTheKeptSamples(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range 200 {
+		res := []int64{Res5m, Res1h}[i%2]
+		kept := keptStream(rng, res)
+		if len(kept) == 0 {
+			continue
+		}
+		out := &outSeries{w: &writer{}}
+		pw := &pairWriter{res: res, out: out}
+		for _, s := range kept {
+			raw := s
+			raw.t++
+			pw.add(&raw)
+		}
+		pw.flush()
+		if out.w.err != nil {
+			t.Fatal(out.w.err)
+		}
+		if len(out.samples) > len(kept) || len(out.samples) < (len(kept)+1)/2 {
+			t.Fatalf("%d kept samples in %d points", len(kept), len(out.samples))
+		}
+		lo, hi := int64(math.MinInt64), int64(math.MaxInt64)
+		if i%3 != 0 {
+			lo = kept[0].t + rng.Int64N(kept[len(kept)-1].t-kept[0].t+1)
+			hi = lo + rng.Int64N(kept[len(kept)-1].t-lo+res)
+		}
+		var want []sample
+		for _, s := range kept {
+			if s.t >= lo && s.t <= hi {
+				want = append(want, s)
+			}
+		}
+		ps := pairsSeries{lset: labels.EmptyLabels(), s: &bufSeries{samples: out.samples}, lo: lo, hi: hi}
+		var got []sample
+		it := ps.Iterator(nil)
+		for it.Next() == chunkenc.ValFloat {
+			t, v := it.At()
+			got = append(got, sample{t: t, f: v})
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		sameSamples(t, "Next", want, got)
+
+		// Seeks forward to random times, with a Next now and then.
+		it = ps.Iterator(it)
+		at, pos := kept[0].t-res, 0 // pos: index in want of the current sample
+		for range 50 {
+			if rng.IntN(3) == 0 && pos < len(want) && at >= want[0].t {
+				vt := it.Next()
+				pos++
+				if pos >= len(want) {
+					if vt != chunkenc.ValNone {
+						t.Fatalf("Next after the last sample gives %v", vt)
+					}
+					break
+				}
+				sameSamples(t, "Next after Seek", want[pos:pos+1], []sample{atSample(it)})
+				at = want[pos].t
+				continue
+			}
+			at += rng.Int64N(2 * res)
+			vt := it.Seek(at)
+			for pos < len(want) && want[pos].t < at {
+				pos++
+			}
+			if pos >= len(want) {
+				if vt != chunkenc.ValNone {
+					t.Fatalf("Seek(%d) past the last sample gives %v", at, vt)
+				}
+				break
+			}
+			if vt != chunkenc.ValFloat {
+				t.Fatalf("Seek(%d) gives %v, want the sample at %d", at, vt, want[pos].t)
+			}
+			sameSamples(t, "Seek", want[pos:pos+1], []sample{atSample(it)})
+			at = want[pos].t
+		}
+	}
+}
+
+func atSample(it chunkenc.Iterator) sample {
+	t, v := it.At()
+	return sample{t: t, f: v}
+}
+
+func sameSamples(t *testing.T, what string, want, got []sample) {
+	t.Helper()
+	if len(want) != len(got) {
+		t.Fatalf("%s: %d samples, want %d", what, len(got), len(want))
+	}
+	for i := range want {
+		if want[i].t != got[i].t || math.Float64bits(want[i].f) != math.Float64bits(got[i].f) &&
+			!(math.IsNaN(want[i].f) && math.IsNaN(got[i].f) && value.IsStaleNaN(want[i].f) == value.IsStaleNaN(got[i].f)) {
+			t.Fatalf("%s: sample %d is %d:%v, want %d:%v", what, i, got[i].t, got[i].f, want[i].t, want[i].f)
+		}
+	}
+}
+
+// A range that ends between a pair's two samples still reads its first:
+// counter functions answer at a step the same whether the query ends there
+// or goes on.
+func TestPairsAnswerAtEveryRangeEnd(t *testing.T) {
+	f := newFixture(t, 5, 8)
+	for _, c := range []struct {
+		q    storage.Queryable
+		res  int64
+		step int64
+	}{{f.ds5m, Res5m, 7*60_000 + 13_000}, {f.ds1h, Res1h, 37*60_000 + 11_000}} {
+		for _, qs := range []string{"resets(counter_metric_total[%s])", "increase(counter_metric_total[%s])", "max_over_time(counter_metric_total[%s])"} {
+			rs := (time.Duration(c.res) * time.Millisecond).String()
+			q := fmt.Sprintf(qs, rs)
+			start := t0 + c.res
+			long := rangeQuery(t, c.q, q, 5*time.Minute, start, t0+span, c.step)
+			for end := start; end < t0+span; end += 5 * c.step {
+				short := rangeQuery(t, c.q, q, 5*time.Minute, start, end, c.step)
+				want := points{}
+				for k, ps := range long {
+					for ts, v := range ps {
+						if ts <= end {
+							if want[k] == nil {
+								want[k] = map[int64]float64{}
+							}
+							want[k][ts] = v
+						}
+					}
+				}
+				compare(t, fmt.Sprintf("%s ending at %s", q, time.UnixMilli(end).UTC().Format(time.TimeOnly)), want, short, exact)
+			}
+		}
+	}
+}
