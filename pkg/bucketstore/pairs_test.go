@@ -12,7 +12,6 @@ import (
 
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql"
-	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/prometheus/prometheus/tsdb/chunks"
 	"github.com/thanos-io/objstore"
@@ -102,20 +101,8 @@ func TestDownsampledCounterPairsAtRangeEnds(t *testing.T) {
 	s := newTestStore(t, bkt, 4<<10, 64<<20)
 	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 10_000_000, Timeout: time.Minute})
 	run := func(ctx context.Context, q string, start, end, step int64) map[int64]string {
-		qry, err := engine.NewRangeQuery(ctx, storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
-			return s.Querier("team-a", mint, maxt, nil), nil
-		}), nil, q, time.UnixMilli(start), time.UnixMilli(end), time.Duration(step)*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer qry.Close()
-		r := qry.Exec(ctx)
-		if r.Err != nil {
-			t.Fatal(r.Err)
-		}
-		m, _ := r.Matrix()
 		out := map[int64]string{} // per step, every series' value
-		for _, sr := range m {
+		for _, sr := range rangeMatrix(t, engine, s, ctx, q, start, end, step) {
 			for _, p := range sr.Floats {
 				out[p.T] += fmt.Sprintf("%s=%x ", sr.Metric, math.Float64bits(p.F))
 			}

@@ -45,20 +45,8 @@ func TestSparseReadsAnswerAlike(t *testing.T) {
 	uploadBlock(t, bkt, "team-a", dir)
 	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 10_000_000, Timeout: time.Minute})
 	run := func(s *Store, ctx context.Context, q string, step time.Duration) string {
-		qry, err := engine.NewRangeQuery(ctx, storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
-			return s.Querier("team-a", mint, maxt, nil), nil
-		}), nil, q, time.UnixMilli(20*60_000+7_000), time.UnixMilli(11*time.Hour.Milliseconds()), step)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer qry.Close()
-		r := qry.Exec(ctx)
-		if r.Err != nil {
-			t.Fatal(r.Err)
-		}
-		m, _ := r.Matrix()
 		out := ""
-		for _, sr := range m {
+		for _, sr := range rangeMatrix(t, engine, s, ctx, q, 20*60_000+7_000, 11*time.Hour.Milliseconds(), step.Milliseconds()) {
 			out += sr.Metric.String()
 			for _, p := range sr.Floats {
 				out += fmt.Sprintf(" %d:%x", p.T, math.Float64bits(p.F))
@@ -105,4 +93,25 @@ func TestSparseReadsAnswerAlike(t *testing.T) {
 	if some == 0 || some*3 > all {
 		t.Errorf("sparse select read %d samples of %d: want at most a third", some, all)
 	}
+}
+
+// rangeMatrix runs a range query over team-a's blocks in s.
+func rangeMatrix(t *testing.T, engine *promql.Engine, s *Store, ctx context.Context, q string, start, end, step int64) promql.Matrix {
+	t.Helper()
+	qry, err := engine.NewRangeQuery(ctx, storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
+		return s.Querier("team-a", mint, maxt, nil), nil
+	}), nil, q, time.UnixMilli(start), time.UnixMilli(end), time.Duration(step)*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qry.Close()
+	r := qry.Exec(ctx)
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	m, err := r.Matrix()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

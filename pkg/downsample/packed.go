@@ -92,6 +92,7 @@ func (p packedSeries) Iterator(it chunkenc.Iterator) chunkenc.Iterator {
 }
 
 type packedIterator struct {
+	floatOnly
 	it   chunkenc.Iterator
 	view View
 	fh   histogram.FloatHistogram
@@ -147,17 +148,22 @@ func (p *packedIterator) Seek(t int64) chunkenc.ValueType {
 }
 
 func (p *packedIterator) At() (int64, float64) { return p.t, p.v }
-func (p *packedIterator) AtHistogram(*histogram.Histogram) (int64, *histogram.Histogram) {
-	panic("packedIterator: AtHistogram on a float iterator")
-}
-func (p *packedIterator) AtFloatHistogram(*histogram.FloatHistogram) (int64, *histogram.FloatHistogram) {
-	panic("packedIterator: AtFloatHistogram on a float iterator")
-}
-func (p *packedIterator) AtT() int64  { return p.t }
-func (p *packedIterator) AtST() int64 { return 0 }
+func (p *packedIterator) AtT() int64           { return p.t }
 func (p *packedIterator) Err() error {
 	if p.err != nil {
 		return p.err
 	}
 	return p.it.Err()
 }
+
+// floatOnly is the part of a chunkenc.Iterator that an iterator yielding
+// only floats has nothing to say in.
+type floatOnly struct{}
+
+func (floatOnly) AtHistogram(*histogram.Histogram) (int64, *histogram.Histogram) {
+	panic("AtHistogram on a float iterator")
+}
+func (floatOnly) AtFloatHistogram(*histogram.FloatHistogram) (int64, *histogram.FloatHistogram) {
+	panic("AtFloatHistogram on a float iterator")
+}
+func (floatOnly) AtST() int64 { return 0 }

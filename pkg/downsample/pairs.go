@@ -121,6 +121,7 @@ func (p pairsSeries) Iterator(it chunkenc.Iterator) chunkenc.Iterator {
 }
 
 type pairIterator struct {
+	floatOnly
 	it     chunkenc.Iterator
 	lo, hi int64
 	fh     histogram.FloatHistogram
@@ -210,14 +211,7 @@ func (p *pairIterator) Seek(t int64) chunkenc.ValueType {
 }
 
 func (p *pairIterator) At() (int64, float64) { return p.t, p.v }
-func (p *pairIterator) AtHistogram(*histogram.Histogram) (int64, *histogram.Histogram) {
-	panic("pairIterator: AtHistogram on a float iterator")
-}
-func (p *pairIterator) AtFloatHistogram(*histogram.FloatHistogram) (int64, *histogram.FloatHistogram) {
-	panic("pairIterator: AtFloatHistogram on a float iterator")
-}
-func (p *pairIterator) AtT() int64  { return p.t }
-func (p *pairIterator) AtST() int64 { return 0 }
+func (p *pairIterator) AtT() int64           { return p.t }
 func (p *pairIterator) Err() error {
 	if p.err != nil {
 		return p.err

@@ -406,6 +406,7 @@ func (o onesSeries) Iterator(it chunkenc.Iterator) chunkenc.Iterator {
 }
 
 type onesIterator struct {
+	floatOnly
 	it chunkenc.Iterator
 	vt chunkenc.ValueType
 }
@@ -437,15 +438,8 @@ func (o *onesIterator) At() (int64, float64) {
 	}
 	return t, 1
 }
-func (o *onesIterator) AtHistogram(*histogram.Histogram) (int64, *histogram.Histogram) {
-	panic("onesIterator: AtHistogram on a float iterator")
-}
-func (o *onesIterator) AtFloatHistogram(*histogram.FloatHistogram) (int64, *histogram.FloatHistogram) {
-	panic("onesIterator: AtFloatHistogram on a float iterator")
-}
-func (o *onesIterator) AtT() int64  { return o.it.AtT() }
-func (o *onesIterator) AtST() int64 { return 0 }
-func (o *onesIterator) Err() error  { return o.it.Err() }
+func (o *onesIterator) AtT() int64 { return o.it.AtT() }
+func (o *onesIterator) Err() error { return o.it.Err() }
 
 // avgSeries divides a gauge's window sums by its window counts. Both have a
 // point at the same times (they are written together), staleness markers too.
@@ -467,6 +461,7 @@ func (a *avgSeries) Iterator(it chunkenc.Iterator) chunkenc.Iterator {
 }
 
 type avgIterator struct {
+	floatOnly
 	sum, count chunkenc.Iterator
 	t          int64
 	v          float64
@@ -515,14 +510,7 @@ func (a *avgIterator) Seek(t int64) chunkenc.ValueType {
 	return a.align(a.sum.Seek(t), a.count.Seek(t))
 }
 func (a *avgIterator) At() (int64, float64) { return a.t, a.v }
-func (a *avgIterator) AtHistogram(*histogram.Histogram) (int64, *histogram.Histogram) {
-	panic("avgIterator: AtHistogram on a float iterator")
-}
-func (a *avgIterator) AtFloatHistogram(*histogram.FloatHistogram) (int64, *histogram.FloatHistogram) {
-	panic("avgIterator: AtFloatHistogram on a float iterator")
-}
-func (a *avgIterator) AtT() int64  { return a.t }
-func (a *avgIterator) AtST() int64 { return 0 }
+func (a *avgIterator) AtT() int64           { return a.t }
 func (a *avgIterator) Err() error {
 	if a.err != nil {
 		return a.err
