@@ -264,7 +264,7 @@ func (cfg *Config) series(w *writer, lset labels.Labels, it chunkenc.Iterator, s
 		// Kept float samples go to pairs unless the input is an old-layout
 		// counter series.
 		floatsToPairs = true
-		hist, floats  *outSeries
+		hist          *outSeries
 		pairs         *pairWriter
 	)
 	keep := func(s *sample) {
@@ -276,8 +276,7 @@ func (cfg *Config) series(w *writer, lset labels.Labels, it chunkenc.Iterator, s
 			hist.appendSample(s)
 		default:
 			if pairs == nil {
-				floats = w.series(labels.NewBuilder(lset).Set(AggrLabel, AggrPairs).Labels())
-				pairs = &pairWriter{res: cfg.Resolution, out: floats}
+				pairs = &pairWriter{res: cfg.Resolution, out: w.series(labels.NewBuilder(lset).Set(AggrLabel, AggrPairs).Labels())}
 			}
 			pairs.add(s)
 		}

@@ -120,7 +120,7 @@ func (q queryable) Querier(mint, maxt int64) (storage.Querier, error) {
 		return nil, err
 	}
 	// Pairs are read up to a window further (pairs.go).
-	pairs, err := q.Queryable.Querier(mint, maxt+Res1h-1)
+	pairs, err := q.Queryable.Querier(mint, maxt+min(Res1h-1, math.MaxInt64-maxt))
 	if err != nil {
 		inner.Close()
 		return nil, err
