@@ -1,6 +1,7 @@
 package downsample
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -178,5 +179,35 @@ func TestPairsAnswerAtEveryRangeEnd(t *testing.T) {
 				compare(t, fmt.Sprintf("%s ending at %s", q, time.UnixMilli(end).UTC().Format(time.TimeOnly)), want, short, exact)
 			}
 		}
+	}
+}
+
+// A querier opened to the end of time (as /api/v1/series without an end
+// may) reads pairs too: the window it adds for them must not wrap maxt.
+func TestPairsQuerierToTheEndOfTime(t *testing.T) {
+	f := newFixture(t, 5, 8)
+	q, err := f.ds5m.Querier(t0, math.MaxInt64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	ss := q.Select(context.Background(), false, nil, labels.MustNewMatcher(labels.MatchEqual, "__name__", "counter_metric_total"))
+	series, samples := 0, 0
+	var it chunkenc.Iterator
+	for ss.Next() {
+		series++
+		it = ss.At().Iterator(it)
+		for it.Next() != chunkenc.ValNone {
+			samples++
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ss.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if series == 0 || samples == 0 {
+		t.Fatalf("a querier to the end of time read %d series, %d samples of the counter", series, samples)
 	}
 }
