@@ -19,8 +19,8 @@ import (
 // pod labels does (the same slice, uploaded as a second tenant). Queries that
 // name pod read raw data while it exists; the others read the folded data.
 func TestFoldedDownsamplingAnswersLikeRawWithoutPods(t *testing.T) {
-	s3 := startS3(t)
-	bkt := openBucket(t, s3)
+	store := startStore(t)
+	bkt := openBucket(t, store)
 	sl := downsampleSlice()
 	sl.Metrics = []string{"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE",
 		"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"}
@@ -28,7 +28,7 @@ func TestFoldedDownsamplingAnswersLikeRawWithoutPods(t *testing.T) {
 	truth := sl
 	truth.DropLabels = []string{"pod"}
 	upload(t, bkt, "truth", nil, truth.write(t, t.TempDir())...)
-	qa, qurl := startQuery(t, s3.bucket())
+	qa, qurl := startQuery(t, store.bucket())
 	if err := qa.BucketStore.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -132,8 +132,8 @@ func TestYearOfDownsampledData(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a year of data: not in -short")
 	}
-	s3 := startS3(t)
-	bkt := openBucket(t, s3)
+	store := startStore(t)
+	bkt := openBucket(t, store)
 	sl := yearSlice()
 	t0 := time.Now()
 	dirs := sl.write(t, t.TempDir())
@@ -146,7 +146,7 @@ func TestYearOfDownsampledData(t *testing.T) {
 	upload(t, bkt, "year-truth", nil, truth.write(t, t.TempDir())...)
 	t.Logf("a year of one GPU at 1m: %d blocks written and shipped in %s, twice (with and without pods)", len(dirs), time.Since(t0).Round(time.Millisecond))
 	_, rawBytes := byResolution(readBucket(t, bkt, "year"))
-	qa, qurl := startQuery(t, s3.bucket())
+	qa, qurl := startQuery(t, store.bucket())
 	if err := qa.BucketStore.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
