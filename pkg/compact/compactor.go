@@ -346,16 +346,24 @@ func (p *pass) sync(ctx context.Context) error {
 		p.c.metas[p.tenant] = cache
 	}
 	p.c.mtx.Unlock()
+	bad := map[string]int{}
 	for id, b := range p.blocks {
 		if slices.Contains(b.objects, block.ObjectName(p.tenant, id, block.DeletionMarkFilename)) {
 			m, err := block.ReadDeletionMark(ctx, p.c.bkt, p.tenant, id)
-			if err != nil {
+			switch {
+			case errors.Is(err, block.ErrBadMark):
+				// Torn: as if absent. If the block is still to go, this
+				// pass marks it again (replacing the torn mark); until
+				// then it is a live block like any other.
+				p.logger.Warn("deletion mark does not parse; treated as absent", "block", id, "err", err)
+				bad[block.DeletionMarkFilename]++
+			case err != nil:
 				return err
+			case m == nil: // deleted since the listing
+				b.deletion = &block.DeletionMark{ID: id, DeletionTime: p.c.now().Unix()}
+			default:
+				b.deletion = m
 			}
-			if m == nil { // deleted since the listing
-				m = &block.DeletionMark{ID: id, DeletionTime: p.c.now().Unix()}
-			}
-			b.deletion = m
 		}
 		if !b.hasMeta {
 			continue
@@ -371,12 +379,12 @@ func (p *pass) sync(ctx context.Context) error {
 				b.hasMeta = false
 				continue
 			case errors.Is(err, block.ErrBadMeta):
-				// Neither queries nor the compactor can read the block.
-				if b.deletion == nil && !b.noCompact {
-					if err := p.markNoCompact(ctx, id, "meta-read-failure", err); err != nil {
-						return err
-					}
-				}
+				// Neither queries nor the compactor can read the block. It
+				// is left as it is, not marked: a receiver whose local copy
+				// is whole uploads meta.json again (pkg/shipper), and then
+				// the block is compacted like the others.
+				p.logger.Error("meta.json does not parse: block left alone", "block", id, "err", err)
+				bad[block.MetaFilename]++
 				continue
 			case err != nil:
 				return err
@@ -386,6 +394,9 @@ func (p *pass) sync(ctx context.Context) error {
 			p.c.mtx.Unlock()
 		}
 		b.meta = m
+	}
+	for _, f := range []string{block.MetaFilename, block.DeletionMarkFilename} {
+		p.c.m.badFiles.WithLabelValues(p.tenant, f).Set(float64(bad[f]))
 	}
 	// Forget metas of blocks gone from the bucket.
 	p.c.mtx.Lock()

@@ -3,6 +3,7 @@ package compact_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -335,6 +336,7 @@ type bucketState struct {
 	marked  []ulid.ULID
 	partial []ulid.ULID // directories without meta.json
 	nocomp  []ulid.ULID
+	corrupt []ulid.ULID // meta.json does not parse
 }
 
 func readBucket(t testing.TB, bkt objstore.Bucket, tenant string) bucketState {
@@ -368,6 +370,10 @@ func readBucket(t testing.TB, bkt objstore.Bucket, tenant string) bucketState {
 			st.marked = append(st.marked, id)
 		default:
 			m, err := block.ReadMeta(ctx, bkt, tenant, id)
+			if errors.Is(err, block.ErrBadMeta) {
+				st.corrupt = append(st.corrupt, id)
+				continue
+			}
 			if err != nil {
 				t.Fatal(err)
 			}

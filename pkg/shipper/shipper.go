@@ -13,8 +13,9 @@
 //   - What was shipped is remembered across restarts in
 //     <tenant dir>/shipper.json. A block whose meta.json is already in the
 //     bucket (uploaded by a process that crashed before recording it) is not
-//     uploaded again; a block whose upload was cut short (no meta.json) is
-//     uploaded again whole, overwriting the partial objects.
+//     uploaded again; a block whose upload was cut short (no meta.json, or
+//     one that does not parse) is uploaded again whole, overwriting the
+//     partial objects.
 //   - Failed uploads are retried with exponential backoff per tenant
 //     (min_backoff doubling up to max_backoff).
 package shipper
@@ -325,13 +326,17 @@ func (s *Shipper) ship(ctx context.Context, tenant string, b *tsdb.Block) error 
 	if meta.GPUStore.Labels == nil {
 		meta.GPUStore.Labels = map[string]string{}
 	}
-	exists, err := s.bkt.Exists(ctx, block.ObjectName(tenant, bm.ULID, block.MetaFilename))
-	if err != nil {
-		return fmt.Errorf("check bucket: %w", err)
-	}
-	if exists {
+	// Read, not only stat: a meta.json that does not parse (torn by a crash
+	// on a store whose writes were not durable) is no upload, and the local
+	// copy is the only whole one.
+	switch _, err := block.ReadMeta(ctx, s.bkt, tenant, bm.ULID); {
+	case err == nil:
 		s.logger.Info("block already in the bucket; recording it as shipped", "tenant", tenant, "block", bm.ULID)
 		return nil
+	case errors.Is(err, block.ErrBadMeta):
+		s.logger.Warn("block's meta.json in the bucket does not parse; uploading the block again", "tenant", tenant, "block", bm.ULID, "err", err)
+	case !errors.Is(err, block.ErrNoMeta):
+		return fmt.Errorf("check bucket: %w", err)
 	}
 	start := time.Now()
 	files, err := block.LocalFiles(b.Dir())
