@@ -42,6 +42,7 @@
 package compact
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -815,7 +816,11 @@ func (p *pass) compactPlan(ctx context.Context, group string, plan []*block.Meta
 	}
 	slices.Sort(ds.FoldedLabels)
 	ds.FoldedLabels = slices.Compact(ds.FoldedLabels)
-	meta, resBytes, err := p.uploadResult(ctx, filepath.Join(work, res[0].String()), first.Labels, ds, block.SourceCompactor, sourceRanges(plan))
+	types, err := p.typesOf(ctx, plan)
+	if err != nil {
+		return err
+	}
+	meta, resBytes, err := p.uploadResult(ctx, filepath.Join(work, res[0].String()), first.Labels, ds, block.SourceCompactor, sourceRanges(plan), types)
 	if err != nil {
 		return err
 	}
@@ -837,10 +842,10 @@ func (p *pass) compactPlan(ctx context.Context, group string, plan []*block.Meta
 }
 
 // uploadResult uploads a block the pass wrote into dir (a compaction's or a
-// downsampling's result; meta.json last) with the group's labels, the given
-// resolution and source, and records it in the pass. It returns the meta
-// and the block's bytes.
-func (p *pass) uploadResult(ctx context.Context, dir string, labels map[string]string, ds block.Downsample, source string, ranges []block.SourceRange) (*block.Meta, int64, error) {
+// downsampling's result; its metric types, then its files, meta.json last)
+// with the group's labels, the given resolution and source, and records it
+// in the pass. It returns the meta and the block's bytes.
+func (p *pass) uploadResult(ctx context.Context, dir string, labels map[string]string, ds block.Downsample, source string, ranges []block.SourceRange, types block.Types) (*block.Meta, int64, error) {
 	bm, err := block.ReadLocalMeta(dir)
 	if err != nil {
 		return nil, 0, err
@@ -853,6 +858,9 @@ func (p *pass) uploadResult(ctx context.Context, dir string, labels map[string]s
 		Downsample: ds, Source: source, SourceRanges: ranges,
 	}}
 	if err := p.held.Check(ctx); err != nil {
+		return nil, 0, err
+	}
+	if err := block.WriteTypes(ctx, p.c.bkt, p.tenant, bm.ULID, types); err != nil {
 		return nil, 0, err
 	}
 	if err := block.Upload(ctx, p.c.bkt, dir, *meta); err != nil {
@@ -873,6 +881,28 @@ func (p *pass) uploadResult(ctx context.Context, dir string, labels map[string]s
 	p.c.metas[p.tenant][bm.ULID] = meta
 	p.c.mtx.Unlock()
 	return meta, size, nil
+}
+
+// typesOf returns the union of the blocks' metric types (pkg/block.Types),
+// the newest block's where they differ. A types object that does not parse
+// is left out: its block's metrics are typed by name.
+func (p *pass) typesOf(ctx context.Context, metas []*block.Meta) (block.Types, error) {
+	byAge := slices.SortedFunc(slices.Values(metas), func(a, b *block.Meta) int {
+		return cmp.Or(cmp.Compare(a.MaxTime, b.MaxTime), a.ULID.Compare(b.ULID))
+	})
+	var out block.Types
+	for _, m := range byAge {
+		t, err := block.ReadTypes(ctx, p.c.bkt, p.tenant, m.ULID)
+		if errors.Is(err, block.ErrBadTypes) {
+			p.logger.Warn("metric types of block do not parse; its metrics are typed by name", "block", m.ULID, "err", err)
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = out.Merge(t)
+	}
+	return out, nil
 }
 
 // progress logs every 30s while a compaction runs.

@@ -177,6 +177,15 @@ func (p *pass) downsampleBlock(ctx context.Context, m *block.Meta, res int64) er
 	for _, in := range inputs {
 		dcfg.Folded = append(dcfg.Folded, in.GPUStore.Downsample.FoldedLabels...)
 	}
+	if dcfg.SourceResolution == block.ResolutionRaw {
+		// Counters are told from gauges by the tenant's metadata, which the
+		// receivers shipped beside their blocks; names where it is missing.
+		types, err := p.typesOf(ctx, inputs)
+		if err != nil {
+			return err
+		}
+		dcfg.Types = types.Lookup
+	}
 	id, st, err := downsample.Downsample(ctx, readers, dcfg)
 	if err != nil {
 		return err
@@ -193,7 +202,7 @@ func (p *pass) downsampleBlock(ctx context.Context, m *block.Meta, res int64) er
 		return nil
 	}
 	ds := block.Downsample{Resolution: res, FoldedLabels: dcfg.FoldedLabels()}
-	_, outBytes, err := p.uploadResult(ctx, filepath.Join(out, id.String()), m.GPUStore.Labels, ds, downsample.Source, nil)
+	_, outBytes, err := p.uploadResult(ctx, filepath.Join(out, id.String()), m.GPUStore.Labels, ds, downsample.Source, nil, nil)
 	if err != nil {
 		return err
 	}

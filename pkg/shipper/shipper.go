@@ -38,10 +38,12 @@ import (
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
@@ -343,6 +345,13 @@ func (s *Shipper) ship(ctx context.Context, tenant string, b *tsdb.Block) error 
 	if err != nil {
 		return err
 	}
+	types, err := s.types(ctx, tenant, b)
+	if err != nil {
+		return err
+	}
+	if err := block.WriteTypes(ctx, s.bkt, tenant, bm.ULID, types); err != nil { // before meta.json
+		return err
+	}
 	if err := block.Upload(ctx, s.bkt, b.Dir(), meta); err != nil {
 		return err
 	}
@@ -358,6 +367,29 @@ func (s *Shipper) ship(ctx context.Context, tenant string, b *tsdb.Block) error 
 		s.OnUpload(tenant, meta)
 	}
 	return nil
+}
+
+// types returns the metric types of the families in block b, from the
+// tenant's metadata store (what remote write sent): the compactor, which may
+// see nothing but the bucket, downsamples counters by them.
+func (s *Shipper) types(ctx context.Context, tenant string, b *tsdb.Block) (block.Types, error) {
+	db := s.dbs.Existing(tenant)
+	if db == nil || db.Metadata == nil {
+		return nil, nil
+	}
+	ir, err := b.Index()
+	if err != nil {
+		return nil, fmt.Errorf("open index of block %s: %w", b.Meta().ULID, err)
+	}
+	defer ir.Close()
+	names, err := ir.SortedLabelValues(ctx, labels.MetricName, nil)
+	if err != nil {
+		return nil, fmt.Errorf("metric names of block %s: %w", b.Meta().ULID, err)
+	}
+	return downsample.TypesOf(names, func(family string) (model.MetricType, bool) {
+		m, ok := db.Metadata.Get(family)
+		return m.Type, ok
+	}), nil
 }
 
 // persist writes the tenant's shipper.json atomically.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
 	"github.com/thanos-io/objstore"
@@ -464,6 +466,34 @@ func TestTornMetaInTheBucketIsUploadedAgain(t *testing.T) {
 		}
 		if !e2.sh.Shipped(tenant, id) {
 			t.Errorf("block %s not recorded as shipped", id)
+		}
+	}
+}
+
+// TestShipsTheBlocksMetricTypes: each shipped block carries the metric types
+// of its families from the tenant's metadata (as remote write sent them),
+// for the compactor, which may see nothing but the bucket; families the
+// block does not hold are left out.
+func TestShipsTheBlocksMetricTypes(t *testing.T) {
+	mem := objstore.NewInMemBucket()
+	e := newEnv(t, t.TempDir(), &testBucket{Bucket: mem})
+	md := e.dbs.Existing(tenant).Metadata
+	md.Set("DCGM_FI_DEV_GPU_TEMP", metadata.Metadata{Type: model.MetricTypeGauge, Unit: "celsius"})
+	md.Set("DCGM_FI_DEV_POWER_USAGE", metadata.Metadata{Type: model.MetricTypeGauge})
+	md.Set("DCGM_FI_DEV_POWER_VIOLATION", metadata.Metadata{Type: model.MetricTypeCounter}) // not in the blocks
+	e.ingest(4)
+	if err := e.sync(true); err != nil {
+		t.Fatal(err)
+	}
+	ids := e.localBlocks()
+	if len(ids) == 0 {
+		t.Fatal("no block cut")
+	}
+	want := block.Types{"DCGM_FI_DEV_GPU_TEMP": model.MetricTypeGauge, "DCGM_FI_DEV_POWER_USAGE": model.MetricTypeGauge}
+	for _, id := range ids {
+		got, err := block.ReadTypes(context.Background(), mem, tenant, id)
+		if err != nil || !maps.Equal(got, want) {
+			t.Errorf("block %s: types %v (err %v), want %v", id, got, err, want)
 		}
 	}
 }
