@@ -22,3 +22,22 @@ func TestListFlagsWithConfigFile(t *testing.T) {
 		t.Fatalf("memberlist.join = %v, want [a:7946]", got)
 	}
 }
+
+// TestPodFoldIsOptIn: by default 5m and 1h data keep every label (the pod
+// fold merges series, so it is asked for: a flag or the YAML file).
+func TestPodFoldIsOptIn(t *testing.T) {
+	cfg, _, err := Load(flag.NewFlagSet("d", flag.ContinueOnError), []string{"-storage.tsdb.path=" + t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := cfg.Compact.DownsampleFoldLabels; len(l) != 0 {
+		t.Fatalf("default compact.downsample_fold_labels %q, want none", l)
+	}
+	cfg, _, err = Load(flag.NewFlagSet("f", flag.ContinueOnError), []string{"-storage.tsdb.path=" + t.TempDir(), "-compact.downsample.fold-labels=pod"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := cfg.Compact.DownsampleFoldLabels; len(l) != 1 || l[0] != "pod" || cfg.Compact.DownsampleFoldMetrics != "DCGM_.+" {
+		t.Fatalf("-compact.downsample.fold-labels=pod: labels %q on %q, want pod on DCGM_.+", l, cfg.Compact.DownsampleFoldMetrics)
+	}
+}

@@ -46,9 +46,10 @@ type Config struct {
 	// Downsample writes 5m and 1h blocks (pkg/downsample) in each pass.
 	Downsample bool `yaml:"downsample"`
 	// DownsampleFoldLabels are merged away when raw data of the metrics
-	// matching DownsampleFoldMetrics is downsampled (downsample.Fold): by
-	// default dcgm-exporter's pod label, so that 5m and 1h data hold one
-	// series per GPU instead of one per GPU and job. Empty: off.
+	// matching DownsampleFoldMetrics is downsampled (downsample.Fold), e.g.
+	// dcgm-exporter's pod label, so that 5m and 1h data hold one series per
+	// GPU instead of one per GPU and job. Counters are never folded. Empty
+	// (the default): off, every label is kept.
 	DownsampleFoldLabels  flagext.StringSliceCSV `yaml:"downsample_fold_labels"`
 	DownsampleFoldMetrics string                 `yaml:"downsample_fold_metrics"`
 }
@@ -68,9 +69,8 @@ func DefaultConfig() Config {
 		LeaseTTL:           model.Duration(5 * time.Minute),
 		LeaseSettle:        model.Duration(2 * time.Second),
 		Downsample:         true,
-		// Pods come and go on a GPU every few hours; namespace (who
-		// used the GPU) and container are kept.
-		DownsampleFoldLabels:  flagext.StringSliceCSV{"pod"},
+		// Folding is asked for: it changes which series the 5m and 1h
+		// data hold. When on, its scope is dcgm-exporter's metrics.
 		DownsampleFoldMetrics: "DCGM_.+",
 	}
 }
@@ -133,7 +133,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&c.Retention1h, "compact.retention.1h", "How long 1h-resolution (downsampled) blocks stay in the bucket (0: forever).")
 	fs.Var(&c.LeaseTTL, "compact.lease-ttl", "How long a compactor's lease on a tenant lasts without renewal.")
 	fs.BoolVar(&c.Downsample, "compact.downsample", c.Downsample, "Downsample finished blocks to 5m and 1h resolution (raw retention then waits for the 5m data).")
-	fs.Var(&c.DownsampleFoldLabels, "compact.downsample.fold-labels", "Comma-separated labels merged away when raw data is downsampled, for the metrics of -compact.downsample.fold-metrics (one 5m/1h series per GPU instead of one per GPU and pod; queries naming them read raw data where it exists). Empty: keep every label.")
+	fs.Var(&c.DownsampleFoldLabels, "compact.downsample.fold-labels", "Comma-separated labels merged away when raw data is downsampled, for the gauges among the metrics of -compact.downsample.fold-metrics (e.g. pod: one 5m/1h series per GPU instead of one per GPU and pod; counters are never folded; queries naming them read raw data where it exists). Empty (the default): keep every label.")
 	fs.StringVar(&c.DownsampleFoldMetrics, "compact.downsample.fold-metrics", c.DownsampleFoldMetrics, "Regular expression (anchored) of the metric names whose series -compact.downsample.fold-labels applies to.")
 	fs.Var(&c.LeaseSettle, "compact.lease-settle", "Wait between writing a tenant's lease and reading it back; must exceed how long a bucket write can lag (below lease-ttl/3).")
 }

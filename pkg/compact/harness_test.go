@@ -180,10 +180,6 @@ func testConfig() compact.Config {
 	// The compaction tests count blocks and samples of one resolution;
 	// downsampling has its own tests (downsample_test.go).
 	cfg.Downsample = false
-	// Pods kept at downsampling: most downsampling tests compare with raw
-	// answers that have them; the fold (the default) is tested against a
-	// copy of the slice written without pods (fold_test.go, year_test.go).
-	cfg.DownsampleFoldLabels = nil
 	return cfg
 }
 
@@ -215,10 +211,6 @@ type simSlice struct {
 	// Epoch anchors gpusim's counters and jobs (zero: gpusim's default);
 	// a slice that starts before it should start at it.
 	Epoch time.Time
-	// DropLabels are left out of every series: the slice as it would be
-	// had dcgm-exporter never labelled GPUs with their pods (what 5m and 1h
-	// data folded over pod must answer like).
-	DropLabels []string
 }
 
 // write writes the slice's blocks into dir and returns their directories.
@@ -259,9 +251,7 @@ func (s simSlice) write(t testing.TB, dir string) []string {
 				if !ok {
 					sb.Reset()
 					for _, l := range sr.Labels {
-						if !slices.Contains(s.DropLabels, l.Name) {
-							sb.Add(l.Name, l.Value)
-						}
+						sb.Add(l.Name, l.Value)
 					}
 					sb.Sort()
 					ls = sb.Labels()
