@@ -259,7 +259,7 @@ type pass struct {
 	held   *Held
 	logger *slog.Logger
 	blocks map[ulid.ULID]*blockState
-	cov5   map[string]map[ulid.ULID]struct{} // per group labels: sources covered at 5m (mayDeleteRaw's memo)
+	cov    map[string]map[ulid.ULID]struct{} // per resolution and group labels: sources covered (mayDelete's memo)
 }
 
 func (p *pass) run(ctx context.Context) error {
@@ -606,7 +606,7 @@ func (p *pass) applyRetention(ctx context.Context) error {
 		if r <= 0 || b.meta.MaxTime > now.Add(-r).UnixMilli() {
 			continue
 		}
-		if res == block.ResolutionRaw && !p.mayDeleteRaw(b.meta) {
+		if !p.mayDelete(b.meta) {
 			continue
 		}
 		if err := p.markDeleted(ctx, b, "retention", fmt.Sprintf("retention %s", shortDuration(r))); err != nil {
@@ -876,7 +876,7 @@ func (p *pass) uploadResult(ctx context.Context, dir string, labels map[string]s
 		size += f.SizeBytes
 	}
 	p.blocks[bm.ULID] = &blockState{id: bm.ULID, meta: meta, hasMeta: true}
-	p.cov5 = nil // the new block may cover more
+	p.cov = nil // the new block may cover more
 	p.c.mtx.Lock()
 	p.c.metas[p.tenant][bm.ULID] = meta
 	p.c.mtx.Unlock()

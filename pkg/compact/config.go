@@ -32,9 +32,12 @@ type Config struct {
 	// It must be far longer than any upload takes.
 	PartialDeleteDelay model.Duration `yaml:"partial_delete_delay"`
 	// Retention per resolution: blocks wholly older are marked for deletion
-	// (0 keeps them forever). Raw retention can be overridden per tenant in
-	// the limits overrides file (compactor_retention_raw). The 5m and 1h
-	// resolutions are written by downsampling.
+	// (0 keeps them forever), a raw block only once 5m or 1h data holds its
+	// hours and a 5m block only once 1h data does; retentions that would
+	// contradict that are refused (validateRetentionOrder). Raw retention
+	// can be overridden per tenant in the limits overrides file
+	// (compactor_retention_raw). The 5m and 1h resolutions are written by
+	// downsampling.
 	RetentionRaw model.Duration `yaml:"retention_raw"`
 	Retention5m  model.Duration `yaml:"retention_5m"`
 	Retention1h  model.Duration `yaml:"retention_1h"`
@@ -103,6 +106,7 @@ func (c Config) Validate() error {
 	if c.RetentionRaw < 0 || c.Retention5m < 0 || c.Retention1h < 0 {
 		errs = append(errs, errors.New("compact retention must not be negative"))
 	}
+	errs = append(errs, c.validateRetentionOrder()...)
 	if _, err := c.fold(); err != nil {
 		errs = append(errs, err)
 	}
@@ -110,6 +114,25 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("compact lease: want ttl > 0 and 0 <= settle (%s) < ttl/3 (%s)", c.LeaseSettle, c.LeaseTTL/3))
 	}
 	return errors.Join(errs...)
+}
+
+// validateRetentionOrder refuses retentions under which a resolution's
+// blocks would be due for deletion while no coarser resolution holds their
+// hours any more: retention deletes a block only once a coarser one does
+// (mayDelete), so such a block would stay forever, against its retention.
+// 0 is forever.
+func (c Config) validateRetentionOrder() []error {
+	outlives := func(coarse, fine model.Duration) bool { return coarse == 0 || coarse >= fine }
+	var errs []error
+	if c.Retention5m != 0 && !outlives(c.Retention1h, c.Retention5m) {
+		errs = append(errs, fmt.Errorf("compact.retention.1h (%s) is shorter than compact.retention.5m (%s): 5m data is deleted only once 1h data holds its hours, so it would be kept past its retention; set retention.1h at least as long (0: forever)",
+			c.Retention1h, c.Retention5m))
+	}
+	if c.Downsample && c.RetentionRaw != 0 && !outlives(c.Retention5m, c.RetentionRaw) && !outlives(c.Retention1h, c.RetentionRaw) {
+		errs = append(errs, fmt.Errorf("compact.retention.raw (%s) is longer than compact.retention.5m (%s) and compact.retention.1h (%s): raw data is deleted only once downsampled data holds its hours, so it would be kept past its retention; keep 5m or 1h data at least as long (0: forever)",
+			c.RetentionRaw, c.Retention5m, c.Retention1h))
+	}
+	return errs
 }
 
 // ranges returns BlockRanges in milliseconds.
