@@ -113,6 +113,12 @@ func writeMark(ctx context.Context, bkt objstore.Bucket, name string, v any) err
 }
 
 func readMark(ctx context.Context, bkt objstore.BucketReader, name string, v any) (bool, error) {
+	return readJSON(ctx, bkt, name, v, ErrBadMark)
+}
+
+// readJSON reads the object name into v: false without error when there is
+// no such object, errBad wrapped into the error when it does not parse.
+func readJSON(ctx context.Context, bkt objstore.BucketReader, name string, v any, errBad error) (bool, error) {
 	rc, err := bkt.Get(ctx, name)
 	if err != nil {
 		if bkt.IsObjNotFoundErr(err) {
@@ -126,7 +132,7 @@ func readMark(ctx context.Context, bkt objstore.BucketReader, name string, v any
 		return false, fmt.Errorf("read %s: %w", name, err)
 	}
 	if err := json.Unmarshal(b, v); err != nil {
-		return false, fmt.Errorf("%w: parse %s: %w", ErrBadMark, name, err)
+		return false, fmt.Errorf("%w: parse %s: %w", errBad, name, err)
 	}
 	return true, nil
 }

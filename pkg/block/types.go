@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/common/model"
@@ -65,21 +64,9 @@ var ErrBadTypes = errors.New("bad metric types object")
 // none (written before types were recorded, or no metadata was sent).
 func ReadTypes(ctx context.Context, bkt objstore.BucketReader, tenant string, id ulid.ULID) (Types, error) {
 	name := ObjectName(tenant, id, TypesFilename)
-	rc, err := bkt.Get(ctx, name)
-	if err != nil {
-		if bkt.IsObjNotFoundErr(err) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("get %s: %w", name, err)
-	}
-	defer rc.Close()
-	b, err := io.ReadAll(rc)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
-	}
 	var f typesFile
-	if err := json.Unmarshal(b, &f); err != nil {
-		return nil, fmt.Errorf("%w: parse %s: %w", ErrBadTypes, name, err)
+	if ok, err := readJSON(ctx, bkt, name, &f, ErrBadTypes); !ok || err != nil {
+		return nil, err
 	}
 	if f.Version != TypesVersion {
 		return nil, fmt.Errorf("%w: %s has version %d, want %d", ErrBadTypes, name, f.Version, TypesVersion)

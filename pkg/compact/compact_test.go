@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/prometheus/prometheus/tsdb/chunks"
 
@@ -315,14 +316,7 @@ func smallBlocks(t *testing.T, dir string, start time.Time, n int, metrics ...st
 	if len(metrics) == 0 {
 		metrics = []string{"a_metric", "b_metric"}
 	}
-	var dirs []string
-	for i := 0; i < n; i++ {
-		from := start.Add(time.Duration(i) * 2 * time.Hour).UnixMilli()
-		w, err := tsdb.NewBlockWriter(quiet(), dir, 2*3_600_000)
-		if err != nil {
-			t.Fatal(err)
-		}
-		app := w.Appender(context.Background())
+	return twoHourBlocks(t, dir, start, n, func(app storage.Appender, from int64) {
 		for _, m := range metrics {
 			for g := 0; g < 4; g++ {
 				ls := labels.FromStrings("__name__", m, "gpu", strconv.Itoa(g))
@@ -333,6 +327,23 @@ func smallBlocks(t *testing.T, dir string, start time.Time, n int, metrics ...st
 				}
 			}
 		}
+	})
+}
+
+// twoHourBlocks writes n 2h blocks from start, aligned as a receiver cuts
+// them, each holding what add appends for the block starting at from, and
+// returns their directories.
+func twoHourBlocks(t *testing.T, dir string, start time.Time, n int, add func(app storage.Appender, from int64)) []string {
+	t.Helper()
+	var dirs []string
+	for i := 0; i < n; i++ {
+		from := start.Add(time.Duration(i) * 2 * time.Hour).UnixMilli()
+		w, err := tsdb.NewBlockWriter(quiet(), dir, 2*3_600_000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		app := w.Appender(context.Background())
+		add(app, from)
 		if err := app.Commit(); err != nil {
 			t.Fatal(err)
 		}

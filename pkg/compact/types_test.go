@@ -3,14 +3,13 @@ package compact_test
 import (
 	"context"
 	"math/rand/v2"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
-	"github.com/prometheus/prometheus/tsdb"
+	"github.com/prometheus/prometheus/storage"
 
 	"github.com/gpustore/gpustore/pkg/block"
 )
@@ -22,14 +21,7 @@ func counterBlocks(t *testing.T, dir, name string, start time.Time, n int) []str
 	t.Helper()
 	rng := rand.New(rand.NewPCG(29, 4))
 	v := []float64{1e6, 3e6}
-	var dirs []string
-	for i := range n {
-		from := start.Add(time.Duration(i) * 2 * time.Hour).UnixMilli()
-		w, err := tsdb.NewBlockWriter(quiet(), dir, 2*3_600_000)
-		if err != nil {
-			t.Fatal(err)
-		}
-		app := w.Appender(context.Background())
+	return twoHourBlocks(t, dir, start, n, func(app storage.Appender, from int64) {
 		for g := range v {
 			ls := labels.FromStrings(labels.MetricName, name, "gpu", strconv.Itoa(g), "Hostname", "node-1")
 			for ts := from; ts < from+2*3_600_000; ts += 15_000 {
@@ -42,18 +34,7 @@ func counterBlocks(t *testing.T, dir, name string, start time.Time, n int) []str
 				}
 			}
 		}
-		if err := app.Commit(); err != nil {
-			t.Fatal(err)
-		}
-		id, err := w.Flush(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		w.Close()
-		setBlockRange(t, filepath.Join(dir, id.String()), from, from+2*3_600_000)
-		dirs = append(dirs, filepath.Join(dir, id.String()))
-	}
-	return dirs
+	})
 }
 
 // TestCountersTypedByShippedMetadata: a counter whose name does not say so

@@ -2,7 +2,6 @@ package downsample
 
 import (
 	"context"
-	"log/slog"
 	"math/rand/v2"
 	"path/filepath"
 	"testing"
@@ -19,44 +18,33 @@ import (
 // series every 15s over [mint, maxt) into a raw block.
 func writeGaugeHistograms(t *testing.T, dir string, seed uint64, mint, maxt int64) *tsdb.Block {
 	t.Helper()
-	w, err := tsdb.NewBlockWriter(slog.New(slog.DiscardHandler), dir, 4*Res1h*4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	app := w.Appender(context.Background())
-	for g := range 3 {
-		rng := rand.New(rand.NewPCG(seed, uint64(g)))
-		lset := labels.FromStrings(labels.MetricName, "gpu_kernel_occupancy", "gpu", string(rune('0'+g)))
-		buckets := []float64{10, 20, 30, 5}
-		var ref storage.SeriesRef
-		for ts := t0 - 10*60_000 + int64(g)*1_234; ts < t0+span+10*60_000; ts += interval {
-			var count, sum float64
-			for i := range buckets {
-				buckets[i] = max(0, buckets[i]+float64(rng.IntN(7)-3)) // up and down
-				count += buckets[i]
-				sum += buckets[i] * float64(i+1) * 0.7
-			}
-			if ts < mint || ts >= maxt {
-				continue
-			}
-			fh := &histogram.FloatHistogram{
-				CounterResetHint: histogram.GaugeType, Schema: 0, Count: count, Sum: sum,
-				PositiveSpans: []histogram.Span{{Offset: 0, Length: 4}}, PositiveBuckets: append([]float64(nil), buckets...),
-			}
-			if ref, err = app.AppendHistogram(ref, lset, ts, nil, fh); err != nil {
-				t.Fatal(err)
+	return writeBlock(t, dir, func(app storage.Appender) {
+		for g := range 3 {
+			rng := rand.New(rand.NewPCG(seed, uint64(g)))
+			lset := labels.FromStrings(labels.MetricName, "gpu_kernel_occupancy", "gpu", string(rune('0'+g)))
+			buckets := []float64{10, 20, 30, 5}
+			var ref storage.SeriesRef
+			for ts := t0 - 10*60_000 + int64(g)*1_234; ts < t0+span+10*60_000; ts += interval {
+				var count, sum float64
+				for i := range buckets {
+					buckets[i] = max(0, buckets[i]+float64(rng.IntN(7)-3)) // up and down
+					count += buckets[i]
+					sum += buckets[i] * float64(i+1) * 0.7
+				}
+				if ts < mint || ts >= maxt {
+					continue
+				}
+				fh := &histogram.FloatHistogram{
+					CounterResetHint: histogram.GaugeType, Schema: 0, Count: count, Sum: sum,
+					PositiveSpans: []histogram.Span{{Offset: 0, Length: 4}}, PositiveBuckets: append([]float64(nil), buckets...),
+				}
+				var err error
+				if ref, err = app.AppendHistogram(ref, lset, ts, nil, fh); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
-	}
-	if err := app.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	id, err := w.Flush(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return openBlock(t, filepath.Join(dir, id.String()))
+	})
 }
 
 // TestGaugeHistogramsKeepEverySample: a native gauge histogram is not a
