@@ -4,6 +4,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -20,5 +21,52 @@ func TestListFlagsWithConfigFile(t *testing.T) {
 	}
 	if got := cfg.Memberlist.JoinMembers; len(got) != 1 {
 		t.Fatalf("memberlist.join = %v, want [a:7946]", got)
+	}
+}
+
+// TestPodFoldIsOptIn: by default 5m and 1h data keep every label (the pod
+// fold merges series, so it is asked for: a flag or the YAML file).
+func TestPodFoldIsOptIn(t *testing.T) {
+	cfg, _, err := Load(flag.NewFlagSet("d", flag.ContinueOnError), []string{"-storage.tsdb.path=" + t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := cfg.Compact.DownsampleFoldLabels; len(l) != 0 {
+		t.Fatalf("default compact.downsample_fold_labels %q, want none", l)
+	}
+	cfg, _, err = Load(flag.NewFlagSet("f", flag.ContinueOnError), []string{"-storage.tsdb.path=" + t.TempDir(), "-compact.downsample.fold-labels=pod"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := cfg.Compact.DownsampleFoldLabels; len(l) != 1 || l[0] != "pod" || cfg.Compact.DownsampleFoldMetrics != "DCGM_.+" {
+		t.Fatalf("-compact.downsample.fold-labels=pod: labels %q on %q, want pod on DCGM_.+", l, cfg.Compact.DownsampleFoldMetrics)
+	}
+}
+
+// TestRetentionsThatWouldDropData: retention flags under which a resolution
+// would be deleted while no coarser one holds its hours are refused at
+// start, with an error naming the flags; those where a coarser resolution
+// always does are taken.
+func TestRetentionsThatWouldDropData(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string // "" : accepted; else in the error
+	}{
+		{nil, ""},
+		{[]string{"-compact.retention.5m=30d", "-compact.retention.1h=7d"}, "compact.retention.1h (1w) is shorter than compact.retention.5m (30d)"},
+		{[]string{"-compact.retention.raw=90d", "-compact.retention.5m=30d", "-compact.retention.1h=60d"}, "compact.retention.raw (90d)"},
+		{[]string{"-compact.retention.raw=90d", "-compact.retention.5m=30d", "-compact.retention.1h=1y"}, ""}, // raw goes once at 1h
+		{[]string{"-compact.retention.raw=0", "-compact.retention.5m=1y"}, ""},                                // raw kept forever
+		{[]string{"-compact.retention.5m=0", "-compact.retention.1h=1y"}, ""},                                 // 5m kept forever
+		{[]string{"-compact.retention.5m=1y", "-compact.retention.1h=0"}, ""},
+		{[]string{"-compact.downsample=false", "-compact.retention.raw=90d", "-compact.retention.5m=30d", "-compact.retention.1h=60d"}, ""},
+	} {
+		_, _, err := Load(flag.NewFlagSet("r", flag.ContinueOnError), append(c.args, "-storage.tsdb.path="+t.TempDir()))
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%v refused: %v", c.args, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%v: error %v, want one saying %q", c.args, err, c.want)
+		}
 	}
 }

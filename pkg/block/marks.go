@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -51,12 +52,21 @@ type NoCompactMark struct {
 	NoCompactTime int64 `json:"no_compact_time"`
 }
 
+// ErrBadMark is wrapped by the errors of ReadDeletionMark and
+// ReadNoCompactMark for a mark that was read but does not parse: empty or
+// torn (written by a process that died, on a store that is not atomic).
+// Readers treat it as a fault of that block's mark only, never of the
+// tenant: a deletion mark as absent (the compactor marks the block again if
+// it still should be), a no-compact mark as present (it exists).
+var ErrBadMark = errors.New("bad mark")
+
 // WriteDeletionMark writes the deletion mark of a tenant's block. Writing it
-// again keeps the first mark's time, so the delete delay is never restarted.
+// again keeps the first mark's time, so the delete delay is never restarted;
+// a mark that does not parse is replaced.
 func WriteDeletionMark(ctx context.Context, bkt objstore.Bucket, tenant string, id ulid.ULID, details string, now time.Time) error {
 	if m, err := ReadDeletionMark(ctx, bkt, tenant, id); err == nil && m != nil {
 		return nil
-	} else if err != nil {
+	} else if err != nil && !errors.Is(err, ErrBadMark) {
 		return err
 	}
 	return writeMark(ctx, bkt, ObjectName(tenant, id, DeletionMarkFilename),
@@ -103,6 +113,12 @@ func writeMark(ctx context.Context, bkt objstore.Bucket, name string, v any) err
 }
 
 func readMark(ctx context.Context, bkt objstore.BucketReader, name string, v any) (bool, error) {
+	return readJSON(ctx, bkt, name, v, ErrBadMark)
+}
+
+// readJSON reads the object name into v: false without error when there is
+// no such object, errBad wrapped into the error when it does not parse.
+func readJSON(ctx context.Context, bkt objstore.BucketReader, name string, v any, errBad error) (bool, error) {
 	rc, err := bkt.Get(ctx, name)
 	if err != nil {
 		if bkt.IsObjNotFoundErr(err) {
@@ -116,7 +132,7 @@ func readMark(ctx context.Context, bkt objstore.BucketReader, name string, v any
 		return false, fmt.Errorf("read %s: %w", name, err)
 	}
 	if err := json.Unmarshal(b, v); err != nil {
-		return false, fmt.Errorf("parse %s: %w", name, err)
+		return false, fmt.Errorf("%w: parse %s: %w", errBad, name, err)
 	}
 	return true, nil
 }

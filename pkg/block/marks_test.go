@@ -2,6 +2,8 @@ package block
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,5 +36,33 @@ func TestMarksRoundTrip(t *testing.T) {
 	nc, err := ReadNoCompactMark(ctx, bkt, "t", id)
 	if err != nil || nc == nil || nc.Reason != "index-read-failure" || nc.NoCompactTime != 1000 {
 		t.Fatalf("no-compact mark %+v err %v", nc, err)
+	}
+}
+
+// TestTornMarks: a mark that does not parse (empty, or cut short) is an
+// ErrBadMark of that block, and a deletion mark that does not parse is
+// replaced by the next WriteDeletionMark.
+func TestTornMarks(t *testing.T) {
+	ctx := context.Background()
+	bkt := objstore.NewInMemBucket()
+	id := ulid.MustNew(1, nil)
+	for _, torn := range []string{"", `{"id":"01`} {
+		for _, name := range []string{DeletionMarkFilename, NoCompactMarkFilename} {
+			if err := bkt.Upload(ctx, ObjectName("t", id, name), strings.NewReader(torn)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if m, err := ReadDeletionMark(ctx, bkt, "t", id); m != nil || !errors.Is(err, ErrBadMark) {
+			t.Errorf("deletion mark %q: %v, %v; want ErrBadMark", torn, m, err)
+		}
+		if m, err := ReadNoCompactMark(ctx, bkt, "t", id); m != nil || !errors.Is(err, ErrBadMark) {
+			t.Errorf("no-compact mark %q: %v, %v; want ErrBadMark", torn, m, err)
+		}
+		if err := WriteDeletionMark(ctx, bkt, "t", id, "retention 1d", time.Unix(2000, 0)); err != nil {
+			t.Fatalf("marking a block whose deletion mark is %q: %v", torn, err)
+		}
+		if m, err := ReadDeletionMark(ctx, bkt, "t", id); err != nil || m == nil || m.DeletionTime != 2000 {
+			t.Errorf("deletion mark after rewriting %q: %+v, %v", torn, m, err)
+		}
 	}
 }

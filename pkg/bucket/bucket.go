@@ -26,12 +26,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/thanos-io/objstore"
-	"github.com/thanos-io/objstore/providers/filesystem"
 	"github.com/thanos-io/objstore/providers/s3"
 	"gopkg.in/yaml.v3"
 
@@ -139,18 +139,20 @@ func New(c Config, dataDir string, logger *slog.Logger, reg prometheus.Registere
 	}
 	var (
 		bkt    objstore.Bucket
-		folder string // a FILESYSTEM bucket's directory
+		folder *durableFolder // a FILESYSTEM bucket
 	)
 	switch strings.ToUpper(r.Type) {
 	case Filesystem:
-		folder, _ = r.Config["directory"].(string)
-		if folder == "" {
-			folder = filepath.Join(dataDir, DefaultDirName)
+		dir, _ := r.Config["directory"].(string)
+		if dir == "" {
+			dir = filepath.Join(dataDir, DefaultDirName)
 		}
-		if err := os.MkdirAll(folder, 0o755); err != nil {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("create bucket directory: %w", err)
 		}
-		bkt, err = filesystem.NewBucket(folder)
+		if folder, err = newDurableFolder(dir); err == nil {
+			bkt = folder
+		}
 	case S3:
 		var raw []byte
 		raw, err = yaml.Marshal(r.Config)
@@ -166,8 +168,8 @@ func New(c Config, dataDir string, logger *slog.Logger, reg prometheus.Registere
 		bkt = objstore.NewPrefixedBucket(bkt, r.Prefix)
 	}
 	ib := objstore.WrapWithMetrics(bkt, reg, "gpustore")
-	if folder != "" {
-		return folderBucket{InstrumentedBucket: ib, root: filepath.Join(folder, filepath.FromSlash(r.Prefix))}, nil
+	if folder != nil {
+		return folderBucket{InstrumentedBucket: ib, folder: folder, prefix: r.Prefix}, nil
 	}
 	return ib, nil
 }
@@ -176,22 +178,16 @@ func New(c Config, dataDir string, logger *slog.Logger, reg prometheus.Registere
 // link (block.Linker): blocks uploaded from the same disk are stored once.
 type folderBucket struct {
 	objstore.InstrumentedBucket
-	root string // the directory object names are relative to (the prefix included)
+	folder *durableFolder
+	prefix string // the configured prefix of object names
 }
 
 // Link makes the object name the file src without copying it. A file
-// already at name is removed first: writing into it (the folder bucket's
-// Upload does) would write into src when it is a link of src. It fails
-// when src is on another filesystem (EXDEV); the caller then copies.
+// already at name is removed first: writing into it would write into src
+// when it is a link of src. It fails when src is on another filesystem
+// (EXDEV); the caller then copies.
 func (b folderBucket) Link(src, name string) error {
-	dst := filepath.Join(b.root, filepath.FromSlash(name))
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return err
-	}
-	if err := os.Remove(dst); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return os.Link(src, dst)
+	return b.folder.link(src, path.Join(b.prefix, name))
 }
 
 // Describe is a one-line description of the bucket for logs (no secrets).

@@ -188,7 +188,7 @@ func Update(ctx context.Context, bkt objstore.BucketReader, tenant string, old *
 		if l.deletion {
 			m := oldDel[id]
 			if m == nil {
-				if m, err = block.ReadDeletionMark(ctx, bkt, tenant, id); err != nil {
+				if m, err = readDeletionMark(ctx, bkt, tenant, id); err != nil {
 					return nil, fmt.Errorf("update bucket index of %q: %w", tenant, err)
 				}
 			}
@@ -199,7 +199,12 @@ func Update(ctx context.Context, bkt objstore.BucketReader, tenant string, old *
 		if l.noCompact {
 			m := oldNC[id]
 			if m == nil {
-				if m, err = block.ReadNoCompactMark(ctx, bkt, tenant, id); err != nil {
+				m, err = block.ReadNoCompactMark(ctx, bkt, tenant, id)
+				if errors.Is(err, block.ErrBadMark) {
+					// The mark is there: the compactor leaves the block out.
+					m, err = &block.NoCompactMark{ID: id, Version: block.MarkVersion, Reason: "unparsable-mark", Details: err.Error()}, nil
+				}
+				if err != nil {
 					return nil, fmt.Errorf("update bucket index of %q: %w", tenant, err)
 				}
 			}
@@ -210,6 +215,17 @@ func Update(ctx context.Context, bkt objstore.BucketReader, tenant string, old *
 	}
 	x.sort()
 	return x, nil
+}
+
+// readDeletionMark reads a block's deletion mark; one that does not parse
+// (torn) counts as absent, as the compactor counts it: the block stays
+// visible until the compactor marks it again.
+func readDeletionMark(ctx context.Context, bkt objstore.BucketReader, tenant string, id ulid.ULID) (*block.DeletionMark, error) {
+	m, err := block.ReadDeletionMark(ctx, bkt, tenant, id)
+	if errors.Is(err, block.ErrBadMark) {
+		return nil, nil
+	}
+	return m, err
 }
 
 func (x *Index) sort() {
@@ -365,7 +381,7 @@ func WithUnindexed(ctx context.Context, bkt objstore.BucketReader, x, known *Ind
 		out.Blocks = append(out.Blocks, meta)
 		d := knownDel[id]
 		if d == nil {
-			if d, err = block.ReadDeletionMark(ctx, bkt, tenant, id); err != nil {
+			if d, err = readDeletionMark(ctx, bkt, tenant, id); err != nil {
 				return nil, err
 			}
 		}

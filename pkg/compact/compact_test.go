@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/prometheus/prometheus/tsdb/chunks"
 
@@ -51,8 +52,8 @@ func weekSlice() simSlice {
 // blocks; every panel of the bench dashboards answers exactly as before,
 // over 7 days and over the last 24 hours, through gpustore's query path.
 func TestWeekCompactedQueriesUnchanged(t *testing.T) {
-	s3 := startS3(t)
-	bkt := openBucket(t, s3)
+	store := startStore(t)
+	bkt := openBucket(t, store)
 	sl := weekSlice()
 	if raceEnabled { // the same layout from a quarter of the samples
 		sl.Nodes, sl.Interval = 1, 2*time.Minute
@@ -67,7 +68,7 @@ func TestWeekCompactedQueriesUnchanged(t *testing.T) {
 	t.Logf("slice: %d nodes × %s at %s: %d blocks, %d samples (written and uploaded in %s)",
 		sl.Nodes, sl.Duration, sl.Interval, len(metas), total, time.Since(t0).Round(time.Millisecond))
 
-	qa, qurl := startQuery(t, s3.bucket())
+	qa, qurl := startQuery(t, store.bucket())
 	node := "gpu-node-001"
 	end := sl.Start.Add(sl.Duration)
 	week := answers(t, qa, qurl, "week", sl.Start, end, node)
@@ -169,8 +170,8 @@ func sourceGauge(t testing.TB, reg *prometheus.Registry, tenant, source string) 
 // block uploaded twice under two ULIDs: merged into one block that holds
 // every distinct sample exactly once.
 func TestOverlappingBlocksMerged(t *testing.T) {
-	s3 := startS3(t)
-	bkt := openBucket(t, s3)
+	store := startStore(t)
+	bkt := openBucket(t, store)
 	dir := t.TempDir()
 	const (
 		hr   = int64(3_600_000)
@@ -249,7 +250,7 @@ func TestOverlappingBlocksMerged(t *testing.T) {
 		t.Fatalf("want the overlapping blocks merged into one (plus the later block): %s", st.spans())
 	}
 
-	qa, qurl := startQuery(t, s3.bucket())
+	qa, qurl := startQuery(t, store.bucket())
 	if err := qa.BucketStore.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -315,14 +316,7 @@ func smallBlocks(t *testing.T, dir string, start time.Time, n int, metrics ...st
 	if len(metrics) == 0 {
 		metrics = []string{"a_metric", "b_metric"}
 	}
-	var dirs []string
-	for i := 0; i < n; i++ {
-		from := start.Add(time.Duration(i) * 2 * time.Hour).UnixMilli()
-		w, err := tsdb.NewBlockWriter(quiet(), dir, 2*3_600_000)
-		if err != nil {
-			t.Fatal(err)
-		}
-		app := w.Appender(context.Background())
+	return twoHourBlocks(t, dir, start, n, func(app storage.Appender, from int64) {
 		for _, m := range metrics {
 			for g := 0; g < 4; g++ {
 				ls := labels.FromStrings("__name__", m, "gpu", strconv.Itoa(g))
@@ -333,6 +327,23 @@ func smallBlocks(t *testing.T, dir string, start time.Time, n int, metrics ...st
 				}
 			}
 		}
+	})
+}
+
+// twoHourBlocks writes n 2h blocks from start, aligned as a receiver cuts
+// them, each holding what add appends for the block starting at from, and
+// returns their directories.
+func twoHourBlocks(t *testing.T, dir string, start time.Time, n int, add func(app storage.Appender, from int64)) []string {
+	t.Helper()
+	var dirs []string
+	for i := 0; i < n; i++ {
+		from := start.Add(time.Duration(i) * 2 * time.Hour).UnixMilli()
+		w, err := tsdb.NewBlockWriter(quiet(), dir, 2*3_600_000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		app := w.Appender(context.Background())
+		add(app, from)
 		if err := app.Commit(); err != nil {
 			t.Fatal(err)
 		}
@@ -351,8 +362,8 @@ func smallBlocks(t *testing.T, dir string, start time.Time, n int, metrics ...st
 // deletion and deleted only after the delete delay; a tenant's override in
 // the limits overrides file applies to that tenant only.
 func TestRetention(t *testing.T) {
-	s3 := startS3(t)
-	bkt := openBucket(t, s3)
+	store := startStore(t)
+	bkt := openBucket(t, store)
 	dir := t.TempDir()
 	now := time.Now().Truncate(2 * time.Hour)
 	ages := []time.Duration{40 * day, 31 * day, 29 * day, 12 * day, day}
@@ -424,8 +435,8 @@ func TestRetention(t *testing.T) {
 // marked no-compact with the reason, the rest of its group compacts, and
 // queries of the other series still answer.
 func TestCorruptBlockMarkedNoCompact(t *testing.T) {
-	s3 := startS3(t)
-	bkt := openBucket(t, s3)
+	store := startStore(t)
+	bkt := openBucket(t, store)
 	start := time.UnixMilli(1_767_225_600_000)
 	dirs := smallBlocks(t, t.TempDir(), start, 5) // [0,8h) and a later block
 	corruptFirstChunk(t, dirs[1], "a_metric")
@@ -448,7 +459,7 @@ func TestCorruptBlockMarkedNoCompact(t *testing.T) {
 	if len(st.live) != 3 || st.live[0].Compaction.Level != 2 || len(st.live[0].Compaction.Sources) != 3 {
 		t.Fatalf("after compaction: %s", st.spans())
 	}
-	qa, qurl := startQuery(t, s3.bucket())
+	qa, qurl := startQuery(t, store.bucket())
 	if err := qa.BucketStore.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -512,8 +523,8 @@ func corruptFirstChunk(t *testing.T, dir, metric string) {
 // tenants, running passes at the same time: each plan is compacted once,
 // nothing is doubled or lost.
 func TestTwoCompactorsOneBucket(t *testing.T) {
-	s3 := startS3(t)
-	bkt := openBucket(t, s3)
+	store := startStore(t)
+	bkt := openBucket(t, store)
 	start := time.UnixMilli(1_767_225_600_000) // a 2d boundary
 	tenants := []string{"t1", "t2", "t3"}
 	var total uint64
@@ -524,8 +535,8 @@ func TestTwoCompactorsOneBucket(t *testing.T) {
 	}
 	cfg := testConfig()
 	cfg.LeaseSettle = model.Duration(300 * time.Millisecond)
-	c1, reg1 := newCompactor(t, cfg, openBucket(t, s3), nil)
-	c2, reg2 := newCompactor(t, cfg, openBucket(t, s3), nil)
+	c1, reg1 := newCompactor(t, cfg, openBucket(t, store), nil)
+	c2, reg2 := newCompactor(t, cfg, openBucket(t, store), nil)
 	var wg sync.WaitGroup
 	for _, c := range []*compact.Compactor{c1, c2} {
 		wg.Add(1)

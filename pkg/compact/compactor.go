@@ -42,6 +42,7 @@
 package compact
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -258,7 +259,7 @@ type pass struct {
 	held   *Held
 	logger *slog.Logger
 	blocks map[ulid.ULID]*blockState
-	cov5   map[string]map[ulid.ULID]struct{} // per group labels: sources covered at 5m (mayDeleteRaw's memo)
+	cov    map[string]map[ulid.ULID]struct{} // per resolution and group labels: sources covered (mayDelete's memo)
 }
 
 func (p *pass) run(ctx context.Context) error {
@@ -346,16 +347,24 @@ func (p *pass) sync(ctx context.Context) error {
 		p.c.metas[p.tenant] = cache
 	}
 	p.c.mtx.Unlock()
+	bad := map[string]int{}
 	for id, b := range p.blocks {
 		if slices.Contains(b.objects, block.ObjectName(p.tenant, id, block.DeletionMarkFilename)) {
 			m, err := block.ReadDeletionMark(ctx, p.c.bkt, p.tenant, id)
-			if err != nil {
+			switch {
+			case errors.Is(err, block.ErrBadMark):
+				// Torn: as if absent. If the block is still to go, this
+				// pass marks it again (replacing the torn mark); until
+				// then it is a live block like any other.
+				p.logger.Warn("deletion mark does not parse; treated as absent", "block", id, "err", err)
+				bad[block.DeletionMarkFilename]++
+			case err != nil:
 				return err
+			case m == nil: // deleted since the listing
+				b.deletion = &block.DeletionMark{ID: id, DeletionTime: p.c.now().Unix()}
+			default:
+				b.deletion = m
 			}
-			if m == nil { // deleted since the listing
-				m = &block.DeletionMark{ID: id, DeletionTime: p.c.now().Unix()}
-			}
-			b.deletion = m
 		}
 		if !b.hasMeta {
 			continue
@@ -371,12 +380,12 @@ func (p *pass) sync(ctx context.Context) error {
 				b.hasMeta = false
 				continue
 			case errors.Is(err, block.ErrBadMeta):
-				// Neither queries nor the compactor can read the block.
-				if b.deletion == nil && !b.noCompact {
-					if err := p.markNoCompact(ctx, id, "meta-read-failure", err); err != nil {
-						return err
-					}
-				}
+				// Neither queries nor the compactor can read the block. It
+				// is left as it is, not marked: a receiver whose local copy
+				// is whole uploads meta.json again (pkg/shipper), and then
+				// the block is compacted like the others.
+				p.logger.Error("meta.json does not parse: block left alone", "block", id, "err", err)
+				bad[block.MetaFilename]++
 				continue
 			case err != nil:
 				return err
@@ -386,6 +395,9 @@ func (p *pass) sync(ctx context.Context) error {
 			p.c.mtx.Unlock()
 		}
 		b.meta = m
+	}
+	for _, f := range []string{block.MetaFilename, block.DeletionMarkFilename} {
+		p.c.m.badFiles.WithLabelValues(p.tenant, f).Set(float64(bad[f]))
 	}
 	// Forget metas of blocks gone from the bucket.
 	p.c.mtx.Lock()
@@ -594,7 +606,7 @@ func (p *pass) applyRetention(ctx context.Context) error {
 		if r <= 0 || b.meta.MaxTime > now.Add(-r).UnixMilli() {
 			continue
 		}
-		if res == block.ResolutionRaw && !p.mayDeleteRaw(b.meta) {
+		if !p.mayDelete(b.meta) {
 			continue
 		}
 		if err := p.markDeleted(ctx, b, "retention", fmt.Sprintf("retention %s", shortDuration(r))); err != nil {
@@ -804,7 +816,11 @@ func (p *pass) compactPlan(ctx context.Context, group string, plan []*block.Meta
 	}
 	slices.Sort(ds.FoldedLabels)
 	ds.FoldedLabels = slices.Compact(ds.FoldedLabels)
-	meta, resBytes, err := p.uploadResult(ctx, filepath.Join(work, res[0].String()), first.Labels, ds, block.SourceCompactor, sourceRanges(plan))
+	types, err := p.typesOf(ctx, plan)
+	if err != nil {
+		return err
+	}
+	meta, resBytes, err := p.uploadResult(ctx, filepath.Join(work, res[0].String()), first.Labels, ds, block.SourceCompactor, sourceRanges(plan), types)
 	if err != nil {
 		return err
 	}
@@ -826,10 +842,10 @@ func (p *pass) compactPlan(ctx context.Context, group string, plan []*block.Meta
 }
 
 // uploadResult uploads a block the pass wrote into dir (a compaction's or a
-// downsampling's result; meta.json last) with the group's labels, the given
-// resolution and source, and records it in the pass. It returns the meta
-// and the block's bytes.
-func (p *pass) uploadResult(ctx context.Context, dir string, labels map[string]string, ds block.Downsample, source string, ranges []block.SourceRange) (*block.Meta, int64, error) {
+// downsampling's result; its metric types, then its files, meta.json last)
+// with the group's labels, the given resolution and source, and records it
+// in the pass. It returns the meta and the block's bytes.
+func (p *pass) uploadResult(ctx context.Context, dir string, labels map[string]string, ds block.Downsample, source string, ranges []block.SourceRange, types block.Types) (*block.Meta, int64, error) {
 	bm, err := block.ReadLocalMeta(dir)
 	if err != nil {
 		return nil, 0, err
@@ -842,6 +858,9 @@ func (p *pass) uploadResult(ctx context.Context, dir string, labels map[string]s
 		Downsample: ds, Source: source, SourceRanges: ranges,
 	}}
 	if err := p.held.Check(ctx); err != nil {
+		return nil, 0, err
+	}
+	if err := block.WriteTypes(ctx, p.c.bkt, p.tenant, bm.ULID, types); err != nil {
 		return nil, 0, err
 	}
 	if err := block.Upload(ctx, p.c.bkt, dir, *meta); err != nil {
@@ -857,11 +876,33 @@ func (p *pass) uploadResult(ctx context.Context, dir string, labels map[string]s
 		size += f.SizeBytes
 	}
 	p.blocks[bm.ULID] = &blockState{id: bm.ULID, meta: meta, hasMeta: true}
-	p.cov5 = nil // the new block may cover more
+	p.cov = nil // the new block may cover more
 	p.c.mtx.Lock()
 	p.c.metas[p.tenant][bm.ULID] = meta
 	p.c.mtx.Unlock()
 	return meta, size, nil
+}
+
+// typesOf returns the union of the blocks' metric types (pkg/block.Types),
+// the newest block's where they differ. A types object that does not parse
+// is left out: its block's metrics are typed by name.
+func (p *pass) typesOf(ctx context.Context, metas []*block.Meta) (block.Types, error) {
+	byAge := slices.SortedFunc(slices.Values(metas), func(a, b *block.Meta) int {
+		return cmp.Or(cmp.Compare(a.MaxTime, b.MaxTime), a.ULID.Compare(b.ULID))
+	})
+	var out block.Types
+	for _, m := range byAge {
+		t, err := block.ReadTypes(ctx, p.c.bkt, p.tenant, m.ULID)
+		if errors.Is(err, block.ErrBadTypes) {
+			p.logger.Warn("metric types of block do not parse; its metrics are typed by name", "block", m.ULID, "err", err)
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = out.Merge(t)
+	}
+	return out, nil
 }
 
 // progress logs every 30s while a compaction runs.

@@ -32,9 +32,12 @@ type Config struct {
 	// It must be far longer than any upload takes.
 	PartialDeleteDelay model.Duration `yaml:"partial_delete_delay"`
 	// Retention per resolution: blocks wholly older are marked for deletion
-	// (0 keeps them forever). Raw retention can be overridden per tenant in
-	// the limits overrides file (compactor_retention_raw). The 5m and 1h
-	// resolutions are written by downsampling.
+	// (0 keeps them forever), a raw block only once 5m or 1h data holds its
+	// hours and a 5m block only once 1h data does; retentions that would
+	// contradict that are refused (validateRetentionOrder). Raw retention
+	// can be overridden per tenant in the limits overrides file
+	// (compactor_retention_raw). The 5m and 1h resolutions are written by
+	// downsampling.
 	RetentionRaw model.Duration `yaml:"retention_raw"`
 	Retention5m  model.Duration `yaml:"retention_5m"`
 	Retention1h  model.Duration `yaml:"retention_1h"`
@@ -46,9 +49,10 @@ type Config struct {
 	// Downsample writes 5m and 1h blocks (pkg/downsample) in each pass.
 	Downsample bool `yaml:"downsample"`
 	// DownsampleFoldLabels are merged away when raw data of the metrics
-	// matching DownsampleFoldMetrics is downsampled (downsample.Fold): by
-	// default dcgm-exporter's pod label, so that 5m and 1h data hold one
-	// series per GPU instead of one per GPU and job. Empty: off.
+	// matching DownsampleFoldMetrics is downsampled (downsample.Fold), e.g.
+	// dcgm-exporter's pod label, so that 5m and 1h data hold one series per
+	// GPU instead of one per GPU and job. Counters are never folded. Empty
+	// (the default): off, every label is kept.
 	DownsampleFoldLabels  flagext.StringSliceCSV `yaml:"downsample_fold_labels"`
 	DownsampleFoldMetrics string                 `yaml:"downsample_fold_metrics"`
 }
@@ -68,9 +72,8 @@ func DefaultConfig() Config {
 		LeaseTTL:           model.Duration(5 * time.Minute),
 		LeaseSettle:        model.Duration(2 * time.Second),
 		Downsample:         true,
-		// Pods come and go on a GPU every few hours; namespace (who
-		// used the GPU) and container are kept.
-		DownsampleFoldLabels:  flagext.StringSliceCSV{"pod"},
+		// Folding is asked for: it changes which series the 5m and 1h
+		// data hold. When on, its scope is dcgm-exporter's metrics.
 		DownsampleFoldMetrics: "DCGM_.+",
 	}
 }
@@ -103,6 +106,7 @@ func (c Config) Validate() error {
 	if c.RetentionRaw < 0 || c.Retention5m < 0 || c.Retention1h < 0 {
 		errs = append(errs, errors.New("compact retention must not be negative"))
 	}
+	errs = append(errs, c.validateRetentionOrder()...)
 	if _, err := c.fold(); err != nil {
 		errs = append(errs, err)
 	}
@@ -110,6 +114,25 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("compact lease: want ttl > 0 and 0 <= settle (%s) < ttl/3 (%s)", c.LeaseSettle, c.LeaseTTL/3))
 	}
 	return errors.Join(errs...)
+}
+
+// validateRetentionOrder refuses retentions under which a resolution's
+// blocks would be due for deletion while no coarser resolution holds their
+// hours any more: retention deletes a block only once a coarser one does
+// (mayDelete), so such a block would stay forever, against its retention.
+// 0 is forever.
+func (c Config) validateRetentionOrder() []error {
+	outlives := func(coarse, fine model.Duration) bool { return coarse == 0 || coarse >= fine }
+	var errs []error
+	if c.Retention5m != 0 && !outlives(c.Retention1h, c.Retention5m) {
+		errs = append(errs, fmt.Errorf("compact.retention.1h (%s) is shorter than compact.retention.5m (%s): 5m data is deleted only once 1h data holds its hours, so it would be kept past its retention; set retention.1h at least as long (0: forever)",
+			c.Retention1h, c.Retention5m))
+	}
+	if c.Downsample && c.RetentionRaw != 0 && !outlives(c.Retention5m, c.RetentionRaw) && !outlives(c.Retention1h, c.RetentionRaw) {
+		errs = append(errs, fmt.Errorf("compact.retention.raw (%s) is longer than compact.retention.5m (%s) and compact.retention.1h (%s): raw data is deleted only once downsampled data holds its hours, so it would be kept past its retention; keep 5m or 1h data at least as long (0: forever)",
+			c.RetentionRaw, c.Retention5m, c.Retention1h))
+	}
+	return errs
 }
 
 // ranges returns BlockRanges in milliseconds.
@@ -133,7 +156,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&c.Retention1h, "compact.retention.1h", "How long 1h-resolution (downsampled) blocks stay in the bucket (0: forever).")
 	fs.Var(&c.LeaseTTL, "compact.lease-ttl", "How long a compactor's lease on a tenant lasts without renewal.")
 	fs.BoolVar(&c.Downsample, "compact.downsample", c.Downsample, "Downsample finished blocks to 5m and 1h resolution (raw retention then waits for the 5m data).")
-	fs.Var(&c.DownsampleFoldLabels, "compact.downsample.fold-labels", "Comma-separated labels merged away when raw data is downsampled, for the metrics of -compact.downsample.fold-metrics (one 5m/1h series per GPU instead of one per GPU and pod; queries naming them read raw data where it exists). Empty: keep every label.")
+	fs.Var(&c.DownsampleFoldLabels, "compact.downsample.fold-labels", "Comma-separated labels merged away when raw data is downsampled, for the gauges among the metrics of -compact.downsample.fold-metrics (e.g. pod: one 5m/1h series per GPU instead of one per GPU and pod; counters are never folded; queries naming them read raw data where it exists). Empty (the default): keep every label.")
 	fs.StringVar(&c.DownsampleFoldMetrics, "compact.downsample.fold-metrics", c.DownsampleFoldMetrics, "Regular expression (anchored) of the metric names whose series -compact.downsample.fold-labels applies to.")
 	fs.Var(&c.LeaseSettle, "compact.lease-settle", "Wait between writing a tenant's lease and reading it back; must exceed how long a bucket write can lag (below lease-ttl/3).")
 }

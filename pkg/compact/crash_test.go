@@ -97,7 +97,7 @@ func TestCompactorCrashHelper(t *testing.T) {
 	if at == "" {
 		t.Skip("started by TestCrashAtEveryStep only")
 	}
-	bkt := &crashBucket{Bucket: openBucket(t, s3Config{addr: os.Getenv("GPUSTORE_COMPACT_S3")}), at: at}
+	bkt := &crashBucket{Bucket: openBucket(t, storeFromEnv(os.Getenv("GPUSTORE_COMPACT_STORE"))), at: at}
 	cfg := crashConfig()
 	cfg.Downsample = strings.HasPrefix(at, "downsample-")
 	cfg.DataDir = os.Getenv("GPUSTORE_COMPACT_DIR")
@@ -124,9 +124,9 @@ func crashConfig() compact.Config {
 
 // shippedBucket empties the crash tests' tenant in the bucket and uploads
 // the blocks in dirs, as the receivers shipped them.
-func shippedBucket(t *testing.T, s3 s3Config, dirs []string) objstore.Bucket {
+func shippedBucket(t *testing.T, store testStore, dirs []string) objstore.Bucket {
 	t.Helper()
-	bkt := openBucket(t, s3)
+	bkt := openBucket(t, store)
 	var names []string
 	if err := bkt.Iter(context.Background(), "crash/", func(name string) error {
 		names = append(names, name)
@@ -145,12 +145,12 @@ func shippedBucket(t *testing.T, s3 s3Config, dirs []string) objstore.Bucket {
 
 // killCompactorAt runs TestCompactorCrashHelper as a compactor process
 // working in work, and checks that it died of SIGKILL at its crash point.
-func killCompactorAt(t *testing.T, s3 s3Config, at, work string) {
+func killCompactorAt(t *testing.T, store testStore, at, work string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCompactorCrashHelper$", "-test.v")
 	// The helper dies by SIGKILL, so its own t.TempDir()s are never removed:
 	// give it a TMPDIR inside this test's, which the test removes.
-	cmd.Env = append(os.Environ(), "GPUSTORE_COMPACT_CRASH_AT="+at, "GPUSTORE_COMPACT_S3="+s3.addr, "GPUSTORE_COMPACT_DIR="+work,
+	cmd.Env = append(os.Environ(), "GPUSTORE_COMPACT_CRASH_AT="+at, "GPUSTORE_COMPACT_STORE="+store.env(), "GPUSTORE_COMPACT_DIR="+work,
 		"TMPDIR="+t.TempDir())
 	out, err := cmd.CombinedOutput()
 	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
@@ -165,29 +165,29 @@ func killCompactorAt(t *testing.T, s3 s3Config, at, work string) {
 // exactly the blocks an uninterrupted compaction leaves: no partial upload,
 // no doubled sample, no mark or block left behind.
 func TestCrashAtEveryStep(t *testing.T) {
-	s3 := startS3(t)
+	store := startStore(t)
 	sl := simSlice{Nodes: 1, Start: time.UnixMilli(1_767_225_600_000).UTC(), Duration: 18 * time.Hour, Interval: time.Minute, Block: 2 * time.Hour}
 	dirs := sl.write(t, t.TempDir())
 	end := sl.Start.Add(sl.Duration)
 	node := "gpu-node-001"
 
 	// The reference: the blocks as shipped, and an uninterrupted compaction.
-	ref := openBucket(t, s3)
+	ref := openBucket(t, store)
 	var total uint64
 	for _, m := range upload(t, ref, "crash", nil, dirs...) {
 		total += m.Stats.NumSamples
 	}
-	qa, qurl := startQuery(t, s3.bucket())
+	qa, qurl := startQuery(t, store.bucket())
 	want := answers(t, qa, qurl, "crash", sl.Start, end, node)
 
 	for _, at := range []string{crashMidUpload, crashAfterUpload, crashMidMarks, crashAfterMarks, crashMidDelete} {
 		t.Run(at, func(t *testing.T) {
-			bkt := shippedBucket(t, s3, dirs)
+			bkt := shippedBucket(t, store, dirs)
 			work := t.TempDir()
 			if err := os.WriteFile(filepath.Join(work, "left-by-a-previous-run"), []byte("x"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			killCompactorAt(t, s3, at, work)
+			killCompactorAt(t, store, at, work)
 			// In between, queries answer as before.
 			compareAnswers(t, "after the crash", want, answers(t, qa, qurl, "crash", sl.Start, end, node))
 
@@ -226,7 +226,7 @@ func wantSpans(t *testing.T) string {
 // leaves it: the same blocks at every resolution, the same number of
 // downsampled samples (nothing lost, nothing doubled), no partial block.
 func TestCrashWhileDownsampling(t *testing.T) {
-	s3 := startS3(t)
+	store := startStore(t)
 	sl := simSlice{Nodes: 1, Start: time.UnixMilli(1_767_225_600_000).UTC(), Duration: 18 * time.Hour, Interval: time.Minute, Block: 2 * time.Hour}
 	dirs := sl.write(t, t.TempDir())
 	cfg := crashConfig()
@@ -238,7 +238,7 @@ func TestCrashWhileDownsampling(t *testing.T) {
 		}
 		return st.spans(), samples
 	}
-	ref := shippedBucket(t, s3, dirs)
+	ref := shippedBucket(t, store, dirs)
 	c, _ := newCompactor(t, cfg, ref, nil)
 	wantSpans, wantSamples := layout(compactUntilStable(t, c, ref, "crash"))
 	if wantSamples[downsample.Res5m] == 0 {
@@ -246,9 +246,9 @@ func TestCrashWhileDownsampling(t *testing.T) {
 	}
 	for _, at := range []string{crashDownsampleMidUpload, crashDownsampleAfterUpload} {
 		t.Run(at, func(t *testing.T) {
-			bkt := shippedBucket(t, s3, dirs)
+			bkt := shippedBucket(t, store, dirs)
 			work := t.TempDir()
-			killCompactorAt(t, s3, at, work)
+			killCompactorAt(t, store, at, work)
 			time.Sleep(time.Duration(cfg.LeaseTTL)) // the dead one's lease expires
 			rcfg := cfg
 			rcfg.DataDir = work

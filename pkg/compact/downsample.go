@@ -32,7 +32,7 @@ import (
 // that the raw sample at exactly the block's end, which belongs to the 5m
 // window ending there, is in the bucket. There is no minimum block length
 // (unlike Thanos' 40 h): every raw sample is downsampled before raw retention
-// may delete it (mayDeleteRaw).
+// may delete it (mayDelete).
 
 // downsampleSteps are the resolutions written, each from the previous one.
 var downsampleSteps = []struct{ from, to int64 }{
@@ -72,7 +72,9 @@ func (p *pass) covered(labelsKey string, res int64) map[ulid.ULID]struct{} {
 	return out
 }
 
-func (p *pass) isCovered(m *block.Meta, cov map[ulid.ULID]struct{}) bool {
+// isCovered says whether every source of m is a source of a block in one
+// of covs (or m's downsampling wrote nothing: it had no sample to keep).
+func (p *pass) isCovered(m *block.Meta, covs ...map[ulid.ULID]struct{}) bool {
 	p.c.mtx.Lock()
 	_, empty := p.c.empty[m.ULID]
 	p.c.mtx.Unlock()
@@ -80,7 +82,7 @@ func (p *pass) isCovered(m *block.Meta, cov map[ulid.ULID]struct{}) bool {
 		return true
 	}
 	for _, s := range sources(m) {
-		if _, ok := cov[s]; !ok {
+		if !slices.ContainsFunc(covs, func(cov map[ulid.ULID]struct{}) bool { _, ok := cov[s]; return ok }) {
 			return false
 		}
 	}
@@ -177,6 +179,15 @@ func (p *pass) downsampleBlock(ctx context.Context, m *block.Meta, res int64) er
 	for _, in := range inputs {
 		dcfg.Folded = append(dcfg.Folded, in.GPUStore.Downsample.FoldedLabels...)
 	}
+	if dcfg.SourceResolution == block.ResolutionRaw {
+		// Counters are told from gauges by the tenant's metadata, which the
+		// receivers shipped beside their blocks; names where it is missing.
+		types, err := p.typesOf(ctx, inputs)
+		if err != nil {
+			return err
+		}
+		dcfg.Types = types.Lookup
+	}
 	id, st, err := downsample.Downsample(ctx, readers, dcfg)
 	if err != nil {
 		return err
@@ -193,7 +204,7 @@ func (p *pass) downsampleBlock(ctx context.Context, m *block.Meta, res int64) er
 		return nil
 	}
 	ds := block.Downsample{Resolution: res, FoldedLabels: dcfg.FoldedLabels()}
-	_, outBytes, err := p.uploadResult(ctx, filepath.Join(out, id.String()), m.GPUStore.Labels, ds, downsample.Source, nil)
+	_, outBytes, err := p.uploadResult(ctx, filepath.Join(out, id.String()), m.GPUStore.Labels, ds, downsample.Source, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -207,21 +218,34 @@ func (p *pass) downsampleBlock(ctx context.Context, m *block.Meta, res int64) er
 	return nil
 }
 
-// mayDeleteRaw: with downsampling on, raw retention deletes a raw block only
-// once its samples are in the bucket at 5m (so that no time range is left
-// without data).
-func (p *pass) mayDeleteRaw(m *block.Meta) bool {
-	if !p.c.cfg.Downsample {
-		return true
+// mayDelete says whether retention may delete m: a raw block (with
+// downsampling on) only once its samples are in the bucket at 5m or 1h, a 5m
+// block only once they are at 1h, whatever the retention flags say (and
+// with downsampling off too: 5m data is never the last copy of its hours
+// and then deleted). So no time range a coarser resolution does not hold
+// yet is left without data: the newest 5m block of a tenant whose receivers
+// stopped is never downsampled to 1h (no newer block follows it) and stays.
+func (p *pass) mayDelete(m *block.Meta) bool {
+	switch m.GPUStore.Downsample.Resolution {
+	case block.ResolutionRaw:
+		return !p.c.cfg.Downsample || p.isCovered(m, p.coverage(m, downsample.Res5m), p.coverage(m, downsample.Res1h))
+	case downsample.Res5m:
+		return p.isCovered(m, p.coverage(m, downsample.Res1h))
 	}
-	key := labelsOf(m)
-	cov, ok := p.cov5[key]
-	if !ok { // once per group and pass, not once per block
-		cov = p.covered(key, downsample.Res5m)
-		if p.cov5 == nil {
-			p.cov5 = map[string]map[ulid.ULID]struct{}{}
+	return true
+}
+
+// coverage is covered(labelsOf(m), res), computed once per group and pass
+// (retention asks for every block).
+func (p *pass) coverage(m *block.Meta, res int64) map[ulid.ULID]struct{} {
+	key := fmt.Sprintf("%d@%s", res, labelsOf(m))
+	cov, ok := p.cov[key]
+	if !ok {
+		cov = p.covered(labelsOf(m), res)
+		if p.cov == nil {
+			p.cov = map[string]map[ulid.ULID]struct{}{}
 		}
-		p.cov5[key] = cov
+		p.cov[key] = cov
 	}
-	return p.isCovered(m, cov)
+	return cov
 }

@@ -65,8 +65,8 @@ func sourceSet(ms []*block.Meta) map[ulid.ULID]bool {
 // block's is covered at 5m; downsampled data is smaller than raw; raw
 // retention deletes only raw blocks whose samples are at 5m.
 func TestDownsampleInThePass(t *testing.T) {
-	s3 := startS3(t)
-	bkt := openBucket(t, s3)
+	store := startStore(t)
+	bkt := openBucket(t, store)
 	sl := downsampleSlice()
 	dirs := sl.write(t, t.TempDir())
 	shipped := upload(t, bkt, "ds", nil, dirs...)
@@ -355,11 +355,11 @@ func compareSeries(t *testing.T, what string, want, got seriesPoints, tol func(s
 // once raw retention has deleted the raw blocks, the same queries still
 // answer from the downsampled ones, never empty.
 func TestDownsampledQueriesMatchRaw(t *testing.T) {
-	s3 := startS3(t)
-	bkt := openBucket(t, s3)
+	store := startStore(t)
+	bkt := openBucket(t, store)
 	sl := downsampleSlice()
 	upload(t, bkt, "dq", nil, sl.write(t, t.TempDir())...)
-	qa, qurl := startQuery(t, s3.bucket())
+	qa, qurl := startQuery(t, store.bucket())
 	if err := qa.BucketStore.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ type metrics struct {
 	lastSuccess     *prometheus.GaugeVec
 	leaseBusy       *prometheus.CounterVec
 	indexBlocks     *prometheus.GaugeVec
+	badFiles        *prometheus.GaugeVec
 
 	downsampled        *prometheus.CounterVec
 	downsampleSamples  *prometheus.CounterVec
@@ -85,6 +86,9 @@ func newMetrics() *metrics {
 		indexBlocks: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gpustore_compact_bucket_index_blocks", Help: "Blocks listed in the tenant's bucket index at its last write (marked ones included).",
 		}, t),
+		badFiles: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpustore_compact_unparsable_files", Help: "Blocks whose meta.json (left alone) or deletion-mark.json (treated as absent) did not parse at the tenant's last pass: torn or empty files.",
+		}, []string{"tenant", "file"}),
 		downsampled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpustore_downsample_blocks_total", Help: "Downsampled blocks written, by resolution.",
 		}, []string{"tenant", "resolution"}),
@@ -101,7 +105,7 @@ func newMetrics() *metrics {
 	}
 	m.all = []prometheus.Collector{m.groups, m.compactions, m.compactedBlocks, m.samples, m.readBytes, m.writtenBytes,
 		m.duration, m.passDuration, m.halted, m.failures, m.noCompactBlocks, m.noCompactMarks, m.deletionMarks,
-		m.deleted, m.lastSuccess, m.leaseBusy, m.indexBlocks,
+		m.deleted, m.lastSuccess, m.leaseBusy, m.indexBlocks, m.badFiles,
 		m.downsampled, m.downsampleSamples, m.downsampleBytes, m.downsampleDuration}
 	return m
 }

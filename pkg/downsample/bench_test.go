@@ -121,8 +121,8 @@ func peakHeap(f func()) uint64 {
 }
 
 // BenchmarkDownsampleDCGM downsamples a day of the simulator's series
-// (2 nodes, 16 GPUs, 15 s scrape), with pods kept and with the compactor's
-// default fold (pod on DCGM metrics), raw → 5m → 1h and reports
+// (2 nodes, 16 GPUs, 15 s scrape), with pods kept (the compactor's default)
+// and with the pod fold on DCGM metrics, raw → 5m → 1h and reports
 // bytes per raw sample of each block (chunks + index + meta), the size of
 // the 5m and 1h blocks relative to raw, raw samples per second on one core,
 // and the peak heap of the raw → 5m step.
@@ -134,7 +134,7 @@ func BenchmarkDownsampleDCGM(b *testing.B) {
 	raw, samples := simBlock(b, filepath.Join(dir, "raw"), 2, day)
 	// The sample at exactly t0+24h is in the raw block too; windows (t0, t0+24h].
 	rawBytes := dirBytes(b, raw.Dir())
-	podFold, err := NewFold([]string{"pod"}, "DCGM_.+") // the compactor's default
+	podFold, err := NewFold([]string{"pod"}, "DCGM_.+") // -compact.downsample.fold-labels=pod
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -191,7 +191,7 @@ func BenchmarkDownsampleDCGM(b *testing.B) {
 // included) and beside what gpustore's downsampled blocks' chunk files hold
 // for the same data: the simulator's DCGM series of BenchmarkDownsampleDCGM
 // (2 nodes, 15 s, GPUSTORE_BENCH_DAYS days, default 1) folded over pod as the
-// compactor does by default; for each window of each series, a gauge's min,
+// compactor does with -compact.downsample.fold-labels=pod; for each window of each series, a gauge's min,
 // max and sum, a counter's last value only (less than exact rate at window
 // edges needs), no count. Each aggregate is XOR-encoded in its own chunks of
 // 120 points and the windows' timestamps are counted once per series (the

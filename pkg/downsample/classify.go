@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	"github.com/prometheus/common/model"
+
+	"github.com/gpustore/gpustore/pkg/block"
 )
 
 // Kind is how a raw series is downsampled.
@@ -39,6 +41,47 @@ var dcgmCounters = map[string]bool{
 	"DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": true,
 	"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL":   true,
 	"DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": true,
+	// Throttling time: dcgm-exporter's counters.csv types the violation
+	// fields as counters (microseconds or nanoseconds of throttling, by
+	// version), and DCGM's clock-event reason fields (dcgm_fields.h: "in
+	// ns", 1420-1424) accumulate the same way.
+	"DCGM_FI_DEV_POWER_VIOLATION":                                true,
+	"DCGM_FI_DEV_THERMAL_VIOLATION":                              true,
+	"DCGM_FI_DEV_SYNC_BOOST_VIOLATION":                           true,
+	"DCGM_FI_DEV_BOARD_LIMIT_VIOLATION":                          true,
+	"DCGM_FI_DEV_LOW_UTIL_VIOLATION":                             true,
+	"DCGM_FI_DEV_RELIABILITY_VIOLATION":                          true,
+	"DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP_NS":            true,
+	"DCGM_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST_NS":              true,
+	"DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS":       true,
+	"DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS":       true,
+	"DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN_NS": true,
+}
+
+// familySuffixes end the names of a histogram's, summary's or counter's
+// series whose family name lacks them.
+var familySuffixes = []string{"_bucket", "_count", "_sum", "_total"}
+
+// TypesOf returns the types lookup knows of the families that series named
+// names belong to, as Classify looks them up (the name itself, and the name
+// without one of familySuffixes): what a block's metric-types object holds
+// (pkg/block.Types).
+func TypesOf(names []string, lookup TypeLookup) block.Types {
+	out := block.Types{}
+	add := func(fam string) {
+		if typ, ok := lookup(fam); ok && typ != "" && typ != model.MetricTypeUnknown {
+			out[fam] = typ
+		}
+	}
+	for _, name := range names {
+		add(name)
+		for _, suffix := range familySuffixes {
+			if fam, ok := strings.CutSuffix(name, suffix); ok {
+				add(fam)
+			}
+		}
+	}
+	return out
 }
 
 // Classify decides how the series named name is downsampled: from its
@@ -59,7 +102,7 @@ func Classify(name string, hasQuantile bool, lookup TypeLookup) Kind {
 				return Gauge
 			}
 		}
-		for _, suffix := range []string{"_bucket", "_count", "_sum", "_total"} {
+		for _, suffix := range familySuffixes {
 			fam, ok := strings.CutSuffix(name, suffix)
 			if !ok {
 				continue
@@ -77,7 +120,7 @@ func Classify(name string, hasQuantile bool, lookup TypeLookup) Kind {
 	if dcgmCounters[name] {
 		return Counter
 	}
-	for _, suffix := range []string{"_total", "_count", "_sum", "_bucket"} {
+	for _, suffix := range familySuffixes {
 		if strings.HasSuffix(name, suffix) {
 			return Counter
 		}

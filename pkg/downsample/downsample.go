@@ -117,12 +117,23 @@ func Downsample(ctx context.Context, sources []tsdb.BlockReader, cfg Config) (ul
 
 	w := &writer{bw: bw}
 	ms := []*labels.Matcher{labels.MustNewMatcher(labels.MatchRegexp, labels.MetricName, ".+")}
-	fold := cfg.Fold
-	if cfg.SourceResolution != ResRaw {
-		fold = nil // downsampled sources are folded or not already
-	}
-	if fold != nil {
-		ms = append(ms, fold.notFolded())
+	var (
+		folded    *foldedSources
+		foldNames []string
+	)
+	if cfg.Fold != nil && cfg.SourceResolution == ResRaw { // downsampled sources are folded or not already
+		if folded, err = openFolded(sources); err != nil {
+			bw.abort()
+			return ulid.ULID{}, st, fmt.Errorf("downsample: %w", err)
+		}
+		defer folded.close()
+		if foldNames, err = cfg.foldedNames(ctx, folded); err != nil {
+			bw.abort()
+			return ulid.ULID{}, st, err
+		}
+		if len(foldNames) > 0 {
+			ms = append(ms, notIn(foldNames))
+		}
 	}
 	ss := q.Select(ctx, true, &storage.SelectHints{Start: lo, End: hi}, ms...)
 	var it chunkenc.Iterator
@@ -147,8 +158,8 @@ func Downsample(ctx context.Context, sources []tsdb.BlockReader, cfg Config) (ul
 		bw.abort()
 		return ulid.ULID{}, st, fmt.Errorf("downsample: read sources: %w", err)
 	}
-	if fold != nil {
-		if err := cfg.downsampleFolded(ctx, sources, w, lo, hi, &st); err != nil {
+	if len(foldNames) > 0 {
+		if err := cfg.downsampleFolded(ctx, folded, foldNames, w, lo, hi, &st); err != nil {
 			bw.abort()
 			return ulid.ULID{}, st, err
 		}

@@ -67,13 +67,13 @@ func (f *Fold) folds(name string) bool {
 	return f != nil && (f.Metrics == nil || f.Metrics.MatchString(name))
 }
 
-// notFolded selects the metrics the fold does not cover.
-func (f *Fold) notFolded() *labels.Matcher {
-	re := ".+"
-	if f.metrics != "" {
-		re = f.metrics
+// notIn selects the metrics not named in names.
+func notIn(names []string) *labels.Matcher {
+	quoted := make([]string, len(names))
+	for i, n := range names {
+		quoted[i] = regexp.QuoteMeta(n)
 	}
-	return labels.MustNewMatcher(labels.MatchNotRegexp, labels.MetricName, re)
+	return labels.MustNewMatcher(labels.MatchNotRegexp, labels.MetricName, strings.Join(quoted, "|"))
 }
 
 // foldGroup is one output series of a folded metric: the member series (by
@@ -127,27 +127,34 @@ func (fs *foldedSources) close() {
 	}
 }
 
-// downsampleFolded downsamples every folded metric of the sources in raw
-// time [lo, hi] into w.
-func (cfg *Config) downsampleFolded(ctx context.Context, sources []tsdb.BlockReader, w *writer, lo, hi int64, st *Stats) error {
-	fs, err := openFolded(sources)
-	if err != nil {
-		return fmt.Errorf("downsample: %w", err)
-	}
-	defer fs.close()
+// foldedNames returns the names of the sources' metrics whose series the
+// fold merges: those it covers that are not counters (Classify, with the
+// tenant's metadata). A counter is never folded. Two pods' series of one
+// GPU's counter are each a run of the same device counter; merged, the
+// series jumps across the time between them, when no pod of the group held
+// the GPU, and increase() over a range that spans the gap counts what the
+// GPU did meanwhile (its idle energy, for DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION)
+// as the group's. A gauge's merged samples are the pods' own, nothing more.
+func (cfg *Config) foldedNames(ctx context.Context, fs *foldedSources) ([]string, error) {
 	var names []string
 	for _, ir := range fs.irs {
 		vs, err := ir.SortedLabelValues(ctx, labels.MetricName, nil)
 		if err != nil {
-			return fmt.Errorf("downsample: metric names: %w", err)
+			return nil, fmt.Errorf("downsample: metric names: %w", err)
 		}
 		for _, v := range vs {
-			if cfg.Fold.folds(v) {
+			if cfg.Fold.folds(v) && Classify(v, false, cfg.Types) == Gauge {
 				names = append(names, v)
 			}
 		}
 	}
 	slices.Sort(names)
+	return slices.Compact(names), nil
+}
+
+// downsampleFolded downsamples the series of the metrics names (foldedNames)
+// of the sources in raw time [lo, hi] into w, folded.
+func (cfg *Config) downsampleFolded(ctx context.Context, fs *foldedSources, names []string, w *writer, lo, hi int64, st *Stats) error {
 	var (
 		sb   = labels.NewScratchBuilder(16)
 		lb   = labels.NewBuilder(labels.EmptyLabels())
@@ -156,7 +163,7 @@ func (cfg *Config) downsampleFolded(ctx context.Context, sources []tsdb.BlockRea
 		buf  []outSample
 		key  []byte
 	)
-	for _, name := range slices.Compact(names) {
+	for _, name := range names {
 		groups := map[string]*foldGroup{}
 		var order []*foldGroup
 		for i, ir := range fs.irs {
@@ -189,8 +196,8 @@ func (cfg *Config) downsampleFolded(ctx context.Context, sources []tsdb.BlockRea
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			in, buf, err = fs.merged(g, lo, hi, &sb, &chks, in[:0], buf[:0])
-			if err != nil {
+			var err error
+			if in, buf, err = fs.merged(g, lo, hi, &sb, &chks, in[:0], buf[:0]); err != nil {
 				return fmt.Errorf("downsample: read %s: %w", g.lset, err)
 			}
 			st.InSeries += int64(len(g.members))

@@ -128,23 +128,32 @@ func genSeries(rng *rand.Rand, n int) []rawSeries {
 // writeRaw writes the samples of series in [mint, maxt) into a raw block.
 func writeRaw(t testing.TB, dir string, series []rawSeries, mint, maxt int64) *tsdb.Block {
 	t.Helper()
+	return writeBlock(t, dir, func(app storage.Appender) {
+		for _, s := range series {
+			var ref storage.SeriesRef
+			for i, ts := range s.ts {
+				if ts < mint || ts >= maxt {
+					continue
+				}
+				var err error
+				if ref, err = app.Append(ref, s.lset, ts, s.vs[i]); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	})
+}
+
+// writeBlock writes what add appends into a raw block and opens it.
+func writeBlock(t testing.TB, dir string, add func(app storage.Appender)) *tsdb.Block {
+	t.Helper()
 	w, err := tsdb.NewBlockWriter(slog.New(slog.DiscardHandler), dir, 4*Res1h*4)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close()
 	app := w.Appender(context.Background())
-	for _, s := range series {
-		var ref storage.SeriesRef
-		for i, ts := range s.ts {
-			if ts < mint || ts >= maxt {
-				continue
-			}
-			if ref, err = app.Append(ref, s.lset, ts, s.vs[i]); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	add(app)
 	if err := app.Commit(); err != nil {
 		t.Fatal(err)
 	}

@@ -45,6 +45,18 @@ func (s *sample) out() outSample {
 
 func (s *sample) isHistogram() bool { return s.h != nil || s.fh != nil }
 
+// isGaugeHistogram says whether s is a native gauge histogram (its chunk
+// says so: CounterResetHint GaugeType).
+func (s *sample) isGaugeHistogram() bool {
+	switch {
+	case s.h != nil:
+		return s.h.CounterResetHint == histogram.GaugeType
+	case s.fh != nil:
+		return s.fh.CounterResetHint == histogram.GaugeType
+	}
+	return false
+}
+
 func (s *sample) isStale() bool {
 	switch {
 	case s.h != nil:
@@ -148,7 +160,8 @@ func (r *reducer) flush() {
 }
 
 // counterSelector keeps the points of a counter series that PromQL's counter
-// functions need: the first and last point of every window, both points of
+// functions need (and every point of a native gauge histogram, which shares
+// the histograms' "counter" series but is no counter): the first and last point of every window, both points of
 // every counter reset (as PromQL detects it: a float below its predecessor,
 // or a histogram whose DetectReset says so), every NaN with its neighbours,
 // and every staleness marker. Between two kept points the input is a run
@@ -186,10 +199,12 @@ func (c *counterSelector) add(s sample) {
 }
 
 // breaksRun says whether s and the previous point may not be folded into one
-// run: a reset, a NaN, or a change between floats and histograms.
+// run: a reset, a NaN, a change between floats and histograms, or a gauge
+// histogram (it goes up and down like any gauge, so there are no runs to
+// fold: every sample is kept, and every function reads them all).
 func (c *counterSelector) breaksRun(s *sample) bool {
 	p := &c.prev
-	if p.isHistogram() != s.isHistogram() {
+	if p.isHistogram() != s.isHistogram() || s.isGaugeHistogram() || p.isGaugeHistogram() {
 		return true
 	}
 	if !s.isHistogram() {

@@ -115,6 +115,7 @@ func TestClassify(t *testing.T) {
 		"rpc_latency":                     model.MetricTypeSummary,
 		"weird_total":                     model.MetricTypeGauge,
 		"my_counter":                      model.MetricTypeCounter,
+		"DCGM_FI_DEV_PCIE_TX_THROUGHPUT":  model.MetricTypeCounter,
 	}
 	lookup := func(f string) (model.MetricType, bool) { m, ok := meta[f]; return m, ok }
 	for _, c := range []struct {
@@ -130,6 +131,22 @@ func TestClassify(t *testing.T) {
 		{"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", false, Counter},
 		{"DCGM_FI_DEV_FB_TOTAL", false, Gauge},
 		{"DCGM_FI_DEV_XID_ERRORS", false, Gauge},
+		// dcgm-exporter's counters.csv types the throttling durations as
+		// counters; DCGM's clock-event fields (_NS) are the same kind.
+		{"DCGM_FI_DEV_POWER_VIOLATION", false, Counter},
+		{"DCGM_FI_DEV_THERMAL_VIOLATION", false, Counter},
+		{"DCGM_FI_DEV_SYNC_BOOST_VIOLATION", false, Counter},
+		{"DCGM_FI_DEV_BOARD_LIMIT_VIOLATION", false, Counter},
+		{"DCGM_FI_DEV_LOW_UTIL_VIOLATION", false, Counter},
+		{"DCGM_FI_DEV_RELIABILITY_VIOLATION", false, Counter},
+		{"DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP_NS", false, Counter},
+		{"DCGM_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST_NS", false, Counter},
+		{"DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS", false, Counter},
+		{"DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS", false, Counter},
+		{"DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN_NS", false, Counter},
+		{"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", false, Gauge}, // a bitmask
+		// Metadata decides where it exists, whatever the name says.
+		{"DCGM_FI_DEV_PCIE_TX_THROUGHPUT", false, Counter},
 		{"node_cpu_seconds_total", false, Counter},
 		{"training_iteration_time_seconds_bucket", false, Counter},
 		{"training_iteration_time_seconds_sum", false, Counter},
@@ -142,6 +159,10 @@ func TestClassify(t *testing.T) {
 		if got := Classify(c.name, c.quantile, lookup); got != c.want {
 			t.Errorf("Classify(%s) = %v, want %v", c.name, got, c.want)
 		}
+	}
+	gauge := func(string) (model.MetricType, bool) { return model.MetricTypeGauge, true }
+	if Classify("DCGM_FI_DEV_POWER_VIOLATION", false, gauge) != Gauge {
+		t.Error("a DCGM counter field sent with metadata type gauge is not a gauge")
 	}
 }
 

@@ -13,8 +13,9 @@
 //   - What was shipped is remembered across restarts in
 //     <tenant dir>/shipper.json. A block whose meta.json is already in the
 //     bucket (uploaded by a process that crashed before recording it) is not
-//     uploaded again; a block whose upload was cut short (no meta.json) is
-//     uploaded again whole, overwriting the partial objects.
+//     uploaded again; a block whose upload was cut short (no meta.json, or
+//     one that does not parse) is uploaded again whole, overwriting the
+//     partial objects.
 //   - Failed uploads are retried with exponential backoff per tenant
 //     (min_backoff doubling up to max_backoff).
 package shipper
@@ -37,10 +38,12 @@ import (
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
@@ -325,17 +328,28 @@ func (s *Shipper) ship(ctx context.Context, tenant string, b *tsdb.Block) error 
 	if meta.GPUStore.Labels == nil {
 		meta.GPUStore.Labels = map[string]string{}
 	}
-	exists, err := s.bkt.Exists(ctx, block.ObjectName(tenant, bm.ULID, block.MetaFilename))
-	if err != nil {
-		return fmt.Errorf("check bucket: %w", err)
-	}
-	if exists {
+	// Read, not only stat: a meta.json that does not parse (torn by a crash
+	// on a store whose writes were not durable) is no upload, and the local
+	// copy is the only whole one.
+	switch _, err := block.ReadMeta(ctx, s.bkt, tenant, bm.ULID); {
+	case err == nil:
 		s.logger.Info("block already in the bucket; recording it as shipped", "tenant", tenant, "block", bm.ULID)
 		return nil
+	case errors.Is(err, block.ErrBadMeta):
+		s.logger.Warn("block's meta.json in the bucket does not parse; uploading the block again", "tenant", tenant, "block", bm.ULID, "err", err)
+	case !errors.Is(err, block.ErrNoMeta):
+		return fmt.Errorf("check bucket: %w", err)
 	}
 	start := time.Now()
 	files, err := block.LocalFiles(b.Dir())
 	if err != nil {
+		return err
+	}
+	types, err := s.types(ctx, tenant, b)
+	if err != nil {
+		return err
+	}
+	if err := block.WriteTypes(ctx, s.bkt, tenant, bm.ULID, types); err != nil { // before meta.json
 		return err
 	}
 	if err := block.Upload(ctx, s.bkt, b.Dir(), meta); err != nil {
@@ -353,6 +367,29 @@ func (s *Shipper) ship(ctx context.Context, tenant string, b *tsdb.Block) error 
 		s.OnUpload(tenant, meta)
 	}
 	return nil
+}
+
+// types returns the metric types of the families in block b, from the
+// tenant's metadata store (what remote write sent): the compactor, which may
+// see nothing but the bucket, downsamples counters by them.
+func (s *Shipper) types(ctx context.Context, tenant string, b *tsdb.Block) (block.Types, error) {
+	db := s.dbs.Existing(tenant)
+	if db == nil || db.Metadata == nil {
+		return nil, nil
+	}
+	ir, err := b.Index()
+	if err != nil {
+		return nil, fmt.Errorf("open index of block %s: %w", b.Meta().ULID, err)
+	}
+	defer ir.Close()
+	names, err := ir.SortedLabelValues(ctx, labels.MetricName, nil)
+	if err != nil {
+		return nil, fmt.Errorf("metric names of block %s: %w", b.Meta().ULID, err)
+	}
+	return downsample.TypesOf(names, func(family string) (model.MetricType, bool) {
+		m, ok := db.Metadata.Get(family)
+		return m.Type, ok
+	}), nil
 }
 
 // persist writes the tenant's shipper.json atomically.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
 	"github.com/thanos-io/objstore"
@@ -420,4 +422,78 @@ func keys(m map[string][]byte) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// TestTornMetaInTheBucketIsUploadedAgain: the process died after uploading
+// a block's meta.json and before recording it in shipper.json, and the
+// meta.json it left does not parse (empty after a power cut on a folder
+// bucket without durable writes, or cut short). After the restart the block
+// is uploaded again whole, rather than recorded as shipped and then deleted
+// locally while the bucket's copy is unreadable.
+func TestTornMetaInTheBucketIsUploadedAgain(t *testing.T) {
+	dir := t.TempDir()
+	mem := objstore.NewInMemBucket()
+	e := newEnv(t, dir, &testBucket{Bucket: mem})
+	e.ingest(4)
+	if err := e.sync(true); err != nil {
+		t.Fatal(err)
+	}
+	ids := e.localBlocks()
+	if err := e.dbs.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "tenants", tenant, StateFilename)); err != nil {
+		t.Fatal(err)
+	}
+	torn := map[ulid.ULID]string{ids[0]: "", ids[len(ids)-1]: `{"ulid":"01`}
+	for id, content := range torn {
+		if err := mem.Upload(context.Background(), block.ObjectName(tenant, id, block.MetaFilename), strings.NewReader(content)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	bkt := &testBucket{Bucket: mem}
+	e2 := newEnv(t, dir, bkt)
+	if err := e2.sync(true); err != nil {
+		t.Fatal(err)
+	}
+	if n := bkt.metaWrites.Load(); n != int64(len(torn)) {
+		t.Errorf("%d meta.json uploaded after the restart, want %d (the torn ones)", n, len(torn))
+	}
+	for id := range torn {
+		if _, err := block.ReadMeta(context.Background(), mem, tenant, id); err != nil {
+			t.Errorf("block %s after the restart: %v", id, err)
+		}
+		if !e2.sh.Shipped(tenant, id) {
+			t.Errorf("block %s not recorded as shipped", id)
+		}
+	}
+}
+
+// TestShipsTheBlocksMetricTypes: each shipped block carries the metric types
+// of its families from the tenant's metadata (as remote write sent them),
+// for the compactor, which may see nothing but the bucket; families the
+// block does not hold are left out.
+func TestShipsTheBlocksMetricTypes(t *testing.T) {
+	mem := objstore.NewInMemBucket()
+	e := newEnv(t, t.TempDir(), &testBucket{Bucket: mem})
+	md := e.dbs.Existing(tenant).Metadata
+	md.Set("DCGM_FI_DEV_GPU_TEMP", metadata.Metadata{Type: model.MetricTypeGauge, Unit: "celsius"})
+	md.Set("DCGM_FI_DEV_POWER_USAGE", metadata.Metadata{Type: model.MetricTypeGauge})
+	md.Set("DCGM_FI_DEV_POWER_VIOLATION", metadata.Metadata{Type: model.MetricTypeCounter}) // not in the blocks
+	e.ingest(4)
+	if err := e.sync(true); err != nil {
+		t.Fatal(err)
+	}
+	ids := e.localBlocks()
+	if len(ids) == 0 {
+		t.Fatal("no block cut")
+	}
+	want := block.Types{"DCGM_FI_DEV_GPU_TEMP": model.MetricTypeGauge, "DCGM_FI_DEV_POWER_USAGE": model.MetricTypeGauge}
+	for _, id := range ids {
+		got, err := block.ReadTypes(context.Background(), mem, tenant, id)
+		if err != nil || !maps.Equal(got, want) {
+			t.Errorf("block %s: types %v (err %v), want %v", id, got, err, want)
+		}
+	}
 }
