@@ -65,12 +65,20 @@ type Config struct {
 	// MinStepsPerSlice the fewest steps of a slice.
 	RangeParallelism int `yaml:"range_parallelism"`
 	MinStepsPerSlice int `yaml:"min_steps_per_slice"`
+	// Remote read (/api/v1/read), with Prometheus' flags' meanings and
+	// defaults: the most samples one non-streamed answer may hold, the
+	// most reads in progress (others wait; 0: no limit), the largest frame
+	// of a streamed answer.
+	RemoteReadSampleLimit     int `yaml:"remote_read_sample_limit"`
+	RemoteReadConcurrentLimit int `yaml:"remote_read_concurrent_limit"`
+	RemoteReadMaxBytesInFrame int `yaml:"remote_read_max_bytes_in_frame"`
 }
 
 // DefaultConfig returns Prometheus' own defaults.
 func DefaultConfig() Config {
 	return Config{Timeout: model.Duration(2 * time.Minute), MaxSamples: 50_000_000, MaxConcurrency: 20, LookbackDelta: model.Duration(5 * time.Minute), ReplicaLabels: flagext.StringSliceCSV{"__replica__"},
-		MaxSourceResolution: "auto", MinStepsPerSlice: defaultMinStepsPerSlice}
+		MaxSourceResolution: "auto", MinStepsPerSlice: defaultMinStepsPerSlice,
+		RemoteReadSampleLimit: 5e7, RemoteReadConcurrentLimit: 10, RemoteReadMaxBytesInFrame: 1 << 20}
 }
 
 // Validate checks the configuration.
@@ -80,6 +88,9 @@ func (c Config) Validate() error {
 	}
 	if c.RangeParallelism < 0 || c.MinStepsPerSlice <= 0 {
 		return errors.New("query range parallelism must not be negative, min steps per slice must be positive")
+	}
+	if c.RemoteReadSampleLimit < 0 || c.RemoteReadConcurrentLimit < 0 || c.RemoteReadMaxBytesInFrame <= 0 {
+		return errors.New("remote read sample and concurrent limits must not be negative (0: none), max bytes in frame must be positive")
 	}
 	if _, err := downsample.ParseMaxSourceResolution(c.MaxSourceResolution); err != nil {
 		return err
@@ -189,7 +200,7 @@ func New(opts Options) (*API, error) {
 		false, 0,
 		opts.Logger.With("component", "api"),
 		func(ctx context.Context) v1.RulesRetriever { return rr(ctx) },
-		0, 0, 0, // remote read: limits unused (gpustore does not serve remote read yet)
+		opts.Config.RemoteReadSampleLimit, remoteReadGateSize(opts.Config.RemoteReadConcurrentLimit), opts.Config.RemoteReadMaxBytesInFrame,
 		false,
 		nil,
 		func() (v1.RuntimeInfo, error) {
@@ -251,6 +262,9 @@ func (a *API) RegisterRoutes(mux *http.ServeMux) {
 	}
 	compress := answerCompression()
 	mux.Handle("/api/v1/", compress(boundSubqueries(a.tenant(api))))
+	// Remote read answers in snappy frames of its own, uncompressed by
+	// gzip as in Prometheus; its body is read before it waits for a slot.
+	mux.Handle("/api/v1/read", ReadWholeBody(MaxReadRequestBytes, a.tenant(api)))
 	mux.Handle("/api/v1/metadata", compress(a.tenant(http.HandlerFunc(a.metadata))))
 	mux.Handle("/api/v1/status/tsdb", compress(a.tenant(http.HandlerFunc(a.tsdbStatus))))
 	mux.Handle("/api/v1/status/tsdb/blocks", compress(a.tenant(http.HandlerFunc(a.tsdbBlocks))))
