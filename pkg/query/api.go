@@ -39,6 +39,8 @@ import (
 	"github.com/prometheus/prometheus/rules"
 	"github.com/prometheus/prometheus/scrape"
 	"github.com/prometheus/prometheus/tsdb"
+	"github.com/prometheus/prometheus/util/features"
+	"github.com/prometheus/prometheus/util/notifications"
 	v1 "github.com/prometheus/prometheus/web/api/v1"
 
 	"github.com/gpustore/gpustore/pkg/downsample"
@@ -129,6 +131,10 @@ type Options struct {
 	// Metadata, when set, adds the metric metadata held elsewhere (the
 	// ring's receivers) to the local TSDB's in /api/v1/metadata.
 	Metadata MetadataSource
+	// Notifications are what /api/v1/notifications and
+	// /api/v1/notifications/live show (a failed reload, as in Prometheus);
+	// nil: New makes an empty list of its own.
+	Notifications *notifications.Notifications
 }
 
 // MetadataSource is metric metadata held outside this process. A partial
@@ -157,6 +163,11 @@ func New(opts Options) (*API, error) {
 	if err != nil {
 		return nil, fmt.Errorf("active query tracker: %w", err)
 	}
+	featureSet := gpustoreFeatures()
+	notes := opts.Notifications
+	if notes == nil {
+		notes = notifications.NewNotifications(maxNotificationSubscribers, opts.Registry)
+	}
 	engine := promql.NewEngine(promql.EngineOpts{
 		Logger:             opts.Logger.With("component", "promql"),
 		Reg:                opts.Registry,
@@ -168,6 +179,7 @@ func New(opts Options) (*API, error) {
 		NoStepSubqueryIntervalFn: func(int64) int64 { return noStepSubqueryInterval.Milliseconds() },
 		EnableAtModifier:         true,
 		EnableNegativeOffset:     true,
+		FeatureRegistry:          featureSet,
 	})
 
 	q := TenantQueryable{DBs: opts.DBs, Sources: opts.Sources, Receivers: opts.Receivers, ReceiversLookback: opts.ReceiversLookback}
@@ -211,14 +223,14 @@ func New(opts Options) (*API, error) {
 			}, nil
 		},
 		&build,
-		nil, nil,
+		notes.Get, notes.Sub,
 		opts.Registry, opts.Registry,
 		nil,
 		false, nil, // remote write is served by pkg/ingest, not by this handler
 		false, false, false,
 		time.Duration(opts.Config.LookbackDelta),
 		false, false,
-		timeoutIs503, nil,
+		errorCodes, featureSet,
 		v1.OpenAPIOptions{},
 		nil,
 		false,
@@ -232,16 +244,50 @@ func New(opts Options) (*API, error) {
 // Engine returns the PromQL engine, shared with rule evaluation.
 func (a *API) Engine() *promql.Engine { return a.engine }
 
-// timeoutIs503 answers 503 to a query whose deadline passed wherever it was
-// noticed: PromQL reports one it meets while expanding series as a plain
-// context error (an "execution" error, 422), though it is the same timeout
-// the engine reports as 503 elsewhere. (Generic only to match the unexported
-// parameter type of v1.OverrideErrorCode.)
-func timeoutIs503[N any](_ N, err error) (int, bool) {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrUnavailable) {
+// errorCodes corrects two of the v1 handler's status codes.
+//
+// A query whose deadline passed is answered 503 wherever it was noticed:
+// PromQL reports one it meets while expanding series as a plain context
+// error (an "execution" error, 422), though it is the same timeout the
+// engine reports as 503 elsewhere.
+//
+// The handler answers "unavailable" errors with 500 (Prometheus v0.316.0
+// does the same), and a 5xx is retried by Prometheus, Grafana and proxies.
+// A storage not ready yet is retried rightly (503); a disabled endpoint
+// (the admin and search APIs) never becomes available by retrying: 501.
+//
+// (Generic only to match the unexported parameter type of
+// v1.OverrideErrorCode.)
+func errorCodes[N comparable](num N, err error) (int, bool) {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrUnavailable) || errors.Is(err, tsdb.ErrNotReady):
 		return http.StatusServiceUnavailable, true
+	case any(num) == any(v1.ErrorUnavailable):
+		return http.StatusNotImplemented, true
 	}
 	return 0, false
+}
+
+// maxNotificationSubscribers bounds the clients of
+// /api/v1/notifications/live, as Prometheus'
+// --web.max-notifications-subscribers (default 16) does; more are answered
+// 204 No Content.
+const maxNotificationSubscribers = 16
+
+// gpustoreFeatures is what /api/v1/features lists besides the engine's
+// PromQL features (which NewEngine adds): the API features gpustore serves,
+// named as Prometheus names them (web.New).
+func gpustoreFeatures() features.Collector {
+	r := features.NewRegistry()
+	for name, on := range map[string]bool{
+		"lifecycle": true, "admin": false, "remote_write_receiver": true, "otlp_write_receiver": false,
+		"query_cost": false, "search": false, "label_values_match": true, "query_warnings": true,
+		"query_stats": true, "time_range_series": true, "time_range_labels": true, "exclude_alerts": true,
+		"openapi_3.1": true, "openapi_3.2": true,
+	} {
+		r.Set(features.API, name, on)
+	}
+	return r
 }
 
 // ErrUnavailable is wrapped by a source's error when too much of it is down
@@ -268,6 +314,10 @@ func (a *API) RegisterRoutes(mux *http.ServeMux) {
 	mux.Handle("/api/v1/metadata", compress(a.tenant(http.HandlerFunc(a.metadata))))
 	mux.Handle("/api/v1/status/tsdb", compress(a.tenant(http.HandlerFunc(a.tsdbStatus))))
 	mux.Handle("/api/v1/status/tsdb/blocks", compress(a.tenant(http.HandlerFunc(a.tsdbBlocks))))
+	// A stream of events is not compressed: the compressor holds the
+	// headers back until it has seen enough of the answer to decide, and
+	// an event stream that has nothing to say yet would never start.
+	mux.Handle("/api/v1/notifications/live", a.tenant(a.router))
 }
 
 // tenant puts the request's tenant into its context (dskit's user package,
