@@ -35,7 +35,6 @@ import (
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/promql"
-	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/prometheus/prometheus/rules"
 	"github.com/prometheus/prometheus/scrape"
 	"github.com/prometheus/prometheus/tsdb"
@@ -74,13 +73,18 @@ type Config struct {
 	RemoteReadSampleLimit     int `yaml:"remote_read_sample_limit"`
 	RemoteReadConcurrentLimit int `yaml:"remote_read_concurrent_limit"`
 	RemoteReadMaxBytesInFrame int `yaml:"remote_read_max_bytes_in_frame"`
+	// MaxExpressionBytes and MaxExpressionDepth bound the PromQL of a
+	// request (query, match[]) before anything parses it (bounds.go).
+	MaxExpressionBytes int `yaml:"max_expression_bytes"`
+	MaxExpressionDepth int `yaml:"max_expression_depth"`
 }
 
 // DefaultConfig returns Prometheus' own defaults.
 func DefaultConfig() Config {
 	return Config{Timeout: model.Duration(2 * time.Minute), MaxSamples: 50_000_000, MaxConcurrency: 20, LookbackDelta: model.Duration(5 * time.Minute), ReplicaLabels: flagext.StringSliceCSV{"__replica__"},
 		MaxSourceResolution: "auto", MinStepsPerSlice: defaultMinStepsPerSlice,
-		RemoteReadSampleLimit: 5e7, RemoteReadConcurrentLimit: 10, RemoteReadMaxBytesInFrame: 1 << 20}
+		RemoteReadSampleLimit: 5e7, RemoteReadConcurrentLimit: 10, RemoteReadMaxBytesInFrame: 1 << 20,
+		MaxExpressionBytes: defaultMaxExpressionBytes, MaxExpressionDepth: defaultMaxExpressionDepth}
 }
 
 // Validate checks the configuration.
@@ -93,6 +97,9 @@ func (c Config) Validate() error {
 	}
 	if c.RemoteReadSampleLimit < 0 || c.RemoteReadConcurrentLimit < 0 || c.RemoteReadMaxBytesInFrame <= 0 {
 		return errors.New("remote read sample and concurrent limits must not be negative (0: none), max bytes in frame must be positive")
+	}
+	if c.MaxExpressionBytes <= 0 || c.MaxExpressionDepth <= 0 {
+		return errors.New("query max expression bytes and depth must be positive")
 	}
 	if _, err := downsample.ParseMaxSourceResolution(c.MaxSourceResolution); err != nil {
 		return err
@@ -307,7 +314,7 @@ func (a *API) RegisterRoutes(mux *http.ServeMux) {
 		api = a.opts.Frontend(api)
 	}
 	compress := answerCompression()
-	mux.Handle("/api/v1/", compress(boundSubqueries(a.tenant(api))))
+	mux.Handle("/api/v1/", compress(a.tenant(newAdmission(a.opts.Config).admit(api))))
 	// Remote read answers in snappy frames of its own, uncompressed by
 	// gzip as in Prometheus; its body is read before it waits for a slot.
 	mux.Handle("/api/v1/read", ReadWholeBody(MaxReadRequestBytes, a.tenant(api)))
@@ -397,50 +404,6 @@ func (a *API) resolution(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
-}
-
-// maxSubquerySteps bounds the steps of one subquery. Prometheus' engine
-// sizes and walks per-step statistics for each subquery without looking at
-// the query's deadline, so one x[100y:1s] held a core long past
-// query.timeout (TestSubqueryStepsBounded). 11,000 is the bound Prometheus
-// puts on the points per series of a range query.
-const maxSubquerySteps = 11_000
-
-// boundSubqueries answers 400 to a query with a subquery of more than
-// maxSubquerySteps steps, before any tenant's data is touched.
-func boundSubqueries(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if q := r.FormValue("query"); q != "" {
-			if err := checkSubquerySteps(q); err != nil {
-				writeError(w, http.StatusBadRequest, "bad_data", err)
-				return
-			}
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-func checkSubquerySteps(q string) error {
-	expr, err := parser.NewParser(parser.Options{}).ParseExpr(q)
-	if err != nil {
-		return nil // the API answers the parse error itself
-	}
-	var tooMany error
-	parser.Inspect(expr, func(n parser.Node, _ []parser.Node) error {
-		sq, ok := n.(*parser.SubqueryExpr)
-		if !ok || tooMany != nil {
-			return nil
-		}
-		step := sq.Step
-		if step <= 0 {
-			step = noStepSubqueryInterval
-		}
-		if steps := sq.Range / step; steps > maxSubquerySteps {
-			tooMany = fmt.Errorf("subquery %s has %d steps, more than %d: use a coarser step or a shorter range", sq, steps, maxSubquerySteps)
-		}
-		return nil
-	})
-	return tooMany
 }
 
 // downsampledSource is a Source that may hold downsampled blocks.

@@ -24,6 +24,9 @@ import (
 type stallingSource struct {
 	release chan struct{}
 	started chan struct{} // one value per stalled select
+	// ignoreCancel: the select holds on past its context's end (a select
+	// that does not look at its context, holding its slot regardless).
+	ignoreCancel bool
 }
 
 func newStallingSource() *stallingSource {
@@ -44,9 +47,13 @@ func (q stallingQuerier) stall(ctx context.Context, ms []*labels.Matcher) {
 	for _, m := range ms {
 		if m.Name == labels.MetricName && m.Matches("stall") && !m.Matches("") {
 			q.s.started <- struct{}{}
+			done := ctx.Done()
+			if q.s.ignoreCancel {
+				done = nil
+			}
 			select {
 			case <-q.s.release:
-			case <-ctx.Done():
+			case <-done:
 			}
 			return
 		}
