@@ -190,6 +190,7 @@ func (a *App) ready() error {
 func (a *App) initServer() (services.Service, error) {
 	s, err := server.New(a.Cfg.Server, server.Deps{
 		Logger: a.Logger.With("component", "server"), Registry: a.Registry, Ready: a.ready, Tenants: a.Cfg.Tenant,
+		Peers: a.Cfg.Ring.PeerIdentities,
 	})
 	if err != nil {
 		return nil, err

@@ -117,6 +117,9 @@ func (c *Config) Validate() error {
 	if len(c.Tenant.Auth) > 0 && c.Server.WebConfigFile == "" {
 		errs = append(errs, errors.New("tenants.auth needs --web.config.file: without it no request has an identity"))
 	}
+	if len(c.Ring.PeerIdentities) > 0 && c.Server.WebConfigFile == "" {
+		errs = append(errs, errors.New("ring.peer_identities needs --web.config.file: without it no request has an identity"))
+	}
 	errs = append(errs, c.validateObjstore()...)
 	return errors.Join(errs...)
 }
