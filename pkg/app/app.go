@@ -15,6 +15,7 @@ package app
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -167,6 +168,13 @@ func New(cfg Config, logger *slog.Logger) (*App, error) {
 		return nil, err
 	}
 	return a, nil
+}
+
+// RecordFlags keeps the flags given on the command line for
+// /api/v1/status/flags (which shows them with their secrets redacted);
+// call it before Start.
+func (a *App) RecordFlags(fs *flag.FlagSet) {
+	fs.Visit(func(f *flag.Flag) { a.Flags[f.Name] = f.Value.String() })
 }
 
 // ready is the readiness every role reports: all services running.
@@ -379,7 +387,9 @@ func (a *App) initQuery() (services.Service, error) {
 	}
 	a.API = api
 	api.RegisterRoutes(a.Server.Mux)
-	a.Server.AdminOnly("/api/v1/status/self_metrics") // every tenant's metrics
+	// Process-wide: every tenant's metrics; the flags, the configuration
+	// and the runtime (secrets are redacted, but they are the operator's).
+	a.Server.AdminOnly("/api/v1/status/self_metrics", "/api/v1/status/flags", "/api/v1/status/config", "/api/v1/status/runtimeinfo")
 	return services.NewIdleService(nil, nil), nil
 }
 

@@ -202,7 +202,7 @@ func New(opts Options) (*API, error) {
 		func(context.Context) v1.TargetRetriever { return noTargets{} },
 		func(context.Context) v1.AlertmanagerRetriever { return noAlertmanagers{} },
 		func() config.Config { return config.DefaultConfig },
-		opts.Flags,
+		redactFlags(opts.Flags),
 		v1.GlobalURLOptions{ListenAddress: "", Host: "", Scheme: "http"},
 		func(f http.HandlerFunc) http.HandlerFunc {
 			return func(w http.ResponseWriter, r *http.Request) {
@@ -309,7 +309,7 @@ const noStepSubqueryInterval = time.Minute
 // The write endpoints registered by pkg/ingest are more specific patterns and
 // take precedence.
 func (a *API) RegisterRoutes(mux *http.ServeMux) {
-	api := a.dedup(a.resolution(a.router))
+	api := a.hideRuleFiles(a.dedup(a.resolution(a.router)))
 	if a.opts.Frontend != nil {
 		api = a.opts.Frontend(api)
 	}
