@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"io"
@@ -16,6 +17,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/prometheus/util/notifications"
 )
 
 // prometheusAPIRoutes lists the routes Prometheus' web/api/v1 registers
@@ -127,4 +130,69 @@ func sweepCall(method, u string, params url.Values, withParams bool) (int, strin
 		return resp.StatusCode, string(b), err
 	}
 	return resp.StatusCode, string(b), nil
+}
+
+// TestReloadFailureIsANotification: /api/v1/notifications answers as
+// Prometheus' does, with Prometheus' notification while the last reload
+// (POST /-/reload, SIGHUP) failed, gone once a reload succeeds. Before, the
+// endpoint panicked on every call.
+func TestReloadFailureIsANotification(t *testing.T) {
+	rulesDir := t.TempDir()
+	rule := filepath.Join(rulesDir, "gpu.yml")
+	good := "groups:\n  - name: g\n    rules:\n      - record: gpu:temp:max\n        expr: max(DCGM_FI_DEV_GPU_TEMP)\n"
+	if err := os.WriteFile(rule, []byte(good), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := Load(flag.NewFlagSet("gpustore", flag.ContinueOnError), []string{
+		"-storage.tsdb.path=" + t.TempDir(), "-web.listen-address=127.0.0.1:0", "-rules.dir=" + rulesDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := startApp(t, cfg)
+	base := "http://" + a.Server.Addr().String()
+	notes := func() []notifications.Notification {
+		t.Helper()
+		resp, err := http.Get(base + "/api/v1/notifications")
+		if err != nil {
+			t.Fatalf("/api/v1/notifications: %v", err)
+		}
+		defer resp.Body.Close()
+		var r struct {
+			Status string                       `json:"status"`
+			Data   []notifications.Notification `json:"data"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || resp.StatusCode != http.StatusOK || r.Status != "success" {
+			t.Fatalf("/api/v1/notifications: %d %v", resp.StatusCode, err)
+		}
+		return r.Data
+	}
+	reload := func() int {
+		resp, err := http.Post(base+"/-/reload", "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if n := notes(); len(n) != 0 {
+		t.Fatalf("notifications at start: %v", n)
+	}
+	if err := os.WriteFile(rule, []byte("groups: [{name: g, rules: [{record: x, expr: 'sum('}]}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := reload(); code != http.StatusInternalServerError {
+		t.Fatalf("reload of a broken rule file: %d", code)
+	}
+	if n := notes(); len(n) != 1 || n[0].Text != notifications.ConfigurationUnsuccessful || !n[0].Active {
+		t.Errorf("after a failed reload: %v, want Prometheus' %q", n, notifications.ConfigurationUnsuccessful)
+	}
+	if err := os.WriteFile(rule, []byte(good), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := reload(); code != http.StatusOK {
+		t.Fatalf("reload of the mended rule file: %d", code)
+	}
+	if n := notes(); len(n) != 0 {
+		t.Errorf("after a good reload: %v, want none", n)
+	}
 }

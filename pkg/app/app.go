@@ -32,6 +32,7 @@ import (
 	"github.com/grafana/dskit/services"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/prometheus/util/notifications"
 	v1 "github.com/prometheus/prometheus/web/api/v1"
 	"github.com/thanos-io/objstore"
 
@@ -123,6 +124,8 @@ type App struct {
 	BucketStore *bucketstore.Store
 	Compactor   *compact.Compactor
 
+	notifications *notifications.Notifications // shown by /api/v1/notifications
+
 	mm      *modules.Manager
 	manager *services.Manager
 	storage services.Service // the storage module's service
@@ -196,9 +199,12 @@ func (a *App) ready() error {
 }
 
 func (a *App) initServer() (services.Service, error) {
+	// What /api/v1/notifications shows: a failed reload, as in Prometheus
+	// (and its --web.max-notifications-subscribers default, 16).
+	a.notifications = notifications.NewNotifications(16, a.Registry)
 	s, err := server.New(a.Cfg.Server, server.Deps{
 		Logger: a.Logger.With("component", "server"), Registry: a.Registry, Ready: a.ready, Tenants: a.Cfg.Tenant,
-		Peers: a.Cfg.Ring.PeerIdentities,
+		Peers: a.Cfg.Ring.PeerIdentities, Notifications: a.notifications,
 	})
 	if err != nil {
 		return nil, err
@@ -375,8 +381,9 @@ func (a *App) initQuery() (services.Service, error) {
 		Flags:          a.Flags,
 		Sources:        a.querySources(),
 		Receivers:      a.Receivers, ReceiversLookback: a.receiversLookback(),
-		Metadata: a.receiversMetadata(),
-		Rules:    a.rulesRetriever,
+		Metadata:      a.receiversMetadata(),
+		Rules:         a.rulesRetriever,
+		Notifications: a.notifications,
 		BuildInfo: v1.PrometheusVersion{
 			Version: version.Version, Revision: version.Revision, Branch: version.Branch,
 			BuildUser: version.BuildUser, BuildDate: version.BuildDate, GoVersion: version.GoVersion,

@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/util/notifications"
 
 	"github.com/gpustore/gpustore/pkg/auth"
 	"github.com/gpustore/gpustore/pkg/tenancy"
@@ -96,6 +97,9 @@ type Deps struct {
 	// other (ring.peer_identities); with them, only they may use the
 	// routes marked Internal (tenancy.Config.Peer).
 	Peers []string
+	// Notifications, when set, get Prometheus' "Configuration reload has
+	// failed." while the last reload failed (/api/v1/notifications).
+	Notifications *notifications.Notifications
 }
 
 // Server owns the listener and the muxes the roles register their routes on.
@@ -141,8 +145,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s := &Server{
 		Mux: http.NewServeMux(), Writes: http.NewServeMux(),
 		cfg: cfg, deps: d, logger: d.Logger,
-		admin:  map[string]bool{"/metrics": true, "/-/reload": true}, internal: map[string]bool{},
-		writes: newWriteLimiter(cfg.MaxConcurrentWritesPerTenant, d.Tenants, d.Registry),
+		admin:    map[string]bool{"/metrics": true, "/-/reload": true},
+		internal: map[string]bool{},
+		writes:   newWriteLimiter(cfg.MaxConcurrentWritesPerTenant, d.Tenants, d.Registry),
 	}
 	if cfg.WebConfigFile != "" {
 		w, err := auth.Load(cfg.WebConfigFile, d.Logger, d.Registry)
@@ -280,6 +285,13 @@ func (s *Server) Reload() error {
 	for _, r := range rs {
 		if err := r.f(); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", r.name, err))
+		}
+	}
+	if n := s.deps.Notifications; n != nil {
+		if len(errs) > 0 {
+			n.AddNotification(notifications.ConfigurationUnsuccessful)
+		} else {
+			n.DeleteNotification(notifications.ConfigurationUnsuccessful)
 		}
 	}
 	return errors.Join(errs...)
