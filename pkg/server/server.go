@@ -344,11 +344,11 @@ func refuse(w http.ResponseWriter, err error) {
 
 func (s *Server) run(ctx context.Context) error {
 	errc := make(chan error, 1)
+	s.logger.Info("listening", "address", s.lis.Addr().String(), "tls", s.TLS(), "auth", s.web != nil)
+	if s.web == nil {
+		s.warnOpen()
+	}
 	go func() {
-		s.logger.Info("listening", "address", s.lis.Addr().String(), "tls", s.TLS(), "auth", s.web != nil)
-		if s.web == nil {
-			s.warnOpen()
-		}
 		if s.TLS() {
 			errc <- s.srv.ServeTLS(s.lis, "", "")
 			return
