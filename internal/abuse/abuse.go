@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"runtime"
 	"strings"
 	"time"
 
@@ -173,6 +174,29 @@ func post(ctx context.Context, u string, form url.Values, header http.Header, ti
 func OpenFDs() (int, error) {
 	ents, err := os.ReadDir("/proc/self/fd")
 	return len(ents), err
+}
+
+// Footprint is what a server in this process holds: goroutines and open
+// files.
+type Footprint struct{ Goroutines, FDs int }
+
+// Measure returns this process's footprint now.
+func Measure() (Footprint, error) {
+	fds, err := OpenFDs()
+	return Footprint{runtime.NumGoroutine(), fds}, err
+}
+
+// SettlesTo waits up to d until this process holds at most base plus slack
+// goroutines and open files; the error says what it held last.
+func SettlesTo(base Footprint, slack int, d time.Duration) error {
+	var now Footprint
+	var err error
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if now, err = Measure(); err == nil && now.Goroutines <= base.Goroutines+slack && now.FDs <= base.FDs+slack {
+			return nil
+		}
+	}
+	return fmt.Errorf("after %s: %d goroutines (baseline %d), %d open files (baseline %d)", d, now.Goroutines, base.Goroutines, now.FDs, base.FDs)
 }
 
 // ProcessGauges reads go_goroutines and process_open_fds from a gpustore's

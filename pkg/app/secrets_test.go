@@ -91,6 +91,13 @@ func TestStatusAnswersKeepSecrets(t *testing.T) {
 			t.Errorf("%s shows the Alertmanager password: %.300s", p, body)
 		}
 	}
+	// The same routes spelt otherwise reach the handler only as the
+	// operator (the mux and the API's router redirect to the clean path).
+	for _, p := range []string{"/api/v1/status/flags/", "/api/v1//status/flags", "/api/v1/status/./flags", "/api/v1/status/%66lags", "/api/v1/./status/config"} {
+		if code, body := get(p, "team-a-prom", "a"); code == http.StatusOK || strings.Contains(body, "alertmanager") || strings.Contains(body, "yaml") {
+			t.Errorf("%s as a tenant: %d %.200s", p, code, body)
+		}
+	}
 	if _, body := get("/api/v1/status/flags", "ops", "o"); !strings.Contains(body, `"alertmanager.url":"http://am-user:xxxxx@127.0.0.1:1/"`) {
 		t.Errorf("the operator's flags do not show the redacted Alertmanager URL: %.300s", body)
 	}

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"runtime"
 	"testing"
 	"time"
 
@@ -82,22 +81,6 @@ func (q stallingChunkQuerier) Select(ctx context.Context, _ bool, _ *storage.Sel
 	return storage.EmptyChunkSeriesSet()
 }
 
-// backToBaseline waits until this process's goroutines and open files are back
-// to at most the counts given (plus slack for the runtime's and the test
-// server's own), and reports what it saw last when they are not within d.
-func backToBaseline(t *testing.T, goroutines, fds, slack int, d time.Duration) {
-	t.Helper()
-	var g, f int
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		g = runtime.NumGoroutine()
-		f, _ = abuse.OpenFDs()
-		if g <= goroutines+slack && f <= fds+slack {
-			return
-		}
-	}
-	t.Fatalf("after %s: %d goroutines (baseline %d), %d open files (baseline %d)", d, g, goroutines, f, fds)
-}
-
 // TestAbandonedRemoteReadsLeaveNothing: remote reads whose clients leave
 // while they wait for a slot (remote_read_concurrent_limit, held by a
 // read that runs long) end at once: a thousand of them leave no goroutine
@@ -135,12 +118,13 @@ func TestAbandonedRemoteReadsLeaveNothing(t *testing.T) {
 		t.Fatal("the first remote read never started: no slot for it (remote_read_concurrent_limit)")
 	}
 	http.DefaultClient.CloseIdleConnections()
-	goroutines, fds := runtime.NumGoroutine(), mustFDs(t)
-
+	before := measure(t)
 	if err := abuse.AbandonedReads(addr, "/api/v1/read", abuse.ReadRequest("stall", now-60_000, now), nil, 1000); err != nil {
 		t.Fatal(err)
 	}
-	backToBaseline(t, goroutines, fds, 10, 5*time.Second)
+	if err := abuse.SettlesTo(before, 10, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
 
 	close(src.release)
 	select {
@@ -168,11 +152,11 @@ func serveUnwaited(t *testing.T, h http.Handler) (base, addr string) {
 	return "http://" + lis.Addr().String(), lis.Addr().String()
 }
 
-func mustFDs(t *testing.T) int {
+func measure(t *testing.T) abuse.Footprint {
 	t.Helper()
-	n, err := abuse.OpenFDs()
+	f, err := abuse.Measure()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return n
+	return f
 }

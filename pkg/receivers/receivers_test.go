@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -800,18 +799,15 @@ func TestAbandonedReadsWhileSlotsAreTaken(t *testing.T) {
 			t.Fatal("the long reads did not all start")
 		}
 	}
-	goroutines, fds := runtime.NumGoroutine(), openFDs(t)
+	before, err := abuse.Measure()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := abuse.AbandonedReads(addr, ReadPath, body, nil, 500); err != nil {
 		t.Fatal(err)
 	}
-	var g, f int
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if g, f = runtime.NumGoroutine(), openFDs(t); g <= goroutines+10 && f <= fds+10 {
-			break
-		}
-	}
-	if g > goroutines+10 || f > fds+10 {
-		t.Fatalf("500 abandoned reads later: %d goroutines (baseline %d), %d open files (baseline %d)", g, goroutines, f, fds)
+	if err := abuse.SettlesTo(before, 10, 5*time.Second); err != nil {
+		t.Fatalf("500 abandoned reads later: %v", err)
 	}
 	close(q.release)
 	for range readConcurrency {
@@ -819,13 +815,4 @@ func TestAbandonedReadsWhileSlotsAreTaken(t *testing.T) {
 			t.Errorf("a long read: %d, want 200", code)
 		}
 	}
-}
-
-func openFDs(t *testing.T) int {
-	t.Helper()
-	n, err := abuse.OpenFDs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
