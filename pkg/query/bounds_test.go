@@ -359,3 +359,35 @@ func FuzzExpressionDepthBound(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkExpressionBound: what the bound's scan costs beside the parse it
+// guards, on a dashboard panel's expression and on a variable expanded to
+// the UUIDs of 1,024 GPUs (41 KiB).
+func BenchmarkExpressionBound(b *testing.B) {
+	var uuids []string
+	for i := range 1024 {
+		uuids = append(uuids, fmt.Sprintf("GPU-%08x-1111-2222-3333-444455556666", i))
+	}
+	for name, q := range map[string]string{
+		"panel":     `sum by (Hostname) (rate(DCGM_FI_PROF_PCIE_TX_BYTES{Hostname=~"node-1|node-2", gpu=~".*"}[5m])) / on (Hostname) group_left count by (Hostname) (DCGM_FI_DEV_GPU_TEMP)`,
+		"1024-gpus": `avg(DCGM_FI_DEV_GPU_UTIL{UUID=~"` + strings.Join(uuids, "|") + `"})`,
+	} {
+		b.Run(name+"/scan", func(b *testing.B) {
+			b.SetBytes(int64(len(q)))
+			for b.Loop() {
+				if checkExprBounds(q, defaultMaxExpressionBytes, defaultMaxExpressionDepth) != nil {
+					b.Fatal("refused")
+				}
+			}
+		})
+		b.Run(name+"/parse", func(b *testing.B) {
+			b.SetBytes(int64(len(q)))
+			p := parser.NewParser(parser.Options{})
+			for b.Loop() {
+				if _, err := p.ParseExpr(q); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
