@@ -391,3 +391,45 @@ func BenchmarkExpressionBound(b *testing.B) {
 		})
 	}
 }
+
+// TestQueryWhoseClientLeftFreesItsSlot: a running query whose client
+// leaves stops (its selects see the request's context end) and gives its
+// slot back at once, long before query.timeout.
+func TestQueryWhoseClientLeftFreesItsSlot(t *testing.T) {
+	src := newStallingSource()
+	h, _ := newTestAPIHandler(t, func(o *Options) {
+		o.Config.MaxConcurrency = 1
+		o.Config.Timeout = model.Duration(time.Minute)
+		o.Sources = []Source{src}
+	})
+	base, _ := serveUnwaited(t, h)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/api/v1/query", strings.NewReader("query=stall"))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	select {
+	case <-src.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the query never started")
+	}
+	cancel()
+	<-done
+	start := time.Now()
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel2()
+	req, _ := http.NewRequestWithContext(ctx2, http.MethodGet, base+"/api/v1/format_query?query=up", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("format_query after the client of the only running query left: %v (its slot was not given back)", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || time.Since(start) > time.Second {
+		t.Errorf("format_query after the client of the only running query left: %d after %s", resp.StatusCode, time.Since(start))
+	}
+}
