@@ -78,7 +78,7 @@ func TestEveryPrometheusRouteAnswers(t *testing.T) {
 		paths[strings.ReplaceAll(strings.ReplaceAll(r[1], ":name", "job"), "/*path", "/query")] = true
 	}
 	for _, p := range slices.Sorted(maps.Keys(paths)) {
-		for _, method := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodOptions} {
+		for _, method := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions} {
 			for _, withParams := range []bool{false, true} {
 				code, body, err := sweepCall(method, base+p, params, withParams)
 				what := method + " /api/v1" + p
@@ -104,7 +104,7 @@ func sweepCall(method, u string, params url.Values, withParams bool) (int, strin
 	defer cancel()
 	var body io.Reader
 	if withParams {
-		if method == http.MethodGet || method == http.MethodDelete || method == http.MethodOptions {
+		if method == http.MethodGet || method == http.MethodHead || method == http.MethodDelete || method == http.MethodOptions {
 			u += "?" + params.Encode()
 		} else {
 			body = strings.NewReader(params.Encode())
