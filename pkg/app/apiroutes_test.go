@@ -55,10 +55,11 @@ func prometheusAPIRoutes(t *testing.T) [][2]string {
 // TestEveryPrometheusRouteAnswers sweeps every route Prometheus' v1 API
 // registers, with every method and with and without the parameters the
 // routes read, through the whole server (web config, tenant middleware,
-// compression): none may panic, hang or answer 500. A 5xx tells Prometheus,
-// Grafana and proxies to retry; a disabled admin or search endpoint is no
-// fault of the server (501 Not Implemented), and the notifications
-// endpoints answer Prometheus' own way.
+// compression): none may panic, hang or answer 500. A 5xx tells clients
+// and proxies to retry; a disabled admin or search endpoint is no fault of
+// the server and never comes back by retrying (404, as Prometheus answers
+// for its disabled receivers), and the notifications endpoints answer
+// Prometheus' own way.
 func TestEveryPrometheusRouteAnswers(t *testing.T) {
 	cfg, _, err := Load(flag.NewFlagSet("gpustore", flag.ContinueOnError), []string{
 		"-storage.tsdb.path=" + t.TempDir(), "-web.listen-address=127.0.0.1:0"})
@@ -90,6 +91,10 @@ func TestEveryPrometheusRouteAnswers(t *testing.T) {
 					t.Errorf("%s: no answer (a panic closes the connection, a hang times out): %v", what, err)
 				case code == http.StatusInternalServerError || code == http.StatusBadGateway:
 					t.Errorf("%s: %d %.200s", what, code, body)
+				case strings.Contains(p, "/admin/") || strings.Contains(p, "/search/"):
+					if code != http.StatusNotFound && code != http.StatusMethodNotAllowed && code != http.StatusNoContent {
+						t.Errorf("%s (disabled): %d, want 404 %.200s", what, code, body)
+					}
 				}
 			}
 		}

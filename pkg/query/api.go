@@ -259,9 +259,10 @@ func (a *API) Engine() *promql.Engine { return a.engine }
 // engine reports as 503 elsewhere.
 //
 // The handler answers "unavailable" errors with 500 (Prometheus v0.316.0
-// does the same), and a 5xx is retried by Prometheus, Grafana and proxies.
-// A storage not ready yet is retried rightly (503); a disabled endpoint
-// (the admin and search APIs) never becomes available by retrying: 501.
+// does the same), and a 5xx tells clients and proxies to retry. A storage
+// not ready yet is retried rightly (503); a disabled endpoint (the admin and
+// search APIs) never becomes available by retrying: 404, as Prometheus
+// answers for its disabled remote-write and OTLP receivers.
 //
 // (Generic only to match the unexported parameter type of
 // v1.OverrideErrorCode.)
@@ -270,7 +271,7 @@ func errorCodes[N comparable](num N, err error) (int, bool) {
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrUnavailable) || errors.Is(err, tsdb.ErrNotReady):
 		return http.StatusServiceUnavailable, true
 	case any(num) == any(v1.ErrorUnavailable):
-		return http.StatusNotImplemented, true
+		return http.StatusNotFound, true
 	}
 	return 0, false
 }
