@@ -57,7 +57,7 @@ func run(args []string) int {
 		logger.Error("configure", "err", err)
 		return 1
 	}
-	fs.Visit(func(f *flag.Flag) { a.Flags[f.Name] = f.Value.String() })
+	a.RecordFlags(fs)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

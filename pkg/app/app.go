@@ -15,6 +15,7 @@ package app
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -31,6 +32,7 @@ import (
 	"github.com/grafana/dskit/services"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/prometheus/util/notifications"
 	v1 "github.com/prometheus/prometheus/web/api/v1"
 	"github.com/thanos-io/objstore"
 
@@ -122,6 +124,8 @@ type App struct {
 	BucketStore *bucketstore.Store
 	Compactor   *compact.Compactor
 
+	notifications *notifications.Notifications // shown by /api/v1/notifications
+
 	mm      *modules.Manager
 	manager *services.Manager
 	storage services.Service // the storage module's service
@@ -169,6 +173,13 @@ func New(cfg Config, logger *slog.Logger) (*App, error) {
 	return a, nil
 }
 
+// RecordFlags keeps the flags given on the command line for
+// /api/v1/status/flags (which shows them with their secrets redacted);
+// call it before Start.
+func (a *App) RecordFlags(fs *flag.FlagSet) {
+	fs.Visit(func(f *flag.Flag) { a.Flags[f.Name] = f.Value.String() })
+}
+
 // ready is the readiness every role reports: all services running.
 func (a *App) ready() error {
 	if a.manager == nil {
@@ -188,8 +199,12 @@ func (a *App) ready() error {
 }
 
 func (a *App) initServer() (services.Service, error) {
+	// What /api/v1/notifications shows: a failed reload, as in Prometheus
+	// (and its --web.max-notifications-subscribers default, 16).
+	a.notifications = notifications.NewNotifications(16, a.Registry)
 	s, err := server.New(a.Cfg.Server, server.Deps{
 		Logger: a.Logger.With("component", "server"), Registry: a.Registry, Ready: a.ready, Tenants: a.Cfg.Tenant,
+		Peers: a.Cfg.Ring.PeerIdentities, Notifications: a.notifications,
 	})
 	if err != nil {
 		return nil, err
@@ -366,8 +381,9 @@ func (a *App) initQuery() (services.Service, error) {
 		Flags:          a.Flags,
 		Sources:        a.querySources(),
 		Receivers:      a.Receivers, ReceiversLookback: a.receiversLookback(),
-		Metadata: a.receiversMetadata(),
-		Rules:    a.rulesRetriever,
+		Metadata:      a.receiversMetadata(),
+		Rules:         a.rulesRetriever,
+		Notifications: a.notifications,
 		BuildInfo: v1.PrometheusVersion{
 			Version: version.Version, Revision: version.Revision, Branch: version.Branch,
 			BuildUser: version.BuildUser, BuildDate: version.BuildDate, GoVersion: version.GoVersion,
@@ -378,7 +394,9 @@ func (a *App) initQuery() (services.Service, error) {
 	}
 	a.API = api
 	api.RegisterRoutes(a.Server.Mux)
-	a.Server.AdminOnly("/api/v1/status/self_metrics") // every tenant's metrics
+	// Process-wide: every tenant's metrics; the flags, the configuration
+	// and the runtime (secrets are redacted, but they are the operator's).
+	a.Server.AdminOnly("/api/v1/status/self_metrics", "/api/v1/status/flags", "/api/v1/status/config", "/api/v1/status/runtimeinfo")
 	return services.NewIdleService(nil, nil), nil
 }
 

@@ -117,6 +117,9 @@ func (c *Config) Validate() error {
 	if len(c.Tenant.Auth) > 0 && c.Server.WebConfigFile == "" {
 		errs = append(errs, errors.New("tenants.auth needs --web.config.file: without it no request has an identity"))
 	}
+	if len(c.Ring.PeerIdentities) > 0 && c.Server.WebConfigFile == "" {
+		errs = append(errs, errors.New("ring.peer_identities needs --web.config.file: without it no request has an identity"))
+	}
 	errs = append(errs, c.validateObjstore()...)
 	return errors.Join(errs...)
 }
@@ -150,6 +153,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Query.MaxSourceResolution, "query.max-source-resolution", c.Query.MaxSourceResolution, "Coarsest bucket data a query reads unless it asks (max_source_resolution): raw, 5m, 1h or auto (from each select's step and range).")
 	fs.IntVar(&c.Query.RangeParallelism, "query.range-parallelism", c.Query.RangeParallelism, "Most slices of its steps a range query runs as in parallel, on the cores no other query is using (0: one per core; 1: never sliced).")
 	fs.IntVar(&c.Query.MinStepsPerSlice, "query.min-steps-per-slice", c.Query.MinStepsPerSlice, "Fewest steps of a range query's slice: shorter queries run whole.")
+	fs.IntVar(&c.Query.MaxExpressionBytes, "query.max-expression-bytes", c.Query.MaxExpressionBytes, "Longest PromQL expression a request may carry (query, match[]); longer ones are answered 400 before they are parsed.")
+	fs.IntVar(&c.Query.MaxExpressionDepth, "query.max-expression-depth", c.Query.MaxExpressionDepth, "Deepest nesting of a PromQL expression (brackets and operators, counted before parsing); deeper ones are answered 400: parsing and formatting cost grows with its square.")
+	fs.IntVar(&c.Query.RemoteReadSampleLimit, "storage.remote.read-sample-limit", c.Query.RemoteReadSampleLimit, "Most samples one remote read (/api/v1/read) may return, in a single query (0: no limit); ignored for streamed answers. As in Prometheus.")
+	fs.IntVar(&c.Query.RemoteReadConcurrentLimit, "storage.remote.read-concurrent-limit", c.Query.RemoteReadConcurrentLimit, "Most remote reads (/api/v1/read) in progress; others wait until a slot frees or their client leaves (0: no limit). As in Prometheus.")
+	fs.IntVar(&c.Query.RemoteReadMaxBytesInFrame, "storage.remote.read-max-bytes-in-frame", c.Query.RemoteReadMaxBytesInFrame, "Largest frame of a streamed remote-read answer, in bytes before marshalling. As in Prometheus.")
 	fs.Var(&c.Query.ReplicaLabels, "query.replica-label", "Comma-separated replica labels merged at query time (data not deduplicated at ingest); a request's dedup=false turns it off.")
 	c.QueryFrontend.RegisterFlags(fs)
 	c.Limits.RegisterFlags(fs)

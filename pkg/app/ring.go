@@ -364,7 +364,9 @@ func (a *App) receiverRoutes(ing *ingest.Ingester) {
 	a.Server.Mux.Handle(receivers.ReadPath, receivers.ReadHandler(a.DBs, a.Cfg.Tenant, a.Logger.With("component", "receiver-read"), a.Registry))
 	a.Server.Mux.Handle(receivers.MetadataPath, receivers.MetadataHandler(a.DBs, a.Cfg.Tenant))
 	a.Server.Mux.Handle(receivers.TenantsPath, receivers.TenantsHandler(a.DBs))
-	a.Server.AdminOnly(receivers.TenantsPath) // names every tenant
+	// For the ring's own processes only: a tenant's identity could write
+	// past the distributors' rate limit and HA election, or read any tenant.
+	a.Server.Internal(receiverring.WritePath, receivers.ReadPath, receivers.MetadataPath, receivers.TenantsPath)
 }
 
 // receiversMetadata is where /api/v1/metadata finds the metadata of the

@@ -35,10 +35,11 @@ import (
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/promql"
-	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/prometheus/prometheus/rules"
 	"github.com/prometheus/prometheus/scrape"
 	"github.com/prometheus/prometheus/tsdb"
+	"github.com/prometheus/prometheus/util/features"
+	"github.com/prometheus/prometheus/util/notifications"
 	v1 "github.com/prometheus/prometheus/web/api/v1"
 
 	"github.com/gpustore/gpustore/pkg/downsample"
@@ -65,12 +66,25 @@ type Config struct {
 	// MinStepsPerSlice the fewest steps of a slice.
 	RangeParallelism int `yaml:"range_parallelism"`
 	MinStepsPerSlice int `yaml:"min_steps_per_slice"`
+	// Remote read (/api/v1/read), with Prometheus' flags' meanings and
+	// defaults: the most samples one non-streamed answer may hold, the
+	// most reads in progress (others wait; 0: no limit), the largest frame
+	// of a streamed answer.
+	RemoteReadSampleLimit     int `yaml:"remote_read_sample_limit"`
+	RemoteReadConcurrentLimit int `yaml:"remote_read_concurrent_limit"`
+	RemoteReadMaxBytesInFrame int `yaml:"remote_read_max_bytes_in_frame"`
+	// MaxExpressionBytes and MaxExpressionDepth bound the PromQL of a
+	// request (query, match[]) before anything parses it (bounds.go).
+	MaxExpressionBytes int `yaml:"max_expression_bytes"`
+	MaxExpressionDepth int `yaml:"max_expression_depth"`
 }
 
 // DefaultConfig returns Prometheus' own defaults.
 func DefaultConfig() Config {
 	return Config{Timeout: model.Duration(2 * time.Minute), MaxSamples: 50_000_000, MaxConcurrency: 20, LookbackDelta: model.Duration(5 * time.Minute), ReplicaLabels: flagext.StringSliceCSV{"__replica__"},
-		MaxSourceResolution: "auto", MinStepsPerSlice: defaultMinStepsPerSlice}
+		MaxSourceResolution: "auto", MinStepsPerSlice: defaultMinStepsPerSlice,
+		RemoteReadSampleLimit: 5e7, RemoteReadConcurrentLimit: 10, RemoteReadMaxBytesInFrame: 1 << 20,
+		MaxExpressionBytes: defaultMaxExpressionBytes, MaxExpressionDepth: defaultMaxExpressionDepth}
 }
 
 // Validate checks the configuration.
@@ -80,6 +94,12 @@ func (c Config) Validate() error {
 	}
 	if c.RangeParallelism < 0 || c.MinStepsPerSlice <= 0 {
 		return errors.New("query range parallelism must not be negative, min steps per slice must be positive")
+	}
+	if c.RemoteReadSampleLimit < 0 || c.RemoteReadConcurrentLimit < 0 || c.RemoteReadMaxBytesInFrame <= 0 {
+		return errors.New("remote read sample and concurrent limits must not be negative (0: none), max bytes in frame must be positive")
+	}
+	if c.MaxExpressionBytes <= 0 || c.MaxExpressionDepth <= 0 {
+		return errors.New("query max expression bytes and depth must be positive")
 	}
 	if _, err := downsample.ParseMaxSourceResolution(c.MaxSourceResolution); err != nil {
 		return err
@@ -118,6 +138,10 @@ type Options struct {
 	// Metadata, when set, adds the metric metadata held elsewhere (the
 	// ring's receivers) to the local TSDB's in /api/v1/metadata.
 	Metadata MetadataSource
+	// Notifications are what /api/v1/notifications and
+	// /api/v1/notifications/live show (a failed reload, as in Prometheus);
+	// nil: New makes an empty list of its own.
+	Notifications *notifications.Notifications
 }
 
 // MetadataSource is metric metadata held outside this process. A partial
@@ -146,6 +170,11 @@ func New(opts Options) (*API, error) {
 	if err != nil {
 		return nil, fmt.Errorf("active query tracker: %w", err)
 	}
+	featureSet := gpustoreFeatures()
+	notes := opts.Notifications
+	if notes == nil {
+		notes = notifications.NewNotifications(maxNotificationSubscribers, opts.Registry)
+	}
 	engine := promql.NewEngine(promql.EngineOpts{
 		Logger:             opts.Logger.With("component", "promql"),
 		Reg:                opts.Registry,
@@ -157,6 +186,7 @@ func New(opts Options) (*API, error) {
 		NoStepSubqueryIntervalFn: func(int64) int64 { return noStepSubqueryInterval.Milliseconds() },
 		EnableAtModifier:         true,
 		EnableNegativeOffset:     true,
+		FeatureRegistry:          featureSet,
 	})
 
 	q := TenantQueryable{DBs: opts.DBs, Sources: opts.Sources, Receivers: opts.Receivers, ReceiversLookback: opts.ReceiversLookback}
@@ -172,7 +202,7 @@ func New(opts Options) (*API, error) {
 		func(context.Context) v1.TargetRetriever { return noTargets{} },
 		func(context.Context) v1.AlertmanagerRetriever { return noAlertmanagers{} },
 		func() config.Config { return config.DefaultConfig },
-		opts.Flags,
+		redactFlags(opts.Flags),
 		v1.GlobalURLOptions{ListenAddress: "", Host: "", Scheme: "http"},
 		func(f http.HandlerFunc) http.HandlerFunc {
 			return func(w http.ResponseWriter, r *http.Request) {
@@ -189,7 +219,7 @@ func New(opts Options) (*API, error) {
 		false, 0,
 		opts.Logger.With("component", "api"),
 		func(ctx context.Context) v1.RulesRetriever { return rr(ctx) },
-		0, 0, 0, // remote read: limits unused (gpustore does not serve remote read yet)
+		opts.Config.RemoteReadSampleLimit, remoteReadGateSize(opts.Config.RemoteReadConcurrentLimit), opts.Config.RemoteReadMaxBytesInFrame,
 		false,
 		nil,
 		func() (v1.RuntimeInfo, error) {
@@ -200,14 +230,14 @@ func New(opts Options) (*API, error) {
 			}, nil
 		},
 		&build,
-		nil, nil,
+		notes.Get, notes.Sub,
 		opts.Registry, opts.Registry,
 		nil,
 		false, nil, // remote write is served by pkg/ingest, not by this handler
 		false, false, false,
 		time.Duration(opts.Config.LookbackDelta),
 		false, false,
-		timeoutIs503, nil,
+		errorCodes, featureSet,
 		v1.OpenAPIOptions{},
 		nil,
 		false,
@@ -221,16 +251,51 @@ func New(opts Options) (*API, error) {
 // Engine returns the PromQL engine, shared with rule evaluation.
 func (a *API) Engine() *promql.Engine { return a.engine }
 
-// timeoutIs503 answers 503 to a query whose deadline passed wherever it was
-// noticed: PromQL reports one it meets while expanding series as a plain
-// context error (an "execution" error, 422), though it is the same timeout
-// the engine reports as 503 elsewhere. (Generic only to match the unexported
-// parameter type of v1.OverrideErrorCode.)
-func timeoutIs503[N any](_ N, err error) (int, bool) {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrUnavailable) {
+// errorCodes corrects two of the v1 handler's status codes.
+//
+// A query whose deadline passed is answered 503 wherever it was noticed:
+// PromQL reports one it meets while expanding series as a plain context
+// error (an "execution" error, 422), though it is the same timeout the
+// engine reports as 503 elsewhere.
+//
+// The handler answers "unavailable" errors with 500 (Prometheus v0.316.0
+// does the same), and a 5xx tells clients and proxies to retry. A storage
+// not ready yet is retried rightly (503); a disabled endpoint (the admin and
+// search APIs) never becomes available by retrying: 404, as Prometheus
+// answers for its disabled remote-write and OTLP receivers.
+//
+// (Generic only to match the unexported parameter type of
+// v1.OverrideErrorCode.)
+func errorCodes[N comparable](num N, err error) (int, bool) {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrUnavailable) || errors.Is(err, tsdb.ErrNotReady):
 		return http.StatusServiceUnavailable, true
+	case any(num) == any(v1.ErrorUnavailable):
+		return http.StatusNotFound, true
 	}
 	return 0, false
+}
+
+// maxNotificationSubscribers bounds the clients of
+// /api/v1/notifications/live, as Prometheus'
+// --web.max-notifications-subscribers (default 16) does; more are answered
+// 204 No Content.
+const maxNotificationSubscribers = 16
+
+// gpustoreFeatures is what /api/v1/features lists besides the engine's
+// PromQL features (which NewEngine adds): the API features gpustore serves,
+// named as Prometheus names them (web.New).
+func gpustoreFeatures() features.Collector {
+	r := features.NewRegistry()
+	for name, on := range map[string]bool{
+		"lifecycle": true, "admin": false, "remote_write_receiver": true, "otlp_write_receiver": false,
+		"query_cost": false, "search": false, "label_values_match": true, "query_warnings": true,
+		"query_stats": true, "time_range_series": true, "time_range_labels": true, "exclude_alerts": true,
+		"openapi_3.1": true, "openapi_3.2": true,
+	} {
+		r.Set(features.API, name, on)
+	}
+	return r
 }
 
 // ErrUnavailable is wrapped by a source's error when too much of it is down
@@ -245,15 +310,22 @@ const noStepSubqueryInterval = time.Minute
 // The write endpoints registered by pkg/ingest are more specific patterns and
 // take precedence.
 func (a *API) RegisterRoutes(mux *http.ServeMux) {
-	api := a.dedup(a.resolution(a.router))
+	api := a.hideRuleFiles(a.dedup(a.resolution(a.router)))
 	if a.opts.Frontend != nil {
 		api = a.opts.Frontend(api)
 	}
 	compress := answerCompression()
-	mux.Handle("/api/v1/", compress(boundSubqueries(a.tenant(api))))
+	mux.Handle("/api/v1/", compress(a.tenant(newAdmission(a.opts.Config).admit(api))))
+	// Remote read answers in snappy frames of its own, uncompressed by
+	// gzip as in Prometheus; its body is read before it waits for a slot.
+	mux.Handle("/api/v1/read", ReadWholeBody(MaxReadRequestBytes, a.tenant(api)))
 	mux.Handle("/api/v1/metadata", compress(a.tenant(http.HandlerFunc(a.metadata))))
 	mux.Handle("/api/v1/status/tsdb", compress(a.tenant(http.HandlerFunc(a.tsdbStatus))))
 	mux.Handle("/api/v1/status/tsdb/blocks", compress(a.tenant(http.HandlerFunc(a.tsdbBlocks))))
+	// A stream of events is not compressed: the compressor holds the
+	// headers back until it has seen enough of the answer to decide, and
+	// an event stream that has nothing to say yet would never start.
+	mux.Handle("/api/v1/notifications/live", a.tenant(a.router))
 }
 
 // tenant puts the request's tenant into its context (dskit's user package,
@@ -333,50 +405,6 @@ func (a *API) resolution(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
-}
-
-// maxSubquerySteps bounds the steps of one subquery. Prometheus' engine
-// sizes and walks per-step statistics for each subquery without looking at
-// the query's deadline, so one x[100y:1s] held a core long past
-// query.timeout (TestSubqueryStepsBounded). 11,000 is the bound Prometheus
-// puts on the points per series of a range query.
-const maxSubquerySteps = 11_000
-
-// boundSubqueries answers 400 to a query with a subquery of more than
-// maxSubquerySteps steps, before any tenant's data is touched.
-func boundSubqueries(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if q := r.FormValue("query"); q != "" {
-			if err := checkSubquerySteps(q); err != nil {
-				writeError(w, http.StatusBadRequest, "bad_data", err)
-				return
-			}
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-func checkSubquerySteps(q string) error {
-	expr, err := parser.NewParser(parser.Options{}).ParseExpr(q)
-	if err != nil {
-		return nil // the API answers the parse error itself
-	}
-	var tooMany error
-	parser.Inspect(expr, func(n parser.Node, _ []parser.Node) error {
-		sq, ok := n.(*parser.SubqueryExpr)
-		if !ok || tooMany != nil {
-			return nil
-		}
-		step := sq.Step
-		if step <= 0 {
-			step = noStepSubqueryInterval
-		}
-		if steps := sq.Range / step; steps > maxSubquerySteps {
-			tooMany = fmt.Errorf("subquery %s has %d steps, more than %d: use a coarser step or a shorter range", sq, steps, maxSubquerySteps)
-		}
-		return nil
-	})
-	return tooMany
 }
 
 // downsampledSource is a Source that may hold downsampled blocks.

@@ -44,6 +44,15 @@ func newTestAPI(t testing.TB, mutate func(*Config)) (*httptest.Server, int64) {
 // newTestAPIWith is newTestAPI with the API's options set by mutate.
 func newTestAPIWith(t testing.TB, mutate func(*Options)) (*httptest.Server, int64) {
 	t.Helper()
+	h, now := newTestAPIHandler(t, mutate)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv, now
+}
+
+// newTestAPIHandler is the handler newTestAPIWith serves.
+func newTestAPIHandler(t testing.TB, mutate func(*Options)) (http.Handler, int64) {
+	t.Helper()
 	cfg := tenantdb.DefaultConfig()
 	cfg.Dir = t.TempDir()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -83,9 +92,7 @@ func newTestAPIWith(t testing.TB, mutate func(*Options)) (*httptest.Server, int6
 	}
 	mux := http.NewServeMux()
 	api.RegisterRoutes(mux)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	return srv, now
+	return mux, now
 }
 
 func call(t testing.TB, srv *httptest.Server, method, path string, params url.Values, headers ...string) (int, apiResponse) {

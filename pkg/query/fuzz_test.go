@@ -20,6 +20,14 @@ var fuzzRoutes = []string{
 	"/api/v1/label/gpu/values", "/api/v1/metadata", "/api/v1/query_exemplars", "/api/v1/format_query", "/api/v1/status/tsdb",
 }
 
+// parsesPromQL are the routes that read PromQL from query or match[]
+// (bounded before parsing: bounds.go).
+var parsesPromQL = map[string]bool{
+	"/api/v1/query": true, "/api/v1/query_range": true, "/api/v1/series": true, "/api/v1/labels": true,
+	"/api/v1/label/__name__/values": true, "/api/v1/label/gpu/values": true, "/api/v1/query_exemplars": true,
+	"/api/v1/format_query": true,
+}
+
 // acceptsPost are the routes Prometheus serves to POST as well as GET.
 var acceptsPost = map[string]bool{
 	"/api/v1/query": true, "/api/v1/query_range": true, "/api/v1/series": true, "/api/v1/labels": true,
@@ -67,6 +75,13 @@ func FuzzQueryParams(f *testing.F) {
 		{1, "count_over_time(DCGM_FI_DEV_GPU_TEMP[100y:1s])", "", "0", "1", "1", "", "", "", false},
 		{0, "DCGM_FI_DEV_GPU_TEMP\xff\xfe", "\x00", "", "", "", "true", "\xff", "", false},
 		{8, "sum by (gpu) (DCGM_FI_DEV_GPU_TEMP)", "", "", "", "", "", "", "", false},
+		// Parse bombs (internal/abuse), answered 400 before they are parsed.
+		{8, strings.Repeat("(", 2000) + "x" + strings.Repeat(")", 2000), "", "", "", "", "", "", "", true},
+		{0, strings.Repeat("(", 100_000) + "x" + strings.Repeat(")", 100_000), "", "", "", "", "", "", "", true},
+		{1, "x" + strings.Repeat(" + x", 5000), "", "", "", "60", "", "", "", true},
+		{2, strings.Repeat("-", 50_000) + "x", "", "", "", "", "", "", "", true},
+		{3, `{__name__=~"` + strings.Repeat("a|", 150_000) + `b"}`, "", "", "", "", "", "", "", true},
+		{7, strings.Repeat("abs(", 3000) + "x", "", "", "", "", "", "", "", true},
 	} {
 		tm := s.tm
 		if tm == "" {
@@ -96,6 +111,10 @@ func FuzzQueryParams(f *testing.F) {
 		var r apiResponse
 		if err := json.Unmarshal(body, &r); err != nil {
 			t.Fatalf("%s %s %v: %d, not Prometheus' JSON envelope: %.200s", method, path, p, code, body)
+		}
+		if checkExprBounds(query, defaultMaxExpressionBytes, defaultMaxExpressionDepth) != nil && parsesPromQL[path] &&
+			(code != http.StatusBadRequest || r.ErrorType != "bad_data" || !strings.Contains(r.Error, "query.max_expression_")) {
+			t.Fatalf("%s %s: an expression past the bounds got %d %s %q, want 400 bad_data naming the bound", method, path, code, r.ErrorType, r.Error)
 		}
 		switch {
 		case code == http.StatusOK && r.Status == "success":

@@ -3,6 +3,7 @@ package query
 import (
 	"errors"
 	"net/http"
+	"regexp"
 	"strconv"
 
 	"github.com/grafana/dskit/tenant"
@@ -100,4 +101,30 @@ func (a *API) tenantGauge(id, name string) int64 {
 		}
 	}
 	return 0
+}
+
+// userinfoPassword matches the password of a URL's userinfo
+// (scheme://user:password@host), wherever it is in a flag's value: one URL
+// or a comma-separated list of them.
+var userinfoPassword = regexp.MustCompile(`(://[^/:@\s,]*):[^/@\s]*@`)
+
+// secretFlagName matches the names of flags whose whole value is secret.
+var secretFlagName = regexp.MustCompile(`(?i)(password|secret|token|credential)`)
+
+// redactFlags is what /api/v1/status/flags shows of the command-line flags:
+// a URL's password replaced by xxxxx (as the start-up log and Prometheus'
+// url.URL.Redacted show it: --alertmanager.url=http://user:pass@host was
+// shown to every tenant), the value of a flag named for a secret replaced
+// whole.
+func redactFlags(flags map[string]string) map[string]string {
+	out := make(map[string]string, len(flags))
+	for name, v := range flags {
+		switch {
+		case secretFlagName.MatchString(name) && v != "":
+			out[name] = "<secret>"
+		default:
+			out[name] = userinfoPassword.ReplaceAllString(v, "$1:xxxxx@")
+		}
+	}
+	return out
 }

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/grafana/dskit/flagext"
 	"github.com/grafana/dskit/kv"
 	"github.com/grafana/dskit/kv/memberlist"
 	"github.com/grafana/dskit/ring"
@@ -68,10 +69,18 @@ type Config struct {
 	NumTokens        int            `yaml:"num_tokens"`
 	HeartbeatPeriod  model.Duration `yaml:"heartbeat_period"`
 	HeartbeatTimeout model.Duration `yaml:"heartbeat_timeout"`
-	// Scheme and Client are how distributors and queriers call receivers
-	// (TLS, basic auth of an identity allowed every tenant, ...).
+	// Scheme and Client are how distributors, queriers and rulers call
+	// receivers (TLS, a client certificate, basic auth of a peer identity).
 	Scheme string                       `yaml:"scheme"`
 	Client config_util.HTTPClientConfig `yaml:"client"`
+	// PeerIdentities are the identities of the web config (basic-auth
+	// users, client-certificate common names) that gpustore's processes
+	// present to each other with Client. Only they may use the receivers'
+	// internal routes (/receiver/*: writes that skip the distributors'
+	// limits, every tenant's reads), never a tenant's identity; they need
+	// no entry in tenants.auth. Empty: identities allowed "*" in
+	// tenants.auth (anyone without tenants.auth).
+	PeerIdentities flagext.StringSliceCSV `yaml:"peer_identities"`
 	// RemoteTimeout bounds one call to a receiver.
 	RemoteTimeout model.Duration `yaml:"remote_timeout"`
 	// FlushOnShutdown: a stopping receiver turns LEAVING, flushes its heads
@@ -99,6 +108,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.InstanceAddr, "ring.instance-addr", c.InstanceAddr, "host:port other gpustore processes reach this one at (default: from the listen address).")
 	fs.Var(&c.HeartbeatPeriod, "ring.heartbeat-period", "How often a receiver renews its entry in the ring.")
 	fs.Var(&c.HeartbeatTimeout, "ring.heartbeat-timeout", "A receiver whose heartbeat is older is unhealthy: not written to, and its failures tolerated by reads.")
+	fs.Var(&c.PeerIdentities, "ring.peer-identities", "Comma-separated identities of the web config (basic-auth users, client-certificate common names) gpustore's processes call each other as (ring.client); only they may use the receivers' internal routes /receiver/* (default: identities allowed \"*\" in tenants.auth).")
 	fs.BoolVar(&c.FlushOnShutdown, "ring.flush-on-shutdown", c.FlushOnShutdown, "A stopping receiver stops taking writes, flushes its heads into blocks and ships them before it leaves the ring (so scale-in leaves nothing in a WAL).")
 }
 

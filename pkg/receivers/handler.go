@@ -12,6 +12,7 @@ import (
 	"github.com/grafana/dskit/user"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/prometheus/config"
+	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/storage/remote"
 
 	"github.com/gpustore/gpustore/pkg/query"
@@ -43,20 +44,28 @@ const (
 // tenant) and is put into the request's context, where TenantQueryable
 // finds it.
 func ReadHandler(dbs *tenantdb.Manager, tenants tenancy.Config, logger *slog.Logger, reg prometheus.Registerer) http.Handler {
+	return readHandler(query.TenantQueryable{DBs: dbs}, tenants, logger, reg)
+}
+
+// readHandler is ReadHandler over any queryable. The body is read before
+// the request waits for one of the readConcurrency slots, so a request
+// whose client (a querier that timed out) has gone is cancelled at once
+// (query.ReadWholeBody).
+func readHandler(q storage.SampleAndChunkQueryable, tenants tenancy.Config, logger *slog.Logger, reg prometheus.Registerer) http.Handler {
 	// Prometheus' query API (pkg/query) registers the same read-handler
 	// metrics on the process's registry: prefixed, both fit in one process.
 	if reg != nil {
 		reg = prometheus.WrapRegistererWithPrefix("gpustore_receiver_", reg)
 	}
-	h := remote.NewReadHandler(logger, reg, query.TenantQueryable{DBs: dbs},
+	h := remote.NewReadHandler(logger, reg, q,
 		// No external labels: series are stored with their own labels only.
 		func() config.Config { return config.Config{} },
 		readSampleLimit, readConcurrency, readMaxBytesInFrame)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return query.ReadWholeBody(query.MaxReadRequestBytes, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if id, ok := requestTenant(w, r, tenants); ok {
 			h.ServeHTTP(w, r.WithContext(user.InjectOrgID(r.Context(), id)))
 		}
-	})
+	}))
 }
 
 // requestTenant returns the request's tenant (tenancy.FromRequest), or

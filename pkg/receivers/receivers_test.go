@@ -1,10 +1,13 @@
 package receivers
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -29,6 +32,7 @@ import (
 	"github.com/prometheus/prometheus/tsdb/chunks"
 	"github.com/prometheus/prometheus/util/annotations"
 
+	"github.com/gpustore/gpustore/internal/abuse"
 	"github.com/gpustore/gpustore/internal/logging"
 	"github.com/gpustore/gpustore/pkg/query"
 	"github.com/gpustore/gpustore/pkg/tenancy"
@@ -722,5 +726,93 @@ func TestMetadata(t *testing.T) {
 	MetadataHandler(newManager(t), tenancy.DefaultConfig()).ServeHTTP(rec, httptest.NewRequest(http.MethodPost, MetadataPath, nil))
 	if rec.Code != http.StatusMethodNotAllowed {
 		t.Errorf("POST %s: %d, want 405", MetadataPath, rec.Code)
+	}
+}
+
+// stalledReads is a queryable whose chunk selects hold their reader until
+// release is closed or the read's context ends: remote reads that take
+// long, holding the handler's slots.
+type stalledReads struct {
+	storage.SampleAndChunkQueryable
+	release chan struct{}
+	started chan struct{}
+}
+
+func (s stalledReads) ChunkQuerier(int64, int64) (storage.ChunkQuerier, error) {
+	return stalledChunkQuerier{s}, nil
+}
+
+type stalledChunkQuerier struct{ s stalledReads }
+
+func (q stalledChunkQuerier) Select(ctx context.Context, _ bool, _ *storage.SelectHints, _ ...*labels.Matcher) storage.ChunkSeriesSet {
+	q.s.started <- struct{}{}
+	select {
+	case <-q.s.release:
+	case <-ctx.Done():
+	}
+	return storage.EmptyChunkSeriesSet()
+}
+
+func (stalledChunkQuerier) LabelValues(context.Context, string, *storage.LabelHints, ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	return nil, nil, nil
+}
+
+func (stalledChunkQuerier) LabelNames(context.Context, *storage.LabelHints, ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	return nil, nil, nil
+}
+
+func (stalledChunkQuerier) Close() error { return nil }
+
+// TestAbandonedReadsWhileSlotsAreTaken: with every read slot held by
+// reads that run long, reads whose querier gave up (its query timed out)
+// end at once rather than wait for a slot and then run for nobody: the
+// receiver is back to its goroutines and open files within seconds.
+func TestAbandonedReadsWhileSlotsAreTaken(t *testing.T) {
+	q := stalledReads{release: make(chan struct{}), started: make(chan struct{}, 2*readConcurrency)}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: readHandler(q, tenancy.DefaultConfig(), quiet, nil)}
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(func() { _ = srv.Close() }) // not Shutdown: a failing test must not wait for its hung reads
+	addr := lis.Addr().String()
+	body := abuse.ReadRequest("DCGM_FI_DEV_GPU_UTIL", 0, 60_000)
+
+	done := make(chan int, readConcurrency)
+	for range readConcurrency {
+		go func() {
+			resp, err := http.Post("http://"+addr+ReadPath, "application/x-protobuf", bytes.NewReader(body))
+			if err != nil {
+				done <- 0
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			done <- resp.StatusCode
+		}()
+	}
+	for range readConcurrency {
+		select {
+		case <-q.started:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the long reads did not all start")
+		}
+	}
+	before, err := abuse.Measure()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := abuse.AbandonedReads(addr, ReadPath, body, nil, 500); err != nil {
+		t.Fatal(err)
+	}
+	if err := abuse.SettlesTo(before, 10, 5*time.Second); err != nil {
+		t.Fatalf("500 abandoned reads later: %v", err)
+	}
+	close(q.release)
+	for range readConcurrency {
+		if code := <-done; code != http.StatusOK {
+			t.Errorf("a long read: %d, want 200", code)
+		}
 	}
 }

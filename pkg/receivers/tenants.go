@@ -18,7 +18,7 @@ import (
 )
 
 // TenantsPath is where a receiver lists the tenants it holds data for (an
-// operator's route: it names every tenant).
+// internal route of the ring: it names every tenant).
 const TenantsPath = "/receiver/tenants"
 
 // tenantsAnswer is TenantsPath's JSON body.

@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/util/notifications"
 
 	"github.com/gpustore/gpustore/pkg/auth"
 	"github.com/gpustore/gpustore/pkg/tenancy"
@@ -92,6 +93,13 @@ type Deps struct {
 	// Tenants resolves a request's tenant (per-tenant write limit) and says
 	// which identities may use process-wide routes.
 	Tenants tenancy.Config
+	// Peers are the identities gpustore's own processes present to each
+	// other (ring.peer_identities); with them, only they may use the
+	// routes marked Internal (tenancy.Config.Peer).
+	Peers []string
+	// Notifications, when set, get Prometheus' "Configuration reload has
+	// failed." while the last reload failed (/api/v1/notifications).
+	Notifications *notifications.Notifications
 }
 
 // Server owns the listener and the muxes the roles register their routes on.
@@ -112,6 +120,7 @@ type Server struct {
 
 	adminMtx sync.RWMutex
 	admin    map[string]bool
+	internal map[string]bool
 
 	reloadMtx sync.Mutex
 	reloaders []reloader
@@ -136,8 +145,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s := &Server{
 		Mux: http.NewServeMux(), Writes: http.NewServeMux(),
 		cfg: cfg, deps: d, logger: d.Logger,
-		admin:  map[string]bool{"/metrics": true, "/-/reload": true},
-		writes: newWriteLimiter(cfg.MaxConcurrentWritesPerTenant, d.Tenants, d.Registry),
+		admin:    map[string]bool{"/metrics": true, "/-/reload": true},
+		internal: map[string]bool{},
+		writes:   newWriteLimiter(cfg.MaxConcurrentWritesPerTenant, d.Tenants, d.Registry),
 	}
 	if cfg.WebConfigFile != "" {
 		w, err := auth.Load(cfg.WebConfigFile, d.Logger, d.Registry)
@@ -229,6 +239,24 @@ func (s *Server) AdminOnly(paths ...string) {
 	}
 }
 
+// Internal marks paths as the ring's own: only another gpustore process
+// (tenancy.Config.Peer: one of Deps.Peers, else an identity allowed every
+// tenant) may use them, never a tenant's identity; their requests name
+// their tenant in the header (tenancy.AsPeer).
+func (s *Server) Internal(paths ...string) {
+	s.adminMtx.Lock()
+	defer s.adminMtx.Unlock()
+	for _, p := range paths {
+		s.internal[p] = true
+	}
+}
+
+func (s *Server) isInternalPath(p string) bool {
+	s.adminMtx.RLock()
+	defer s.adminMtx.RUnlock()
+	return s.internal[p]
+}
+
 func (s *Server) isAdminPath(p string) bool {
 	s.adminMtx.RLock()
 	defer s.adminMtx.RUnlock()
@@ -259,6 +287,13 @@ func (s *Server) Reload() error {
 			errs = append(errs, fmt.Errorf("%s: %w", r.name, err))
 		}
 	}
+	if n := s.deps.Notifications; n != nil {
+		if len(errs) > 0 {
+			n.AddNotification(notifications.ConfigurationUnsuccessful)
+		} else {
+			n.DeleteNotification(notifications.ConfigurationUnsuccessful)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -274,31 +309,46 @@ func (s *Server) serveReload(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// route runs behind the web config: writes through the per-tenant limit,
-// process-wide routes only for identities allowed every tenant.
+// route runs behind the web config: the ring's internal routes only for
+// its own processes, writes through the per-tenant limit, process-wide
+// routes only for identities allowed every tenant.
 func (s *Server) route(w http.ResponseWriter, r *http.Request) {
+	if s.isInternalPath(r.URL.Path) {
+		if err := s.deps.Tenants.Peer(r, s.deps.Peers); err != nil {
+			refuse(w, err)
+			return
+		}
+		r = r.WithContext(tenancy.AsPeer(r.Context()))
+	} else if s.isAdminPath(r.URL.Path) {
+		if err := s.deps.Tenants.Admin(r); err != nil {
+			refuse(w, err)
+			return
+		}
+	}
 	if h, pattern := s.Writes.Handler(r); pattern != "" {
 		s.writes.serve(h, w, r)
 		return
 	}
-	if s.isAdminPath(r.URL.Path) {
-		if err := s.deps.Tenants.Admin(r); err != nil {
-			status := http.StatusForbidden
-			var te *tenancy.Error
-			if errors.As(err, &te) {
-				status = te.Status
-			}
-			http.Error(w, err.Error(), status)
-			return
-		}
-	}
 	s.Mux.ServeHTTP(w, r)
+}
+
+// refuse answers a request its identity may not make.
+func refuse(w http.ResponseWriter, err error) {
+	status := http.StatusForbidden
+	var te *tenancy.Error
+	if errors.As(err, &te) {
+		status = te.Status
+	}
+	http.Error(w, err.Error(), status)
 }
 
 func (s *Server) run(ctx context.Context) error {
 	errc := make(chan error, 1)
+	s.logger.Info("listening", "address", s.lis.Addr().String(), "tls", s.TLS(), "auth", s.web != nil)
+	if s.web == nil {
+		s.warnOpen()
+	}
 	go func() {
-		s.logger.Info("listening", "address", s.lis.Addr().String(), "tls", s.TLS(), "auth", s.web != nil)
 		if s.TLS() {
 			errc <- s.srv.ServeTLS(s.lis, "", "")
 			return
@@ -316,6 +366,16 @@ func (s *Server) run(ctx context.Context) error {
 		}
 		return fmt.Errorf("http server: %w", err)
 	}
+}
+
+// warnOpen says, at start, what anyone who reaches the listener may do
+// without a web config: the open default suits one user on one machine, and
+// an operator must know before exposing the port that it is not closed.
+func (s *Server) warnOpen() {
+	s.logger.Warn("every route is open: no --web.config.file",
+		"address", s.lis.Addr().String(),
+		"open", "POST /-/reload, /debug/pprof/ (profiles, the command line), /metrics and /api/v1/status/* (every tenant's series counts, the flags), every tenant's writes and reads",
+		"close_with", "a web config of one line, basic_auth_users: {ops: <bcrypt hash>} (see docs/security.md)")
 }
 
 // Drain stops accepting requests and waits for in-flight ones. The storage

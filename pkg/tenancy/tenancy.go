@@ -16,6 +16,7 @@
 package tenancy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -91,14 +92,17 @@ type Error struct {
 func (e *Error) Error() string { return e.Err.Error() }
 func (e *Error) Unwrap() error { return e.Err }
 
-// FromRequest returns the request's tenant.
+// FromRequest returns the request's tenant. A request of another gpustore
+// process of the ring (AsPeer) names its tenant in the header, which is
+// taken as it is: the process that sent it resolved and authorised the
+// user's tenant.
 func (c Config) FromRequest(r *http.Request) (string, error) {
 	id := r.Header.Get(OrgIDHeader)
 	if id == "" {
 		id = r.Header.Get(ThanosTenantHeader)
 	}
 	var allowed []string
-	if len(c.Auth) > 0 {
+	if len(c.Auth) > 0 && !isPeer(r.Context()) {
 		var err error
 		if allowed, err = c.identityTenants(r); err != nil {
 			return "", err
@@ -157,3 +161,37 @@ func (c Config) Admin(r *http.Request) error {
 	}
 	return nil
 }
+
+// Peer says whether the request comes from another gpustore process of the
+// ring, which alone may use the receivers' internal routes (/receiver/*:
+// writes that skip the distributors' limits and HA election, every
+// tenant's reads). peers are ring.peer_identities: with them, only those
+// identities are peers; without them, identities allowed every tenant
+// ("*"), never a tenant's own, and anyone when tenants.auth is not set.
+func (c Config) Peer(r *http.Request, peers []string) error {
+	if len(peers) == 0 {
+		if err := c.Admin(r); err != nil {
+			if te, ok := errors.AsType[*Error](err); ok && te.Status == http.StatusUnauthorized {
+				return err
+			}
+			return &Error{http.StatusForbidden, errors.New("this route is internal to the ring: it needs an identity allowed \"*\" in tenants.auth, or one of ring.peer_identities when set")}
+		}
+		return nil
+	}
+	who, ok := auth.IdentityFrom(r.Context())
+	if !ok {
+		return &Error{http.StatusUnauthorized, errors.New("this route is internal to the ring: authenticate as one of ring.peer_identities")}
+	}
+	if !slices.Contains(peers, who.Name()) {
+		return &Error{http.StatusForbidden, fmt.Errorf("this route is internal to the ring: identity %q is not one of ring.peer_identities", who.Name())}
+	}
+	return nil
+}
+
+type peerKey struct{}
+
+// AsPeer marks ctx as a request of another process of the ring that Peer
+// let in.
+func AsPeer(ctx context.Context) context.Context { return context.WithValue(ctx, peerKey{}, true) }
+
+func isPeer(ctx context.Context) bool { return ctx.Value(peerKey{}) != nil }

@@ -1,0 +1,283 @@
+package query
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/prometheus/promql/parser"
+	"github.com/prometheus/prometheus/util/gate"
+)
+
+// Why PromQL is bounded before it is parsed: the parser's time grows with
+// the square of an expression's nesting, and the formatter's
+// (format_query) and parse_query's answer faster still. Before, a
+// format_query of 2,000 nested parentheses took 15 s, a parse_query of
+// 20,000 took 20 s and 5.5 GB, and an instant query of 100,000 ran 120 s past
+// a 5 s query.timeout: none of it inside the query's deadline or the
+// engine's concurrency limit. An operator chain (a + a + ... + a) nests as
+// deep as parentheses do, and costs the same.
+//
+// So every request carrying PromQL (query, match[]) passes admit, in front
+// of everything that parses it (the subquery-steps bound, the resolution
+// middleware, the query frontend, the v1 handler and its engine):
+//
+//  1. its expressions' length and nesting are checked by a scan that builds
+//     nothing (exprDeeperThan): past query.max_expression_bytes or
+//     query.max_expression_depth the answer is 400 bad_data naming the bound;
+//  2. it takes one of query.max_concurrency slots, waiting at most until
+//     query.timeout from its arrival (503 timeout) or until its client
+//     leaves; the deadline stays on the request, so parsing, waiting and
+//     evaluating together fit in query.timeout;
+//  3. its subqueries' steps are bounded (checkSubquerySteps).
+
+// Defaults of the bounds. A dashboard's variable expanded to every GPU
+// UUID of a 1,024-GPU cluster is about 41 KiB; the deepest tree among the
+// GPU rule pack's and the shipped dashboards' expressions is 19 levels
+// (TestExpressionDepthBoundsTheParsedTree). Just inside 128 levels the
+// slowest shapes cost format_query, parse_query and an instant query 2-30
+// ms (TestExpressionsAtTheBoundsAreCheap); at 1,000 the formatter alone
+// takes 1-7 s.
+const (
+	defaultMaxExpressionBytes = 256 << 10
+	defaultMaxExpressionDepth = 128
+)
+
+// errExpressionBounds wraps the error of an expression past a bound.
+var errExpressionBounds = errors.New("expression too large")
+
+// checkExprBounds reports an expression longer than maxBytes or nesting
+// deeper than maxDepth, naming the bound.
+func checkExprBounds(q string, maxBytes, maxDepth int) error {
+	if len(q) > maxBytes {
+		return fmt.Errorf("%w: %d bytes, more than query.max_expression_bytes (%d)", errExpressionBounds, len(q), maxBytes)
+	}
+	if exprDeeperThan(q, maxDepth) {
+		return fmt.Errorf("%w: it nests more than query.max_expression_depth (%d) levels (brackets and operators)", errExpressionBounds, maxDepth)
+	}
+	return nil
+}
+
+// exprDeeperThan reports whether the syntax tree PromQL would parse q into
+// may be deeper than limit, without parsing q. On a path from the root to a
+// leaf, every node but the leaf stands on a token of its own: a bracket
+// (parentheses, a function call, an aggregation, a range, a subquery) or an
+// operator (binary or unary). So within one bracket a path passes at most
+// that bracket's operators and then one bracket nested in it: the bound of a
+// bracket is its operators plus the bound of its deepest nested bracket plus
+// one. A range or subquery bracket wraps the expression before it
+// ((x)[1h:1m] is a subquery of a parenthesis of x), so one that follows a
+// closing bracket starts from that bracket's bound. Strings, comments and
+// label matchers ({...}: their = and != are not operators) count nothing. Malformed input (unbalanced brackets) is bounded
+// the same way; the parser rejects it afterwards. The scan stops as soon as
+// the open brackets alone pass the limit: it costs one pass over q and one
+// small frame per open bracket up to the limit.
+func exprDeeperThan(q string, limit int) bool {
+	type level struct {
+		ops, deepest int
+		braces       bool
+	}
+	stack := make([]level, 1, 16)
+	pathOps := 0     // the operators of every open bracket
+	lastClosed := -1 // the bound of the bracket just closed, while nothing else followed
+	for i := 0; i < len(q); i++ {
+		top := &stack[len(stack)-1]
+		c := q[i]
+		if c == ' ' || c == '\t' || c == '\n' || c == '\r' {
+			continue
+		}
+		closed := lastClosed
+		lastClosed = -1
+		switch {
+		case c == '"' || c == '\'' || c == '`':
+			i = skipString(q, i)
+		case c == '#':
+			for i < len(q) && q[i] != '\n' {
+				i++
+			}
+		case c == '(' || c == '[' || c == '{':
+			l := level{braces: c == '{'}
+			if c == '[' && closed >= 0 {
+				l.deepest = closed
+			}
+			stack = append(stack, l)
+		case c == ')' || c == ']' || c == '}':
+			if len(stack) > 1 {
+				stack = stack[:len(stack)-1]
+				pathOps -= top.ops
+				parent := &stack[len(stack)-1]
+				lastClosed = top.ops + top.deepest + 1
+				parent.deepest = max(parent.deepest, lastClosed)
+			}
+		case top.braces:
+		case isOperatorByte(c):
+			top.ops++
+			pathOps++
+			for i+1 < len(q) && (q[i+1] == '=' || q[i+1] == '~') { // ==, !=, >=, <=
+				i++
+			}
+		case isIdentByte(c):
+			j := i
+			for j < len(q) && isIdentByte(q[j]) {
+				j++
+			}
+			if isKeywordOperator(q[i:j]) {
+				top.ops++
+				pathOps++
+			}
+			i = j - 1
+		}
+		// What is open now lies on one path: the final bound is at least this.
+		if pathOps+stack[len(stack)-1].deepest+len(stack) > limit {
+			return true
+		}
+	}
+	for len(stack) > 1 { // unclosed brackets close at the end
+		top := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		parent := &stack[len(stack)-1]
+		parent.deepest = max(parent.deepest, top.ops+top.deepest+1)
+	}
+	return stack[0].ops+stack[0].deepest+1 > limit
+}
+
+// skipString returns the index of the quote closing the string that opens
+// at q[i] (backslash escapes, except in raw `strings`), or the last index.
+func skipString(q string, i int) int {
+	quote := q[i]
+	for i++; i < len(q); i++ {
+		switch {
+		case q[i] == '\\' && quote != '`':
+			i++
+		case q[i] == quote:
+			return i
+		}
+	}
+	return len(q) - 1
+}
+
+func isOperatorByte(c byte) bool {
+	switch c {
+	case '+', '-', '*', '/', '%', '^', '=', '!', '<', '>':
+		return true
+	}
+	return false
+}
+
+func isIdentByte(c byte) bool {
+	return c == '_' || c == ':' || c == '.' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= 0x80
+}
+
+// isKeywordOperator: PromQL's word operators (case-insensitive, as the
+// lexer reads them).
+func isKeywordOperator(w string) bool {
+	if len(w) < 2 || len(w) > 6 {
+		return false
+	}
+	var b [6]byte
+	for i := range len(w) {
+		c := w[i]
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		b[i] = c
+	}
+	switch string(b[:len(w)]) {
+	case "and", "or", "unless", "atan2":
+		return true
+	}
+	return false
+}
+
+// admission bounds the requests that carry PromQL (see the top of this
+// file).
+type admission struct {
+	maxBytes, maxDepth int
+	timeout            time.Duration
+	slots              *gate.Gate
+}
+
+func newAdmission(c Config) *admission {
+	return &admission{maxBytes: c.MaxExpressionBytes, maxDepth: c.MaxExpressionDepth,
+		timeout: time.Duration(c.Timeout), slots: gate.New(c.MaxConcurrency)}
+}
+
+// promQLParams are the parameters of the query API that hold PromQL.
+var promQLParams = []string{"query", "match[]"}
+
+func (ad *admission) admit(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := r.ParseForm(); err != nil {
+			writeError(w, http.StatusBadRequest, "bad_data", fmt.Errorf("error parsing form values: %w", err))
+			return
+		}
+		var exprs []string
+		for _, p := range promQLParams {
+			exprs = append(exprs, r.Form[p]...)
+		}
+		if len(exprs) == 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		for _, q := range exprs {
+			if err := checkExprBounds(q, ad.maxBytes, ad.maxDepth); err != nil {
+				writeError(w, http.StatusBadRequest, "bad_data", err)
+				return
+			}
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), ad.timeout)
+		defer cancel()
+		if err := ad.slots.Start(ctx); err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				writeError(w, http.StatusServiceUnavailable, "timeout", fmt.Errorf("query timed out waiting for one of query.max_concurrency slots: %w", err))
+			} else {
+				writeError(w, statusClientClosedRequest, "canceled", fmt.Errorf("query canceled waiting for a slot: %w", err))
+			}
+			return
+		}
+		defer ad.slots.Done()
+		for _, q := range r.Form["query"] {
+			if err := checkSubquerySteps(q); err != nil {
+				writeError(w, http.StatusBadRequest, "bad_data", err)
+				return
+			}
+		}
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// statusClientClosedRequest is what Prometheus answers (nobody reads it) to
+// a request whose client left.
+const statusClientClosedRequest = 499
+
+// maxSubquerySteps bounds the steps of one subquery. Prometheus' engine
+// sizes and walks per-step statistics for each subquery without looking at
+// the query's deadline, so one x[100y:1s] held a core long past
+// query.timeout (TestSubqueryStepsBounded). 11,000 is the bound Prometheus
+// puts on the points per series of a range query.
+const maxSubquerySteps = 11_000
+
+func checkSubquerySteps(q string) error {
+	expr, err := parser.NewParser(parser.Options{}).ParseExpr(q)
+	if err != nil {
+		return nil // the API answers the parse error itself
+	}
+	var tooMany error
+	parser.Inspect(expr, func(n parser.Node, _ []parser.Node) error {
+		sq, ok := n.(*parser.SubqueryExpr)
+		if !ok || tooMany != nil {
+			return nil
+		}
+		step := sq.Step
+		if step <= 0 {
+			step = noStepSubqueryInterval
+		}
+		if steps := sq.Range / step; steps > maxSubquerySteps {
+			tooMany = fmt.Errorf("subquery %s has %d steps, more than %d: use a coarser step or a shorter range", sq, steps, maxSubquerySteps)
+		}
+		return nil
+	})
+	return tooMany
+}

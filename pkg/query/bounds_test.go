@@ -1,0 +1,435 @@
+package query
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/rulefmt"
+	"github.com/prometheus/prometheus/promql/parser"
+
+	rulepack "github.com/gpustore/gpustore/deploy/rules"
+	"github.com/gpustore/gpustore/internal/abuse"
+)
+
+// treeDepth is the depth of q's syntax tree as Prometheus parses it (a
+// lone selector is 1).
+func treeDepth(t *testing.T, q string) int {
+	t.Helper()
+	expr, err := parser.NewParser(parser.Options{}).ParseExpr(q)
+	if err != nil {
+		t.Fatalf("%q: %v", q, err)
+	}
+	depth := 0
+	parser.Inspect(expr, func(_ parser.Node, path []parser.Node) error {
+		depth = max(depth, len(path)+1)
+		return nil
+	})
+	return depth
+}
+
+// realExpressions are the expressions users send: every rule of the GPU
+// rule pack and every panel and variable query of the shipped dashboards
+// (Grafana's variables replaced by values, as Grafana does before it
+// sends them).
+func realExpressions(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	for _, name := range rulepack.Files() {
+		b, err := fs.ReadFile(rulepack.FS, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		groups, errs := rulefmt.Parse(b, false, model.UTF8Validation, parser.NewParser(parser.Options{}), slog.New(slog.DiscardHandler))
+		if len(errs) > 0 {
+			t.Fatalf("%s: %v", name, errs)
+		}
+		for _, g := range groups.Groups {
+			for _, r := range g.Rules {
+				out = append(out, r.Expr)
+			}
+		}
+	}
+	files, err := filepath.Glob("../../deploy/grafana/dashboards/*.json")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("dashboards: %v", err)
+	}
+	grafanaVar := regexp.MustCompile(`\$\{?(\w+)\}?`)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var walk func(any)
+		walk = func(v any) {
+			switch v := v.(type) {
+			case map[string]any:
+				for k, e := range v {
+					if s, ok := e.(string); ok && k == "expr" && s != "" {
+						out = append(out, grafanaVar.ReplaceAllStringFunc(s, func(m string) string {
+							if strings.Contains(m, "__") {
+								return "5m" // $__rate_interval, $__interval, $__range
+							}
+							return "gpu-node-1"
+						}))
+					}
+					walk(e)
+				}
+			case []any:
+				for _, e := range v {
+					walk(e)
+				}
+			}
+		}
+		var d any
+		if err := json.Unmarshal(b, &d); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		walk(d)
+	}
+	return out
+}
+
+// tricky are expressions whose text holds brackets and operators that are
+// not the tree's: in strings, comments and matchers.
+var tricky = []string{
+	`DCGM_FI_DEV_XID_ERRORS{err_msg="((((((((- - - -))))))))"}`,
+	`label_replace(up, "a", "((($1)))", "job", "(.*)")`,
+	"up # ((((((((( and or unless\n+ 1",
+	`count by (gpu_uuid) (DCGM_FI_DEV_GPU_UTIL{gpu=~"0|1|2", Hostname!="a-b-c"} >= 90 and on (gpu_uuid) DCGM_FI_DEV_GPU_TEMP > 80)`,
+	"-(-(-1)) ^ 2 ^ -3",
+	`max_over_time(rate(DCGM_FI_PROF_PCIE_TX_BYTES[5m] @ 1700000000)[1h:1m] offset -5m)`,
+	"1e-3 * x unless y or z atan2 w",
+	"label_join(up, `raw ( string`, \"a\\\"(\", \"job\")",
+	`{__name__=~"DCGM_.+", gpu!~"(1|2)"} != bool 0`,
+}
+
+// TestExpressionDepthBoundsTheParsedTree: the depth counted before parsing
+// is never below the depth of the tree Prometheus parses (so no expression
+// slips past the bound), on the expressions users send, on text with
+// brackets and operators in strings, comments and matchers, and on random
+// compositions of every kind of node; and every real expression passes the
+// default bound with room to spare.
+func TestExpressionDepthBoundsTheParsedTree(t *testing.T) {
+	check := func(q string) int {
+		t.Helper()
+		d := treeDepth(t, q)
+		if !exprDeeperThan(q, d-1) {
+			t.Errorf("%q: the parsed tree is %d deep, the bound before parsing says at most %d", q, d, d-1)
+		}
+		return d
+	}
+	real := realExpressions(t)
+	if len(real) < 100 {
+		t.Fatalf("only %d real expressions found", len(real))
+	}
+	deepest := 0
+	for _, q := range real {
+		deepest = max(deepest, check(q))
+		if exprDeeperThan(q, defaultMaxExpressionDepth/4) {
+			t.Errorf("a real expression counts deeper than a quarter of the default bound: %q", q)
+		}
+	}
+	t.Logf("%d real expressions, the deepest tree %d levels", len(real), deepest)
+	for _, q := range tricky {
+		check(q)
+	}
+	rng := rand.New(rand.NewPCG(30, 2))
+	valid := 0
+	for range 3000 {
+		q := randomExpr(rng, 12)
+		if _, err := parser.NewParser(parser.Options{}).ParseExpr(q); err != nil {
+			continue // a type error (an aggregation of a scalar, ...)
+		}
+		check(q)
+		valid++
+	}
+	t.Logf("%d random expressions parsed and checked", valid)
+	if valid < 1000 {
+		t.Errorf("only %d of the random expressions parse", valid)
+	}
+}
+
+// randomExpr composes a random PromQL expression of every kind of node, at
+// most depth levels of composition.
+func randomExpr(rng *rand.Rand, depth int) string {
+	if depth == 0 || rng.IntN(4) == 0 {
+		switch rng.IntN(3) {
+		case 0:
+			return `DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname=~"n(1|2)"}`
+		case 1:
+			return fmt.Sprint(rng.IntN(100))
+		default:
+			return `DCGM_FI_DEV_GPU_TEMP`
+		}
+	}
+	sub := func() string { return randomExpr(rng, depth-1) }
+	ops := []string{"+", "-", "*", "/", "%", "^", "==", "!=", ">", "<", ">=", "<=", "and", "or", "unless", "atan2"}
+	switch rng.IntN(10) {
+	case 0:
+		return "(" + sub() + ")"
+	case 1:
+		op := ops[rng.IntN(len(ops))]
+		if op == "and" || op == "or" || op == "unless" {
+			return `DCGM_FI_DEV_GPU_UTIL ` + op + ` DCGM_FI_DEV_GPU_TEMP`
+		}
+		return sub() + " " + op + " " + sub()
+	case 2:
+		return "-" + sub()
+	case 3:
+		return "abs(" + sub() + ")"
+	case 4:
+		return "sum by (gpu) (" + sub() + ")"
+	case 5:
+		return "max_over_time((" + sub() + ")[10m:1m])"
+	case 6:
+		return "clamp(" + sub() + ", 0, 100)"
+	case 7:
+		return "sum_over_time(abs(" + sub() + ")[10m:1m] @ 1700000000)"
+	case 8:
+		return "max_over_time((-" + sub() + ")[10m:] offset 5m)"
+	default:
+		return "rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m] offset 1m)"
+	}
+}
+
+// TestParseBombsAnsweredAtOnce: the expressions that took the parser and
+// formatter minutes and gigabytes (format_query of 2,000 nested parentheses:
+// 15 s; parse_query of 20,000: 20 s and 5.5 GB; an instant query of 100,000:
+// 120 s past a 5 s timeout; operator chains and nested calls, as deep without
+// a parenthesis; a 1 MiB regular expression) are answered 400 bad_data
+// naming the bound, on every route that parses PromQL, in milliseconds.
+func TestParseBombsAnsweredAtOnce(t *testing.T) {
+	h, _ := newTestAPIHandler(t, func(o *Options) { o.Config.Timeout = model.Duration(5 * time.Second) })
+	base, _ := serveUnwaited(t, h)
+	for _, a := range abuse.SendParseBombs(context.Background(), base, nil, 10*time.Second) {
+		var r apiResponse
+		_ = json.Unmarshal([]byte(a.Body), &r)
+		switch {
+		case a.Err != nil:
+			t.Errorf("%s to %s: no answer after %s: %v", a.Bomb, a.Route, a.Took, a.Err)
+		case a.Status != http.StatusBadRequest || r.ErrorType != "bad_data" || !strings.Contains(r.Error, "query.max_expression_"):
+			t.Errorf("%s to %s: %d after %s, want 400 bad_data naming the bound: %.200s", a.Bomb, a.Route, a.Status, a.Took, a.Body)
+		case a.Took > time.Second:
+			t.Errorf("%s to %s: answered after %s", a.Bomb, a.Route, a.Took)
+		}
+	}
+}
+
+// TestExpressionsAtTheBoundsAreCheap: the slowest routes (format_query,
+// parse_query, an instant query) answer an expression just inside the
+// default bounds, in each shape that nests, quickly: the bound is set where
+// the super-linear costs are still small.
+func TestExpressionsAtTheBoundsAreCheap(t *testing.T) {
+	srv, _ := newTestAPI(t, nil)
+	n := defaultMaxExpressionDepth - 2
+	shapes := map[string]string{
+		"parentheses":    strings.Repeat("(", n) + "DCGM_FI_DEV_GPU_TEMP" + strings.Repeat(")", n),
+		"operator-chain": "DCGM_FI_DEV_GPU_TEMP" + strings.Repeat(" + DCGM_FI_DEV_GPU_TEMP", n-1),
+		"nested-calls":   strings.Repeat("abs(", n) + "DCGM_FI_DEV_GPU_TEMP" + strings.Repeat(")", n),
+		"nested-binary":  strings.Repeat("(DCGM_FI_DEV_GPU_TEMP + ", n/2) + "DCGM_FI_DEV_GPU_TEMP" + strings.Repeat(")", n/2),
+	}
+	for name, q := range shapes {
+		if exprDeeperThan(q, defaultMaxExpressionDepth) {
+			t.Fatalf("%s: not inside the bound", name)
+		}
+		for _, route := range []string{"/api/v1/format_query", "/api/v1/parse_query", "/api/v1/query"} {
+			start := time.Now()
+			code, r := call(t, srv, http.MethodPost, route, url.Values{"query": {q}})
+			took := time.Since(start)
+			if code != http.StatusOK {
+				t.Errorf("%s to %s: %d %s", name, route, code, r.Error)
+			}
+			t.Logf("%-14s %-20s %s", name, route, took)
+			if took > 2*time.Second {
+				t.Errorf("%s to %s took %s", name, route, took)
+			}
+		}
+	}
+}
+
+// TestParsingWaitsForASlotWithinTheTimeout: a request carrying PromQL
+// takes one of query.max_concurrency slots before anything parses its
+// expression, and its deadline (query.timeout) runs from its arrival: with
+// the only slot held by a query that runs long, a format_query waits, is
+// answered 503 once the timeout has passed, and a waiting client that leaves
+// leaves nothing behind; once the slot is free, the same request is answered
+// at once. Before, parsing ran outside both (format_query answered at once
+// however busy the engine was).
+func TestParsingWaitsForASlotWithinTheTimeout(t *testing.T) {
+	src := newStallingSource()
+	src.ignoreCancel = true
+	h, _ := newTestAPIHandler(t, func(o *Options) {
+		o.Config.MaxConcurrency = 1
+		o.Config.Timeout = model.Duration(time.Second)
+		o.Sources = []Source{src}
+	})
+	base, _ := serveUnwaited(t, h)
+	held := make(chan struct{})
+	go func() {
+		defer close(held)
+		resp, err := http.Get(base + "/api/v1/query?query=stall")
+		if err == nil {
+			resp.Body.Close()
+		}
+	}()
+	select {
+	case <-src.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the long query never started")
+	}
+	format := base + "/api/v1/format_query?query=" + url.QueryEscape("sum(DCGM_FI_DEV_GPU_TEMP)")
+
+	start := time.Now()
+	resp, err := http.Get(format)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if took := time.Since(start); resp.StatusCode != http.StatusServiceUnavailable || took < 900*time.Millisecond || took > 5*time.Second {
+		t.Errorf("format_query with the only slot held: %d after %s, want 503 after the 1 s timeout", resp.StatusCode, took)
+	}
+
+	http.DefaultClient.CloseIdleConnections()
+	before := measure(t)
+	for range 50 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, format, nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			t.Fatalf("format_query answered %d with the only slot held", resp.StatusCode)
+		}
+		cancel()
+	}
+	http.DefaultClient.CloseIdleConnections()
+	if err := abuse.SettlesTo(before, 10, 5*time.Second); err != nil {
+		t.Fatalf("clients that left while waiting for a slot: %v", err)
+	}
+
+	close(src.release)
+	<-held
+	start = time.Now()
+	resp, err = http.Get(format)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if code, took := resp.StatusCode, time.Since(start); code != http.StatusOK || took > time.Second {
+		t.Errorf("format_query with the slot free: %d after %s", code, took)
+	}
+}
+
+// FuzzExpressionDepthBound: for any text Prometheus parses, the depth
+// counted before parsing is at least the parsed tree's, so nothing deeper
+// than query.max_expression_depth reaches the parser unnoticed.
+func FuzzExpressionDepthBound(f *testing.F) {
+	for _, q := range tricky {
+		f.Add(q)
+	}
+	f.Add(`sum by (gpu) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{Hostname=~"n.*"}[5m])) / 1000`)
+	f.Add(`(DCGM_FI_DEV_GPU_UTIL)[1h:1m]`)
+	f.Add(`abs(-DCGM_FI_DEV_GPU_UTIL ^ 2)[30m:] offset 1m`)
+	f.Fuzz(func(t *testing.T, q string) {
+		if len(q) > 4096 {
+			return
+		}
+		expr, err := parser.NewParser(parser.Options{}).ParseExpr(q)
+		if err != nil {
+			return
+		}
+		depth := 0
+		parser.Inspect(expr, func(_ parser.Node, path []parser.Node) error {
+			depth = max(depth, len(path)+1)
+			return nil
+		})
+		if !exprDeeperThan(q, depth-1) {
+			t.Fatalf("%q parses %d deep; the bound before parsing says at most %d", q, depth, depth-1)
+		}
+	})
+}
+
+// BenchmarkExpressionBound: what the bound's scan costs beside the parse it
+// guards, on a dashboard panel's expression and on a variable expanded to
+// the UUIDs of 1,024 GPUs (41 KiB).
+func BenchmarkExpressionBound(b *testing.B) {
+	var uuids []string
+	for i := range 1024 {
+		uuids = append(uuids, fmt.Sprintf("GPU-%08x-1111-2222-3333-444455556666", i))
+	}
+	for name, q := range map[string]string{
+		"panel":     `sum by (Hostname) (rate(DCGM_FI_PROF_PCIE_TX_BYTES{Hostname=~"node-1|node-2", gpu=~".*"}[5m])) / on (Hostname) group_left count by (Hostname) (DCGM_FI_DEV_GPU_TEMP)`,
+		"1024-gpus": `avg(DCGM_FI_DEV_GPU_UTIL{UUID=~"` + strings.Join(uuids, "|") + `"})`,
+	} {
+		b.Run(name+"/scan", func(b *testing.B) {
+			b.SetBytes(int64(len(q)))
+			for b.Loop() {
+				if checkExprBounds(q, defaultMaxExpressionBytes, defaultMaxExpressionDepth) != nil {
+					b.Fatal("refused")
+				}
+			}
+		})
+		b.Run(name+"/parse", func(b *testing.B) {
+			b.SetBytes(int64(len(q)))
+			p := parser.NewParser(parser.Options{})
+			for b.Loop() {
+				if _, err := p.ParseExpr(q); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestQueryWhoseClientLeftFreesItsSlot: a running query whose client
+// leaves stops (its selects see the request's context end) and gives its
+// slot back at once, long before query.timeout.
+func TestQueryWhoseClientLeftFreesItsSlot(t *testing.T) {
+	src := newStallingSource()
+	h, _ := newTestAPIHandler(t, func(o *Options) {
+		o.Config.MaxConcurrency = 1
+		o.Config.Timeout = model.Duration(time.Minute)
+		o.Sources = []Source{src}
+	})
+	base, _ := serveUnwaited(t, h)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/api/v1/query", strings.NewReader("query=stall"))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	select {
+	case <-src.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the query never started")
+	}
+	cancel()
+	<-done
+	start := time.Now()
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel2()
+	req, _ := http.NewRequestWithContext(ctx2, http.MethodGet, base+"/api/v1/format_query?query=up", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("format_query after the client of the only running query left: %v (its slot was not given back)", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || time.Since(start) > time.Second {
+		t.Errorf("format_query after the client of the only running query left: %d after %s", resp.StatusCode, time.Since(start))
+	}
+}
