@@ -74,9 +74,16 @@ func TestRuleFilesParse(t *testing.T) {
 
 var priorityOf = map[string]string{"critical": "P0", "warning": "P1", "info": "P2"}
 
+// priorityFromExpr lists the alerts whose priority and severity depend on
+// the value: GPUXidError takes them from the catalogue join,
+// GPURecoveryActionRequired from the action (DCGM's health check fails a GPU
+// on a reset or reboot, warns on a P2P drain).
+var priorityFromExpr = map[string]bool{"GPUXidError": true, "GPURecoveryActionRequired": true}
+
 // Every alert states its priority and severity consistently, names its
-// category and has summary and description; the Xid alert takes priority and
-// severity from the catalogue join instead, so it must not hard-code them.
+// category and has summary and description; the alerts of priorityFromExpr
+// set priority and severity in their expression instead, so they must not
+// hard-code them.
 func TestAlertLabelsAndAnnotations(t *testing.T) {
 	for file, groups := range parsePack(t) {
 		for _, g := range groups.Groups {
@@ -93,9 +100,12 @@ func TestAlertLabelsAndAnnotations(t *testing.T) {
 				if !strings.Contains(r.Annotations["description"], "Action:") {
 					t.Errorf("%s %s: description gives no action", file, r.Alert)
 				}
-				if r.Alert == "GPUXidError" {
+				if priorityFromExpr[r.Alert] {
 					if _, ok := r.Labels["severity"]; ok {
-						t.Errorf("%s %s: severity must come from the catalogue join", file, r.Alert)
+						t.Errorf("%s %s: severity must come from the expression", file, r.Alert)
+					}
+					if !strings.Contains(r.Expr, `"priority"`) || !strings.Contains(r.Expr, `"severity"`) {
+						t.Errorf("%s %s: the expression sets no priority and severity", file, r.Alert)
 					}
 					continue
 				}
