@@ -518,7 +518,9 @@ func TestRulesAlertToRealAlertmanager(t *testing.T) {
 		}
 		slices.Sort(names)
 		want := []string{
+			"gpu_chargeback (" + rules.PackPrefix + "gpu-chargeback.yml)",
 			"gpu_hardware_alerts (" + filepath.Join(rulesDir, tenantID, "gpu-alerts.yml") + ")",
+			"gpu_health (" + rules.PackPrefix + "gpu-health.yml)",
 			"gpu_recording (" + rules.PackPrefix + "gpu-recording.yml)",
 			"gpu_xid_catalog (" + filepath.Join(rulesDir, tenantID, "xid-catalog.yml") + ")",
 			"node_alerts (" + rules.PackPrefix + "node-alerts.yml)",
