@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -144,20 +143,8 @@ func startAlertmanager(t *testing.T) string {
 		t.Fatal(err)
 	}
 	addr := freeAddr(t)
-	var logs bytes.Buffer
-	cmd := exec.Command(bin, "--config.file="+cfg, "--storage.path="+filepath.Join(dir, "data"),
+	testbin.Start(t, bin, "--config.file="+cfg, "--storage.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr, "--cluster.listen-address=", "--log.level=warn")
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("alertmanager output:\n%s", logs.String())
-		}
-	})
 	base := "http://" + addr
 	poll(t, 30*time.Second, "alertmanager ready", func() error {
 		resp, err := http.Get(base + "/-/ready")
