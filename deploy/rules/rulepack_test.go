@@ -8,9 +8,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
+	amconfig "github.com/prometheus/alertmanager/config"
+	amlabels "github.com/prometheus/alertmanager/pkg/labels"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/common/promslog"
 	"github.com/prometheus/prometheus/model/rulefmt"
@@ -18,6 +21,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/gpustore/gpustore/internal/testbin"
+	"github.com/gpustore/gpustore/pkg/rules/xid"
 )
 
 // Files lists exactly the rule files of this folder, sorted, and the tests
@@ -74,9 +78,18 @@ func TestRuleFilesParse(t *testing.T) {
 
 var priorityOf = map[string]string{"critical": "P0", "warning": "P1", "info": "P2"}
 
+var severityOf = map[string]string{"P0": "critical", "P1": "warning", "P2": "info"}
+
+// priorityFromExpr lists the alerts whose priority and severity depend on
+// the value: GPUXidError takes them from the catalogue join,
+// GPURecoveryActionRequired from the action (DCGM's health check fails a GPU
+// on a reset or reboot, warns on a P2P drain).
+var priorityFromExpr = map[string]bool{"GPUXidError": true, "GPURecoveryActionRequired": true}
+
 // Every alert states its priority and severity consistently, names its
-// category and has summary and description; the Xid alert takes priority and
-// severity from the catalogue join instead, so it must not hard-code them.
+// category and has summary and description; the alerts of priorityFromExpr
+// set priority and severity in their expression instead, so they must not
+// hard-code them.
 func TestAlertLabelsAndAnnotations(t *testing.T) {
 	for file, groups := range parsePack(t) {
 		for _, g := range groups.Groups {
@@ -93,9 +106,12 @@ func TestAlertLabelsAndAnnotations(t *testing.T) {
 				if !strings.Contains(r.Annotations["description"], "Action:") {
 					t.Errorf("%s %s: description gives no action", file, r.Alert)
 				}
-				if r.Alert == "GPUXidError" {
+				if priorityFromExpr[r.Alert] {
 					if _, ok := r.Labels["severity"]; ok {
-						t.Errorf("%s %s: severity must come from the catalogue join", file, r.Alert)
+						t.Errorf("%s %s: severity must come from the expression", file, r.Alert)
+					}
+					if !strings.Contains(r.Expr, `"priority"`) || !strings.Contains(r.Expr, `"severity"`) {
+						t.Errorf("%s %s: the expression sets no priority and severity", file, r.Alert)
 					}
 					continue
 				}
@@ -228,4 +244,154 @@ func TestPromtoolCheckRules(t *testing.T) {
 // The real promtool runs the unit tests in tests/.
 func TestPromtoolTestRules(t *testing.T) {
 	runPromtool(t, append([]string{"test", "rules"}, testFiles(t)...)...)
+}
+
+// notificationsFile is the expected notifications per fault class: the
+// contract of the simulated-day end-to-end test (issue 31).
+const notificationsFile = "testdata/notifications.yaml"
+
+type expectedAlert struct {
+	Alertname string `yaml:"alertname"`
+	Priority  string `yaml:"priority"`
+	Scope     string `yaml:"scope"`
+	Xid       string `yaml:"xid"`
+	Reason    string `yaml:"reason"`
+	Counter   string `yaml:"counter"`
+}
+
+// labels gives the alert the labels of its scope, as the pack's alerts
+// carry them, with the sender's cluster and gpustore's tenant.
+func (a expectedAlert) labels() model.LabelSet {
+	l := model.LabelSet{"alertname": model.LabelValue(a.Alertname), "priority": model.LabelValue(a.Priority),
+		"severity": model.LabelValue(severityOf[a.Priority]),
+		"cluster":  "gpu-cluster-prod-01", "tenant": "gpu-prod"}
+	switch a.Scope {
+	case "gpu":
+		l["node"], l["UUID"], l["gpu"] = "gpu-node-01", "GPU-3f1c2a9e-8b7d-4e61-a0c5-1d2e3f4a5b60", "0"
+	case "node":
+		l["node"] = "gpu-node-01"
+	case "pod":
+		l["namespace"], l["pod"] = "training", "llm-pretrain-worker-0"
+	}
+	for k, v := range map[string]string{"xid": a.Xid, "reason": a.Reason, "counter": a.Counter} {
+		if v != "" {
+			l[model.LabelName(k)] = model.LabelValue(v)
+		}
+	}
+	return l
+}
+
+type faultClass struct {
+	Fault     string          `yaml:"fault"`
+	What      string          `yaml:"what"`
+	Notify    []expectedAlert `yaml:"notify"`
+	Inhibited []expectedAlert `yaml:"inhibited"`
+	Silent    []string        `yaml:"silent"`
+}
+
+// The expected notifications name alerts of the pack with the priority the
+// pack gives them, and every alert they list as inhibited is muted by an
+// inhibit rule of the shipped Alertmanager config whose source is one of the
+// same fault's notifications (and is not muted itself).
+func TestExpectedNotificationsMatchPackAndInhibition(t *testing.T) {
+	b, err := os.ReadFile(notificationsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Classes []faultClass `yaml:"classes"`
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&doc); err != nil {
+		t.Fatalf("%s: %v", notificationsFile, err)
+	}
+	priorities := map[string]string{}
+	for _, groups := range parsePack(t) {
+		for _, g := range groups.Groups {
+			for _, r := range g.Rules {
+				if r.Alert != "" {
+					priorities[r.Alert] = r.Labels["priority"]
+				}
+			}
+		}
+	}
+	am, err := amconfig.LoadFile(filepath.Join("..", "compose", "alertmanager", "alertmanager.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mutedBy := func(target expectedAlert, sources []expectedAlert) bool {
+		tl := target.labels()
+		for _, r := range am.InhibitRules {
+			if !amlabels.Matchers(r.TargetMatchers).Matches(tl) {
+				continue
+			}
+			// As Alertmanager's inhibitor: an alert matching both sides
+			// is not muted by sources that match both sides too.
+			twoSided := amlabels.Matchers(r.SourceMatchers).Matches(tl)
+			for _, s := range sources {
+				sl := s.labels()
+				if !amlabels.Matchers(r.SourceMatchers).Matches(sl) || (twoSided && amlabels.Matchers(r.TargetMatchers).Matches(sl)) {
+					continue
+				}
+				equal := true
+				for _, l := range r.Equal {
+					equal = equal && sl[model.LabelName(l)] == tl[model.LabelName(l)]
+				}
+				if equal {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	if len(doc.Classes) < 20 {
+		t.Fatalf("%d fault classes: the file is not the contract", len(doc.Classes))
+	}
+	for _, c := range doc.Classes {
+		if c.What == "" || len(c.Notify)+len(c.Silent) == 0 {
+			t.Errorf("%s: no description, or neither notifications nor silent alerts", c.Fault)
+		}
+		for _, a := range append(slices.Clone(c.Notify), c.Inhibited...) {
+			static, ok := priorities[a.Alertname]
+			switch {
+			case !ok:
+				t.Errorf("%s: %s is not an alert of the pack", c.Fault, a.Alertname)
+			case a.Alertname == "GPUXidError":
+				want := string(xid.UnknownPriority)
+				if code, err := strconv.Atoi(a.Xid); err == nil {
+					if e, ok := xid.Lookup(code); ok {
+						want = string(e.Priority)
+					}
+				}
+				if a.Priority != want {
+					t.Errorf("%s: Xid %s is paged %s, the fixture says %s", c.Fault, a.Xid, want, a.Priority)
+				}
+			case priorityFromExpr[a.Alertname]:
+				if _, ok := severityOf[a.Priority]; !ok {
+					t.Errorf("%s: %s with priority %q", c.Fault, a.Alertname, a.Priority)
+				}
+			case static != a.Priority:
+				t.Errorf("%s: %s is %s in the pack, the fixture says %s", c.Fault, a.Alertname, static, a.Priority)
+			}
+			if !slices.Contains([]string{"gpu", "node", "pod"}, a.Scope) {
+				t.Errorf("%s: %s has scope %q", c.Fault, a.Alertname, a.Scope)
+			}
+		}
+		for _, a := range c.Notify {
+			if mutedBy(a, c.Notify) {
+				t.Errorf("%s: %s is listed as a notification but another of the fault's alerts inhibits it", c.Fault, a.Alertname)
+			}
+		}
+		for _, a := range c.Inhibited {
+			if !mutedBy(a, c.Notify) {
+				t.Errorf("%s: %s is listed as inhibited but no inhibit rule mutes it with this fault's notifications", c.Fault, a.Alertname)
+			}
+		}
+		for _, name := range c.Silent {
+			if _, ok := priorities[name]; !ok {
+				t.Errorf("%s: silent %s is not an alert of the pack", c.Fault, name)
+			}
+		}
+	}
 }

@@ -6,6 +6,7 @@
 package testbin
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,4 +52,23 @@ func Need(t testing.TB, name string) string {
 	}
 	t.Skipf("%s is not installed (run `make tools`); under CI=true this is a failure", name)
 	return ""
+}
+
+// Start runs bin with args until the test ends: the process is killed at
+// cleanup, and its output (stdout and stderr) is logged if the test failed.
+func Start(t testing.TB, bin string, args ...string) {
+	t.Helper()
+	var out bytes.Buffer
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("%s output:\n%s", filepath.Base(bin), out.String())
+		}
+	})
 }

@@ -518,7 +518,9 @@ func TestRulesAlertToRealAlertmanager(t *testing.T) {
 		}
 		slices.Sort(names)
 		want := []string{
+			"gpu_chargeback (" + rules.PackPrefix + "gpu-chargeback.yml)",
 			"gpu_hardware_alerts (" + filepath.Join(rulesDir, tenantID, "gpu-alerts.yml") + ")",
+			"gpu_health (" + rules.PackPrefix + "gpu-health.yml)",
 			"gpu_recording (" + rules.PackPrefix + "gpu-recording.yml)",
 			"gpu_xid_catalog (" + filepath.Join(rulesDir, tenantID, "xid-catalog.yml") + ")",
 			"node_alerts (" + rules.PackPrefix + "node-alerts.yml)",
@@ -623,8 +625,9 @@ func TestRulesAlertToRealAlertmanager(t *testing.T) {
 		t.Error("reload gauge did not drop to 0")
 	}
 	getJSON(t, base, "/api/v1/rules", tenantID, &rulesResp)
-	if len(rulesResp.Data.Groups) != 5 {
-		t.Errorf("after a failed reload the tenant has %d groups, want its previous 5", len(rulesResp.Data.Groups))
+	// One group per pack file (the tenant's two copies replace two of them).
+	if want := len(rulepack.Files()); len(rulesResp.Data.Groups) != want {
+		t.Errorf("after a failed reload the tenant has %d groups, want its previous %d", len(rulesResp.Data.Groups), want)
 	}
 	if err := os.Remove(broken); err != nil {
 		t.Fatal(err)

@@ -162,13 +162,15 @@ func (e Entry) Severity() string { return e.Priority.Severity() }
 // ask to restart an application or need nothing are P2, because the GPU
 // itself stays healthy and the job owner (not the on-call) acts.
 //
-// Xid 154 is P0: the driver logs it when the GPU's recovery action changes,
-// and the other Xid it accompanies (45, say) often ranks lower than the
-// reset or reboot the driver now asks for. An unconfirmed action is P0 like
-// an unknown code (UnknownPriority).
+// Xid 154 is P2: the driver logs it when the GPU's recovery action changes;
+// it is the announcement, not the action. The action itself is a state DCGM
+// exports (field 1523), which GPURecoveryActionRequired pages at the
+// priority DCGM's health check gives it (P0 for a reset or reboot); paging
+// the Xid P0 too was a second page for one event. An unconfirmed action is
+// P0: the catalogue row exists but its action could not be checked.
 func DefaultPriority(a Action) Priority {
 	switch a {
-	case ResetGPU, RestartBM, RestartVM, WorkflowXid48, WorkflowNVLink, Xid154, Unconfirmed:
+	case ResetGPU, RestartBM, RestartVM, WorkflowXid48, WorkflowNVLink, Unconfirmed:
 		return P0
 	case ContactSupport, CheckMechanicals, WorkflowNVLink5, UpdateSWFW, CheckUVM:
 		return P1
@@ -178,10 +180,11 @@ func DefaultPriority(a Action) Priority {
 }
 
 // UnknownPriority is the priority of a code that is not in the catalogue.
-// The source document pages every Xid at P0; the pack lowers only the codes
-// that NVIDIA's catalogue says leave the GPU healthy, so an unknown code keeps
-// the document's P0.
-const UnknownPriority = P0
+// Drivers add codes past the catalogue (R620 logs a memory sparing event as
+// Xid 185), so an unknown code is a person's question, not an outage: P1.
+// When the GPU does need a reset, the driver sets its recovery action, which
+// pages P0 on its own (GPURecoveryActionRequired).
+const UnknownPriority = P1
 
 // Lookup returns the catalogue entry for code.
 func Lookup(code int) (Entry, bool) {

@@ -78,6 +78,32 @@ func TestPriorityPolicy(t *testing.T) {
 	}
 }
 
+// Issue 31 item 6: codes whose severity the Xid alone cannot tell page P1,
+// not P0. Xid 74's bit pattern (in the kernel log only) decides between a
+// link-level retry and a reset; Xid 155 includes links taken down on purpose;
+// Xid 154 only announces a recovery action, which the pack pages from the
+// action's own field (GPURecoveryActionRequired, P0 for a reset or reboot):
+// paging 154 P0 as well was a second page for one event; and codes past the
+// catalogue are new driver codes (R620 logs a sparing event as 185), not
+// failures by default. Each override says why.
+func TestIssue31Priorities(t *testing.T) {
+	for code, want := range map[int]Priority{74: P1, 155: P1, 154: P2} {
+		e, ok := Lookup(code)
+		if !ok || e.Priority != want {
+			t.Errorf("Xid %d: priority %q, want %s", code, e.Priority, want)
+		}
+		if e.Action != Xid154 && e.Why == "" {
+			t.Errorf("Xid %d: override without a reason", code)
+		}
+	}
+	if UnknownPriority != P1 {
+		t.Errorf("codes outside the catalogue page %s, want P1", UnknownPriority)
+	}
+	if _, ok := Lookup(185); ok {
+		t.Error("Xid 185 is in the catalogue: this test wants an uncatalogued code")
+	}
+}
+
 // Facts checked against NVIDIA's Xid catalog (immediate action column); they
 // guard against an accidental edit of the codes the alerts rely on most.
 func TestKnownNVIDIAActions(t *testing.T) {
@@ -105,11 +131,10 @@ func TestKnownNVIDIAActions(t *testing.T) {
 }
 
 // Issue 17 items 1 and 2: Xid 149 and 150 need a GPU reset for (almost)
-// every subcode NVIDIA decodes, and Xid 154 carries the recovery action the
-// driver asks for, so all three page P0; and none of the RESTART_APP/IGNORE
-// codes added pages above P1.
+// every subcode NVIDIA decodes, so both page P0; and none of the
+// RESTART_APP/IGNORE codes added pages above P1. (Xid 154: issue 31.)
 func TestIssue17Priorities(t *testing.T) {
-	for _, code := range []int{149, 150, 154} {
+	for _, code := range []int{149, 150} {
 		if e, ok := Lookup(code); !ok || e.Priority != P0 {
 			t.Errorf("Xid %d: priority %q, want P0", code, e.Priority)
 		}
