@@ -21,6 +21,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -209,6 +210,41 @@ func TestOverlays(t *testing.T) {
 			checkRulers(t, cfgs, tc.rulers)
 			checkRing(t, o, cfgs, tc.ringMembers)
 		})
+	}
+}
+
+// Every namespaced object of an overlay lands in the overlay's namespace:
+// an object without one would go to the kubeconfig's namespace, where it
+// could not mount the config and bucket Secret, and the gossip seed
+// (<service>.<namespace>.svc) would not resolve.
+func TestEveryObjectInTheNamespace(t *testing.T) {
+	for _, tc := range overlayCases {
+		t.Run(filepath.Base(tc.overlay), func(t *testing.T) {
+			checkNamespaces(t, render(t, tc.overlay))
+		})
+	}
+}
+
+// checkNamespaces checks that there is one Namespace and that every other
+// object (none of the kinds rendered is cluster-scoped) is in it.
+func checkNamespaces(t *testing.T, o *objects) {
+	t.Helper()
+	if len(o.namespaces) != 1 {
+		t.Fatalf("%d Namespace objects, want 1", len(o.namespaces))
+	}
+	ns := o.namespaces[0].Name
+	for _, obj := range o.all {
+		m, err := meta.Accessor(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kind := obj.GetObjectKind().GroupVersionKind().Kind
+		if kind == "Namespace" {
+			continue
+		}
+		if m.GetNamespace() != ns {
+			t.Errorf("%s %s: namespace %q, want %q", kind, m.GetName(), m.GetNamespace(), ns)
+		}
 	}
 }
 
