@@ -233,6 +233,9 @@ func checkNamespaces(t *testing.T, o *objects) {
 		t.Fatalf("%d Namespace objects, want 1", len(o.namespaces))
 	}
 	ns := o.namespaces[0].Name
+	if l := o.namespaces[0].Labels["pod-security.kubernetes.io/enforce"]; l != "restricted" {
+		t.Errorf("Namespace %s: pod-security.kubernetes.io/enforce %q, want restricted (TestPodsRestricted checks the pods pass it)", ns, l)
+	}
 	for _, obj := range o.all {
 		m, err := meta.Accessor(obj)
 		if err != nil {
@@ -566,6 +569,12 @@ func checkGpustorePod(t *testing.T, o *objects, name string, pod *corev1.PodTemp
 	}
 	if _, ok := mounts[cfg.TSDB.Dir]; disk && !ok && !strings.HasPrefix(cfg.TSDB.Dir, root) {
 		t.Errorf("%s: storage.tsdb.path %s is not on a volume", name, cfg.TSDB.Dir)
+	}
+	// The root filesystem is read-only: the data path's mount must not be.
+	for _, vm := range c.VolumeMounts {
+		if disk && vm.ReadOnly && mounts[vm.MountPath] == cfg.TSDB.Dir {
+			t.Errorf("%s: storage.tsdb.path %s is mounted read-only", name, vm.MountPath)
+		}
 	}
 	if _, ok := mounts[cfg.Rules.Dir]; ok && !runs(app.Rules) {
 		t.Errorf("%s: mounts rules.dir %s but runs no rules", name, cfg.Rules.Dir)
