@@ -32,7 +32,7 @@ UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./.
 # its concurrency: the lease's renewal and two compactors on one bucket.
 COMPACT_RACE_TESTS := TestLeaseExpiresAfterHolderDies|TestTwoCompactorsOneBucket|TestWorkingDirectoryBounded
 
-.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact bench-relabel bench-ring clean docker dashboards dev-stack
+.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact bench-relabel bench-ring clean docker dashboards manifests dev-stack
 
 all: build
 
@@ -62,6 +62,12 @@ dev-stack: build tools
 # deploy/grafana/dashboards/*.json (a test fails while they are stale).
 dashboards:
 	$(GO) generate ./deploy/grafana
+
+# The Prometheus Operator component's PrometheusRules, generated from
+# deploy/rules/self into deploy/kubernetes/components/prometheus-operator
+# (a test fails while they are stale).
+manifests:
+	$(GO) generate ./deploy/kubernetes
 
 # gpustore on the embedded default (data in ./data, port 9201), fed by a
 # simulated 16-node (128-GPU) cluster in real time. Ctrl-C stops both.

@@ -28,6 +28,7 @@ import (
 	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/kustomize/api/krusty"
+	kustypes "sigs.k8s.io/kustomize/api/types"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
 	"github.com/gpustore/gpustore/pkg/app"
@@ -58,12 +59,47 @@ type objects struct {
 	deployments  []*appsv1.Deployment
 	pdbs         []*policyv1.PodDisruptionBudget
 	podMonitors  []*monitoringv1.PodMonitor
+	promRules    []*monitoringv1.PrometheusRule
 	namespaces   []*corev1.Namespace
 }
 
 func render(t *testing.T, overlay string) *objects {
 	t.Helper()
-	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+	return renderDir(t, overlay, krusty.MakeDefaultOptions())
+}
+
+// renderWith renders overlay with the components added, as a user's
+// kustomization listing the overlay under resources and the components
+// under components would.
+func renderWith(t *testing.T, overlay string, components ...string) *objects {
+	t.Helper()
+	dir := t.TempDir()
+	// Relative paths: kustomize refuses absolute ones.
+	rel := func(p string) string {
+		a, err := filepath.Abs(p)
+		if err == nil {
+			a, err = filepath.Rel(dir, a)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + rel(overlay) + "]\ncomponents:\n"
+	for _, c := range components {
+		k += "  - " + rel(c) + "\n"
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts := krusty.MakeDefaultOptions()
+	opts.LoadRestrictions = kustypes.LoadRestrictionsNone // the overlay is outside dir
+	return renderDir(t, dir, opts)
+}
+
+func renderDir(t *testing.T, overlay string, opts *krusty.Options) *objects {
+	t.Helper()
+	k := krusty.MakeKustomizer(opts)
 	m, err := k.Run(filesys.MakeFsOnDisk(), overlay)
 	if err != nil {
 		t.Fatalf("kustomize build %s: %v", overlay, err)
@@ -93,6 +129,8 @@ func render(t *testing.T, overlay string) *objects {
 			o.pdbs = append(o.pdbs, v)
 		case *monitoringv1.PodMonitor:
 			o.podMonitors = append(o.podMonitors, v)
+		case *monitoringv1.PrometheusRule:
+			o.promRules = append(o.promRules, v)
 		case *corev1.Namespace:
 			o.namespaces = append(o.namespaces, v)
 		default:
@@ -192,7 +230,7 @@ func TestOverlays(t *testing.T) {
 			}
 			checkWorkloads(t, o)
 			checkServices(t, o, tc.services)
-			checkPodMonitorsAndPDBs(t, o)
+			checkPDBs(t, o)
 			cfgs := map[string]app.Config{}
 			for name, pod := range pods {
 				want, ok := tc.targets[name]
@@ -370,30 +408,15 @@ func hasPortProto(pod *corev1.PodTemplateSpec, name string, protocol corev1.Prot
 	return 0, false
 }
 
-// checkPodMonitorsAndPDBs checks that the one PodMonitor scrapes every
-// gpustore pod and that the disruption budgets cover every workload of more
+// checkPDBs checks that the disruption budgets cover every workload of more
 // than one replica (and every StatefulSet) with maxUnavailable 1, each pod
 // by at most one budget (the eviction API refuses a pod under two).
-func checkPodMonitorsAndPDBs(t *testing.T, o *objects) {
+func checkPDBs(t *testing.T, o *objects) {
 	t.Helper()
-	if len(o.podMonitors) != 1 {
-		t.Fatalf("%d PodMonitors, want one", len(o.podMonitors))
-	}
 	if len(o.pdbs) == 0 {
 		t.Fatal("no PodDisruptionBudget")
 	}
-	pm := o.podMonitors[0]
 	for name, pod := range o.pods() {
-		if !selects(pm.Spec.Selector.MatchLabels, pod) {
-			t.Errorf("PodMonitor %s does not scrape %s", pm.Name, name)
-		}
-		for _, ep := range pm.Spec.PodMetricsEndpoints {
-			if ep.Port == nil {
-				t.Errorf("PodMonitor %s: endpoint without port", pm.Name)
-			} else if _, ok := hasPort(pod, *ep.Port); !ok {
-				t.Errorf("PodMonitor %s: port %s not on %s", pm.Name, *ep.Port, name)
-			}
-		}
 		var budgets []*policyv1.PodDisruptionBudget
 		for _, pdb := range o.pdbs {
 			if selects(pdb.Spec.Selector.MatchLabels, pod) {
@@ -416,8 +439,30 @@ func checkPodMonitorsAndPDBs(t *testing.T, o *objects) {
 			t.Errorf("PodDisruptionBudget %s selects no pod", pdb.Name)
 		}
 	}
-	if pm.Spec.JobLabel != "app.kubernetes.io/name" {
-		t.Errorf("PodMonitor jobLabel %q: the self-monitoring alerts expect job=gpustore", pm.Spec.JobLabel)
+}
+
+// checkPodMonitor checks that the one PodMonitor scrapes every gpustore pod
+// on a port the pod has, as job "gpustore".
+func checkPodMonitor(t *testing.T, o *objects) {
+	t.Helper()
+	if len(o.podMonitors) != 1 {
+		t.Fatalf("%d PodMonitors, want one", len(o.podMonitors))
+	}
+	pm := o.podMonitors[0]
+	for name, pod := range o.pods() {
+		if !selects(pm.Spec.Selector.MatchLabels, pod) {
+			t.Errorf("PodMonitor %s does not scrape %s", pm.Name, name)
+		}
+		for _, ep := range pm.Spec.PodMetricsEndpoints {
+			if ep.Port == nil {
+				t.Errorf("PodMonitor %s: endpoint without port", pm.Name)
+			} else if _, ok := hasPort(pod, *ep.Port); !ok {
+				t.Errorf("PodMonitor %s: port %s not on %s", pm.Name, *ep.Port, name)
+			}
+		}
+	}
+	if pm.Spec.JobLabel != "app.kubernetes.io/name" || pm.Spec.Selector.MatchLabels["app.kubernetes.io/name"] != "gpustore" {
+		t.Errorf("PodMonitor jobLabel %q: the self-monitoring alerts expect job=gpustore (the pods' app.kubernetes.io/name)", pm.Spec.JobLabel)
 	}
 }
 
