@@ -192,15 +192,21 @@ func TestRestrictedCheckRejects(t *testing.T) {
 	zero, yes := int64(0), true
 	for want, mutate := range map[string]func(p *corev1.PodSpec){
 		"seccompProfile is set neither": func(p *corev1.PodSpec) { p.SecurityContext.SeccompProfile = nil },
-		"Unconfined":                    func(p *corev1.PodSpec) { p.Containers[0].SecurityContext.SeccompProfile = &corev1.SeccompProfile{Type: "Unconfined"} },
-		"runAsNonRoot is set neither":   func(p *corev1.PodSpec) { p.SecurityContext.RunAsNonRoot = nil },
-		"runAsUser is 0":                func(p *corev1.PodSpec) { p.SecurityContext.RunAsUser = &zero },
-		"allowPrivilegeEscalation":      func(p *corev1.PodSpec) { p.Containers[0].SecurityContext.AllowPrivilegeEscalation = nil },
-		"drop must contain ALL":         func(p *corev1.PodSpec) { p.Containers[0].SecurityContext.Capabilities = nil },
-		"only NET_BIND_SERVICE":         func(p *corev1.PodSpec) { p.Containers[0].SecurityContext.Capabilities.Add = []corev1.Capability{"SYS_ADMIN"} },
-		"privileged":                    func(p *corev1.PodSpec) { p.Containers[0].SecurityContext.Privileged = &yes },
-		"hostNetwork":                   func(p *corev1.PodSpec) { p.HostNetwork = true },
-		"hostPort":                      func(p *corev1.PodSpec) { p.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 80, HostPort: 80}} },
+		"Unconfined": func(p *corev1.PodSpec) {
+			p.Containers[0].SecurityContext.SeccompProfile = &corev1.SeccompProfile{Type: "Unconfined"}
+		},
+		"runAsNonRoot is set neither": func(p *corev1.PodSpec) { p.SecurityContext.RunAsNonRoot = nil },
+		"runAsUser is 0":              func(p *corev1.PodSpec) { p.SecurityContext.RunAsUser = &zero },
+		"allowPrivilegeEscalation":    func(p *corev1.PodSpec) { p.Containers[0].SecurityContext.AllowPrivilegeEscalation = nil },
+		"drop must contain ALL":       func(p *corev1.PodSpec) { p.Containers[0].SecurityContext.Capabilities = nil },
+		"only NET_BIND_SERVICE": func(p *corev1.PodSpec) {
+			p.Containers[0].SecurityContext.Capabilities.Add = []corev1.Capability{"SYS_ADMIN"}
+		},
+		"privileged":  func(p *corev1.PodSpec) { p.Containers[0].SecurityContext.Privileged = &yes },
+		"hostNetwork": func(p *corev1.PodSpec) { p.HostNetwork = true },
+		"hostPort": func(p *corev1.PodSpec) {
+			p.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 80, HostPort: 80}}
+		},
 		"type not allowed": func(p *corev1.PodSpec) {
 			p.Volumes[0].VolumeSource = corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}
 		},
