@@ -68,27 +68,22 @@ func render(t *testing.T, overlay string) *objects {
 	return renderDir(t, overlay, krusty.MakeDefaultOptions())
 }
 
-// renderWith renders overlay with the components added, as a user's
-// kustomization listing the overlay under resources and the components
-// under components would.
-func renderWith(t *testing.T, overlay string, components ...string) *objects {
+// renderWith renders overlay under a kustomization of the user's: one that
+// lists the overlay under resources, plus more, the rest of its YAML
+// (components, images, ...) with paths relative to this folder.
+func renderWith(t *testing.T, overlay, more string) *objects {
 	t.Helper()
 	dir := t.TempDir()
-	// Relative paths: kustomize refuses absolute ones.
-	rel := func(p string) string {
-		a, err := filepath.Abs(p)
-		if err == nil {
-			a, err = filepath.Rel(dir, a)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return a
+	// Paths relative to dir: kustomize refuses absolute ones.
+	up, err := filepath.Abs(".")
+	if err == nil {
+		up, err = filepath.Rel(dir, up)
 	}
-	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + rel(overlay) + "]\ncomponents:\n"
-	for _, c := range components {
-		k += "  - " + rel(c) + "\n"
+	if err != nil {
+		t.Fatal(err)
 	}
+	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + filepath.Join(up, overlay) + "]\n" +
+		strings.ReplaceAll(more, "$HERE", up)
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ func TestOperatorKindsOptIn(t *testing.T) {
 					t.Errorf("%s renders a %s: apply fails without the Prometheus Operator's CRDs; move it to %s", tc.overlay, gvk, operatorComponent)
 				}
 			}
-			o := renderWith(t, tc.overlay, operatorComponent)
+			o := renderWith(t, tc.overlay, "components: [$HERE/"+operatorComponent+"]\n")
 			checkNamespaces(t, o)
 			checkPodMonitor(t, o)
 			checkPrometheusRules(t, o)
