@@ -631,6 +631,17 @@ func checkGpustorePod(t *testing.T, o *objects, name string, pod *corev1.PodTemp
 		for _, f := range files {
 			checkRuleFile(t, f)
 		}
+		// The Operator's Alertmanager runs as an HA set behind a headless
+		// Service: a plain URL would reach one replica; each must get every
+		// alert, so the URL is looked up (dns+/dnssrv+) for all of them.
+		if len(cfg.Rules.Alertmanager.URLs) == 0 {
+			t.Errorf("%s: runs rules but sends alerts nowhere", name)
+		}
+		for _, u := range cfg.Rules.Alertmanager.URLs {
+			if !strings.HasPrefix(u, "dns+") && !strings.HasPrefix(u, "dnssrv+") {
+				t.Errorf("%s: alertmanager URL %s reaches one replica of an HA Alertmanager; want dns+ or dnssrv+ discovery", name, u)
+			}
+		}
 	}
 	_, port, err := net.SplitHostPort(cfg.Server.ListenAddress)
 	if err != nil {
