@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"github.com/prometheus/common/model"
@@ -479,11 +481,36 @@ func replicas(o *objects, name string) int32 {
 	return *r
 }
 
-// benchSeries is the active-series count of a 1024-GPU cluster in
-// bench/RESULTS.md, benchKiBPerSeries its peak RSS per active series in a
-// TSDB, and benchKiBPerSeriesHeap the heap a series' labels and caches take
-// (what a distributor keeps of it, once).
-const benchSeries, benchKiBPerSeries, benchKiBPerSeriesHeap = 70000, 3.2, 1.2
+// sizing is README.md's "Sizing", measured by sizing.sh (16 HGX-shaped
+// nodes, 128 GPUs: 5 h backfilled, 300 s in real time, dashboard queries)
+// and scaled linearly to the GPUs the overlays are sized for.
+var sizing = struct {
+	gpus         float64 // the overlays' cluster
+	seriesPerGPU float64 // head series per GPU (DCGM, node-exporter at 224 CPUs, cAdvisor, kube-state-metrics, training)
+	idleMiB      float64 // RSS of a gpustore that holds no series
+	// RSS per head series above idle: in real time (the request) and at
+	// the peak, writing as fast as accepted with the head's block cut and
+	// compaction (the limit: a receiver catching up after an outage).
+	steadyKiB, peakKiB float64
+	bytesPerSample     float64 // a 2 h block in the bucket (chunks + index)
+	walBytesPerSeries  float64 // the WAL of a full head
+	coresPerGPU        float64 // -target=all in real time: ingest of the HA pair, rules, shipping
+	// A distributor keeps each series' labels once (bench/RESULTS.md's
+	// heap per series).
+	distributorKiB float64
+	// The largest compaction's range: 14 d from seven 2 d blocks, which
+	// the compactor downloads and writes beside them (2× its sources).
+	compactionDays float64
+}{
+	gpus: 1024, seriesPerGPU: 342.4, idleMiB: 66, steadyKiB: 7.06, peakKiB: 12.10,
+	bytesPerSample: 4.42, walBytesPerSeries: 7895, coresPerGPU: 0.023 / 128, distributorKiB: 1.2,
+	compactionDays: 14,
+}
+
+func sizingSeries() float64 { return sizing.gpus * sizing.seriesPerGPU }
+
+// rawBytesPerDay is one copy of a day of raw blocks at 15 s.
+func rawBytesPerDay() float64 { return sizingSeries() * 86400 / 15 * sizing.bytesPerSample }
 
 // podEnvSamples are the values the downward API would give the fields the
 // manifests use, for expanding $(VAR) references in args as the kubelet does.
@@ -656,34 +683,98 @@ func checkGpustorePod(t *testing.T, o *objects, name string, pod *corev1.PodTemp
 			t.Errorf("%s: %s probe %+v, want GET %s on port http", name, probe, p, want)
 		}
 	}
-	req := c.Resources.Requests
-	if req.Cpu().IsZero() || req.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+	checkResources(t, o, name, pod, cfg, mounts, runs)
+	return cfg
+}
+
+// checkResources checks the container's requests and limits and its data
+// volume against the measured sizing: memory for the TSDB's series where
+// ingest runs (in the ring each receiver holds RF/N of them) and the bucket
+// store's page cache where queries run (rules run them too), a
+// distributor's labels; CPU for ingest; disk for the WAL and the local
+// blocks where ingest runs and twice the largest compaction where the
+// compactor runs.
+func checkResources(t *testing.T, o *objects, name string, pod *corev1.PodTemplateSpec, cfg app.Config, mounts map[string]string, runs func(string) bool) {
+	t.Helper()
+	c := pod.Spec.Containers[0]
+	req, lim := c.Resources.Requests, c.Resources.Limits
+	if req.Cpu().IsZero() || req.Memory().IsZero() || lim.Memory().IsZero() {
 		t.Errorf("%s: needs cpu and memory requests and a memory limit", name)
 	}
-	// Memory: the bucket store's page cache where the query role runs (rules
-	// run it too), and the TSDB's series where ingest runs: in the ring each
-	// receiver holds RF/N of them. A distributor holds each series' labels.
-	var need int64
-	var why []string
+	if lim.Memory().Cmp(*req.Memory()) < 0 {
+		t.Errorf("%s: memory limit %s below its request %s", name, lim.Memory(), req.Memory())
+	}
+	share := 1.0
+	if n := replicas(o, name); cfg.Ring.Enabled && int(n) > cfg.Ring.ReplicationFactor {
+		share = float64(cfg.Ring.ReplicationFactor) / float64(n)
+	}
+	series := share * sizingSeries()
+	var request, limit, cores, disk float64 // MiB, MiB, cores, bytes
+	var why, diskWhy []string
 	if runs(app.Query) || runs(app.Rules) {
-		need += cfg.BucketStore.CacheSize
+		mib := float64(cfg.BucketStore.CacheSize) / (1 << 20)
+		request, limit = request+mib, limit+mib
 		why = append(why, "page cache")
 	}
-	if runs(app.Ingest) {
-		share := 1.0
-		if n := replicas(o, name); cfg.Ring.Enabled && int(n) > cfg.Ring.ReplicationFactor {
-			share = float64(cfg.Ring.ReplicationFactor) / float64(n)
+	switch {
+	case runs(app.Ingest):
+		request += sizing.idleMiB + series*sizing.steadyKiB/1024
+		limit += sizing.idleMiB + series*sizing.peakKiB/1024
+		cores += share * sizing.gpus * sizing.coresPerGPU
+		disk += series*sizing.walBytesPerSeries + share*rawBytesPerDay()*time.Duration(cfg.TSDB.Retention).Hours()/24
+		diskWhy = append(diskWhy, "WAL", time.Duration(cfg.TSDB.Retention).String()+" of local blocks")
+		why = append(why, fmt.Sprintf("%.0f series × %.2f / %.2f KiB", series, sizing.steadyKiB, sizing.peakKiB))
+	case runs(app.Distributor):
+		request += sizing.idleMiB + sizingSeries()*sizing.distributorKiB/1024
+		limit += sizing.idleMiB + sizingSeries()*sizing.distributorKiB/1024
+		why = append(why, fmt.Sprintf("%.0f series × %.1f KiB", sizingSeries(), sizing.distributorKiB))
+	}
+	if runs(app.Compact) {
+		disk += 2 * sizing.compactionDays * rawBytesPerDay()
+		diskWhy = append(diskWhy, fmt.Sprintf("2 × %.0f days of raw blocks (the compactor)", sizing.compactionDays))
+	}
+	mib := func(v float64) *resource.Quantity { return resource.NewQuantity(int64(math.Ceil(v))<<20, resource.BinarySI) }
+	if req.Memory().Cmp(*mib(request)) < 0 {
+		t.Errorf("%s: memory request %s < %s = %s", name, req.Memory(), strings.Join(why, " + "), mib(request))
+	}
+	if lim.Memory().Cmp(*mib(limit)) < 0 {
+		t.Errorf("%s: memory limit %s < the measured peak, %s = %s", name, lim.Memory(), strings.Join(why, " + "), mib(limit))
+	}
+	if q := resource.NewMilliQuantity(int64(cores*1000), resource.DecimalSI); req.Cpu().Cmp(*q) < 0 {
+		t.Errorf("%s: cpu request %s < the measured %s", name, req.Cpu(), q)
+	}
+	if disk == 0 {
+		return
+	}
+	have, what := dataVolumeSize(o, name, pod, cfg.TSDB.Dir, mounts)
+	if need := resource.NewQuantity(int64(math.Ceil(disk/(1<<30)))<<30, resource.BinarySI); have.Cmp(*need) < 0 {
+		t.Errorf("%s: %s %s < %s = %s", name, what, &have, strings.Join(diskWhy, " + "), need)
+	}
+}
+
+// dataVolumeSize is the size of the volume mounted at the data path: a
+// StatefulSet's volume claim template, a generic ephemeral volume's claim,
+// or an emptyDir's sizeLimit.
+func dataVolumeSize(o *objects, name string, pod *corev1.PodTemplateSpec, dir string, mounts map[string]string) (resource.Quantity, string) {
+	for _, vm := range pod.Spec.Containers[0].VolumeMounts {
+		if mounts[vm.MountPath] != dir {
+			continue
 		}
-		need += int64(share * benchSeries * benchKiBPerSeries * 1024)
-		why = append(why, fmt.Sprintf("%.0f series × %.1f KiB", share*benchSeries, benchKiBPerSeries))
-	} else if runs(app.Distributor) {
-		need += int64(benchSeries * benchKiBPerSeriesHeap * 1024)
-		why = append(why, fmt.Sprintf("%d series × %.1f KiB", benchSeries, benchKiBPerSeriesHeap))
+		for _, s := range o.statefulSets {
+			for _, vct := range s.Spec.VolumeClaimTemplates {
+				if "StatefulSet/"+s.Name == name && vct.Name == vm.Name {
+					return vct.Spec.Resources.Requests[corev1.ResourceStorage], "volume claim " + vm.Name
+				}
+			}
+		}
+		switch v := volume(pod, vm.Name); {
+		case v != nil && v.Ephemeral != nil && v.Ephemeral.VolumeClaimTemplate != nil:
+			return v.Ephemeral.VolumeClaimTemplate.Spec.Resources.Requests[corev1.ResourceStorage], "ephemeral volume " + vm.Name
+		case v != nil && v.EmptyDir != nil && v.EmptyDir.SizeLimit != nil:
+			return *v.EmptyDir.SizeLimit, "emptyDir " + vm.Name
+		}
 	}
-	if q := resource.NewQuantity(need, resource.BinarySI); req.Memory().Cmp(*q) < 0 {
-		t.Errorf("%s: memory request %s < %s = %s", name, req.Memory(), strings.Join(why, " + "), q)
-	}
-	return cfg
+	return resource.Quantity{}, "no sized volume at " + dir
 }
 
 // checkRulers checks that exactly the rulers run the rules role: in the
