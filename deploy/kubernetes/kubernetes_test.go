@@ -733,7 +733,9 @@ func checkResources(t *testing.T, o *objects, name string, pod *corev1.PodTempla
 		disk += 2 * sizing.compactionDays * rawBytesPerDay()
 		diskWhy = append(diskWhy, fmt.Sprintf("2 × %.0f days of raw blocks (the compactor)", sizing.compactionDays))
 	}
-	mib := func(v float64) *resource.Quantity { return resource.NewQuantity(int64(math.Ceil(v))<<20, resource.BinarySI) }
+	mib := func(v float64) *resource.Quantity {
+		return resource.NewQuantity(int64(math.Ceil(v))<<20, resource.BinarySI)
+	}
 	if req.Memory().Cmp(*mib(request)) < 0 {
 		t.Errorf("%s: memory request %s < %s = %s", name, req.Memory(), strings.Join(why, " + "), mib(request))
 	}
