@@ -32,7 +32,7 @@ UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./.
 # its concurrency: the lease's renewal and two compactors on one bucket.
 COMPACT_RACE_TESTS := TestLeaseExpiresAfterHolderDies|TestTwoCompactorsOneBucket|TestWorkingDirectoryBounded
 
-.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact bench-relabel bench-ring clean docker dashboards dev-stack
+.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact bench-relabel bench-ring clean docker dashboards manifests dev-stack
 
 all: build
 
@@ -41,13 +41,33 @@ build:
 	$(GO) build -o bin/gpusim ./bench/cmd/gpusim
 
 # Container images, where a container engine exists (none runs on CI: there
-# deploy/docker's test parses the Dockerfiles with BuildKit's parser).
+# deploy/docker's tests parse the Dockerfiles with BuildKit's parser and read
+# this target with make -n). With Docker's buildx (BuildKit):
+#   make docker                      gpustore:dev and gpusim:dev for this
+#                                    machine's platform, loaded into the engine
+#                                    (what deploy/compose runs)
+#   make docker REGISTRY=registry.example.com/team IMAGE_TAG=v0.1.0 PUSH=1
+#                                    both images for linux/amd64 and linux/arm64
+#                                    (Grace nodes), pushed as one multi-arch tag
+#                                    each: registry.example.com/team/gpustore:v0.1.0
+# The Dockerfiles run the Go toolchain on the builder's platform and
+# cross-compile (GOOS/GOARCH from TARGETOS/TARGETARCH): no emulation.
 DOCKER ?= docker
 IMAGE_TAG ?= dev
+REGISTRY ?=
+IMAGE_PREFIX = $(if $(REGISTRY),$(patsubst %/,%,$(REGISTRY))/)
+ifdef PUSH
+PLATFORMS ?= linux/amd64,linux/arm64
+DOCKER_OUTPUT = --push
+else
+PLATFORMS ?=
+DOCKER_OUTPUT = --load
+endif
+DOCKER_BUILD = $(DOCKER) buildx build $(if $(PLATFORMS),--platform $(PLATFORMS)) $(DOCKER_OUTPUT)
 docker:
-	$(DOCKER) build -f deploy/docker/gpustore.Dockerfile -t gpustore:$(IMAGE_TAG) \
+	$(DOCKER_BUILD) -f deploy/docker/gpustore.Dockerfile -t $(IMAGE_PREFIX)gpustore:$(IMAGE_TAG) \
 		--build-arg VERSION=$(IMAGE_TAG) --build-arg REVISION=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown) .
-	$(DOCKER) build -f deploy/docker/gpusim.Dockerfile -t gpusim:$(IMAGE_TAG) .
+	$(DOCKER_BUILD) -f deploy/docker/gpusim.Dockerfile -t $(IMAGE_PREFIX)gpusim:$(IMAGE_TAG) .
 
 # The whole system on loopback without containers, from deploy/compose's
 # config files: versitygw (S3, in place of MinIO), gpusim, gpustore,
@@ -62,6 +82,12 @@ dev-stack: build tools
 # deploy/grafana/dashboards/*.json (a test fails while they are stale).
 dashboards:
 	$(GO) generate ./deploy/grafana
+
+# The Prometheus Operator component's PrometheusRules, generated from
+# deploy/rules/self into deploy/kubernetes/components/prometheus-operator
+# (a test fails while they are stale).
+manifests:
+	$(GO) generate ./deploy/kubernetes
 
 # gpustore on the embedded default (data in ./data, port 9201), fed by a
 # simulated 16-node (128-GPU) cluster in real time. Ctrl-C stops both.

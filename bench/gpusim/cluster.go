@@ -37,10 +37,17 @@ type Config struct {
 	// forever, so after months a few percent of GPUs show a stale non-zero
 	// Xid, as real fleets do.
 	XidsPerGPUYear float64
-	// NodeCPUs is how many CPUs node_cpu_seconds_total reports per node
-	// (default 4: a real node has ~200, which would dominate the series count).
+	// NodeCPUs is how many logical CPUs node_cpu_seconds_total reports per
+	// node (8 modes each). 0: 4, a small shape that keeps tests and the
+	// benchmarks of bench/RESULTS.md cheap and comparable; a real 8-GPU
+	// server has HGXNodeCPUs, which the gpusim command simulates by default
+	// and whose 1,792 CPU series dominate a node's series count.
 	NodeCPUs int
 }
+
+// HGXNodeCPUs is the logical CPU count of an 8-GPU HGX H100 server (DGX
+// H100: two 56-core Xeon Platinum 8480C with SMT).
+const HGXNodeCPUs = 2 * 56 * 2
 
 // DefaultEpoch is Config.Epoch's default.
 var DefaultEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)

@@ -15,9 +15,13 @@ import (
 	"github.com/compose-spec/compose-go/v2/cli"
 	"github.com/compose-spec/compose-go/v2/types"
 	amconfig "github.com/prometheus/alertmanager/config"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/common/promslog"
 	promconfig "github.com/prometheus/prometheus/config"
 	"github.com/prometheus/prometheus/discovery/http"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/rulefmt"
+	"github.com/prometheus/prometheus/promql/parser"
 	"gopkg.in/yaml.v3"
 
 	"github.com/gpustore/gpustore/pkg/app"
@@ -448,4 +452,87 @@ func TestGrafanaProvisioning(t *testing.T) {
 	} else if _, err := os.Stat(filepath.Join(dir, rel)); err != nil {
 		t.Errorf("home dashboard: %v", err)
 	}
+}
+
+// Every published port is bound to loopback by default: MinIO's root
+// credentials and Grafana's admin/admin are for this machine only.
+// BIND_ADDRESS (e.g. 0.0.0.0) publishes them elsewhere on purpose.
+func TestPortsOnLoopback(t *testing.T) {
+	p := project(t)
+	n := 0
+	for name, svc := range p.Services {
+		for _, port := range svc.Ports {
+			n++
+			if port.HostIP != "127.0.0.1" {
+				t.Errorf("%s publishes %s:%s->%d on %q, want 127.0.0.1", name, port.HostIP, port.Published, port.Target, port.HostIP)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no published port")
+	}
+}
+
+// NodeUnreachable (deploy/rules/node-alerts.yml, in gpustore's GPU rule
+// pack) reads `up` of the node-exporter job: the pair scrapes every
+// simulated node's page under that job, so a node that stops answering
+// fires it. (TestDevStack checks that gpustore receives that `up` for every
+// node.)
+func TestNodeUnreachableJobScraped(t *testing.T) {
+	job := nodeUnreachableJob(t)
+	s := newStack(t)
+	svc := s.service(t, "prometheus-0")
+	for k, v := range svc.Environment {
+		t.Setenv(k, *v)
+	}
+	cfg, err := promconfig.LoadFile(mounts(t, svc)["/etc/prometheus/prometheus.yml"], false, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	scrapes, err := cfg.GetScrapeConfigs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range scrapes {
+		if sc.JobName != job {
+			continue
+		}
+		for _, d := range sc.ServiceDiscoveryConfigs {
+			if h, ok := d.(*http.SDConfig); !ok || !strings.HasPrefix(h.URL, "http://gpusim:") || !strings.HasSuffix(h.URL, "/sd") {
+				t.Errorf("job %s: discovery %T %v, want gpusim's node pages (http_sd at gpusim /sd)", job, d, d)
+			}
+		}
+		return
+	}
+	t.Errorf("no scrape job %q: NodeUnreachable (up{job=%q} == 0) can never fire", job, job)
+}
+
+// nodeUnreachableJob is the job NodeUnreachable's `up` selector names.
+func nodeUnreachableJob(t *testing.T) string {
+	t.Helper()
+	rgs, errs := rulefmt.ParseFile("../rules/node-alerts.yml", false, model.UTF8Validation, parser.NewParser(parser.Options{}), promslog.NewNopLogger())
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	for _, g := range rgs.Groups {
+		for _, r := range g.Rules {
+			if r.Alert != "NodeUnreachable" {
+				continue
+			}
+			expr, err := parser.NewParser(parser.Options{}).ParseExpr(r.Expr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, vs := range parser.ExtractSelectors(expr) {
+				for _, m := range vs {
+					if m.Name == "job" && m.Type == labels.MatchEqual {
+						return m.Value
+					}
+				}
+			}
+			t.Fatalf("NodeUnreachable %q names no job", r.Expr)
+		}
+	}
+	t.Fatal("no NodeUnreachable in ../rules/node-alerts.yml")
+	return ""
 }

@@ -183,6 +183,15 @@ func TestDevStack(t *testing.T) {
 		}
 		return nil
 	})
+	// The GPU pack's NodeUnreachable reads up{job="node-exporter"}: the pair
+	// scrapes each of the 16 simulated nodes under that job.
+	eventually(t, time.Minute, "up{job=\"node-exporter\"} of every node", func() error {
+		v, err := query(gs, `count(up{job="node-exporter",cluster="gpu-cluster-dev"} == 1)`)
+		if err != nil || len(v) != 1 || v[0].Value != 16 {
+			return fmt.Errorf("nodes up under job node-exporter: %v %v", v, err)
+		}
+		return nil
+	})
 	for _, p := range []string{"prometheus-0", "prometheus-1"} {
 		resp, err := http.Get(s.URL(p) + "/api/v1/rules")
 		if err != nil {

@@ -130,6 +130,22 @@ func TestDockerfiles(t *testing.T) {
 			if !strings.HasPrefix(build.BaseName, "golang:${GO_VERSION}") {
 				t.Errorf("build stage FROM %s, want golang:${GO_VERSION}...", build.BaseName)
 			}
+			// Multi-arch without emulation: the toolchain runs on the
+			// builder's platform and cross-compiles for the target's.
+			if build.Platform != "$BUILDPLATFORM" && build.Platform != "${BUILDPLATFORM}" {
+				t.Errorf("build stage FROM --platform=%q, want $BUILDPLATFORM: under buildx --platform each target would run the Go toolchain emulated", build.Platform)
+			}
+			if run.Platform != "" {
+				t.Errorf("runtime stage FROM --platform=%s: it must be the target's platform", run.Platform)
+			}
+			declared := map[string]bool{}
+			for _, c := range build.Commands {
+				if a, ok := c.(*instructions.ArgCommand); ok {
+					for _, kv := range a.Args {
+						declared[kv.Key] = true
+					}
+				}
+			}
 			var out string
 			for _, c := range build.Commands {
 				r, ok := c.(*instructions.RunCommand)
@@ -139,6 +155,12 @@ func TestDockerfiles(t *testing.T) {
 				line := strings.Join(r.CmdLine, " ")
 				if !strings.Contains(line, "go build") {
 					continue
+				}
+				for _, v := range []string{"GOOS", "GOARCH"} {
+					arg := "TARGET" + strings.TrimPrefix(v, "GO")
+					if !strings.Contains(line, v+"=$"+arg) && !strings.Contains(line, v+"=${"+arg+"}") || !declared[arg] {
+						t.Errorf("go build without %s=$%s (ARG %s declared in the build stage: %v): the binary would be the build machine's: %s", v, arg, arg, declared[arg], line)
+					}
 				}
 				if !strings.Contains(line, "CGO_ENABLED=0") {
 					t.Errorf("go build without CGO_ENABLED=0: the binary would not be static: %s", line)

@@ -6,7 +6,14 @@
 # GO_VERSION is the Go release of go.mod's go directive (a test checks it).
 ARG GO_VERSION=1.26
 
-FROM golang:${GO_VERSION}-bookworm AS build
+# Multi-arch: the Go toolchain runs on the builder's platform and
+# cross-compiles for each target platform of `docker buildx build --platform
+# linux/amd64,linux/arm64` (make docker PUSH=1), with no emulation; the
+# runtime stage is the target platform's.
+
+# build cross-compiles the static binary for $TARGETOS/$TARGETARCH.
+FROM --platform=$BUILDPLATFORM golang:${GO_VERSION}-bookworm AS build
+ARG TARGETOS TARGETARCH
 WORKDIR /src
 # Modules first, so a source change does not re-download them.
 COPY go.mod go.sum ./
@@ -14,7 +21,7 @@ RUN go mod download
 COPY . .
 ARG VERSION=dev
 ARG REVISION=unknown
-RUN CGO_ENABLED=0 go build -trimpath -tags dedupelabels \
+RUN CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -tags dedupelabels \
       -ldflags "-s -w -X github.com/gpustore/gpustore/internal/version.Version=${VERSION} -X github.com/gpustore/gpustore/internal/version.Revision=${REVISION}" \
       -o /out/gpustore ./cmd/gpustore
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"github.com/prometheus/common/model"
@@ -21,12 +23,14 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/kustomize/api/krusty"
+	kustypes "sigs.k8s.io/kustomize/api/types"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
 	"github.com/gpustore/gpustore/pkg/app"
@@ -57,12 +61,42 @@ type objects struct {
 	deployments  []*appsv1.Deployment
 	pdbs         []*policyv1.PodDisruptionBudget
 	podMonitors  []*monitoringv1.PodMonitor
+	promRules    []*monitoringv1.PrometheusRule
 	namespaces   []*corev1.Namespace
 }
 
 func render(t *testing.T, overlay string) *objects {
 	t.Helper()
-	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+	return renderDir(t, overlay, krusty.MakeDefaultOptions())
+}
+
+// renderWith renders overlay under a kustomization of the user's: one that
+// lists the overlay under resources, plus more, the rest of its YAML
+// (components, images, ...) with paths relative to this folder.
+func renderWith(t *testing.T, overlay, more string) *objects {
+	t.Helper()
+	dir := t.TempDir()
+	// Paths relative to dir: kustomize refuses absolute ones.
+	up, err := filepath.Abs(".")
+	if err == nil {
+		up, err = filepath.Rel(dir, up)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + filepath.Join(up, overlay) + "]\n" +
+		strings.ReplaceAll(more, "$HERE", up)
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts := krusty.MakeDefaultOptions()
+	opts.LoadRestrictions = kustypes.LoadRestrictionsNone // the overlay is outside dir
+	return renderDir(t, dir, opts)
+}
+
+func renderDir(t *testing.T, overlay string, opts *krusty.Options) *objects {
+	t.Helper()
+	k := krusty.MakeKustomizer(opts)
 	m, err := k.Run(filesys.MakeFsOnDisk(), overlay)
 	if err != nil {
 		t.Fatalf("kustomize build %s: %v", overlay, err)
@@ -92,6 +126,8 @@ func render(t *testing.T, overlay string) *objects {
 			o.pdbs = append(o.pdbs, v)
 		case *monitoringv1.PodMonitor:
 			o.podMonitors = append(o.podMonitors, v)
+		case *monitoringv1.PrometheusRule:
+			o.promRules = append(o.promRules, v)
 		case *corev1.Namespace:
 			o.namespaces = append(o.namespaces, v)
 		default:
@@ -191,7 +227,7 @@ func TestOverlays(t *testing.T) {
 			}
 			checkWorkloads(t, o)
 			checkServices(t, o, tc.services)
-			checkPodMonitorsAndPDBs(t, o)
+			checkPDBs(t, o)
 			cfgs := map[string]app.Config{}
 			for name, pod := range pods {
 				want, ok := tc.targets[name]
@@ -209,6 +245,44 @@ func TestOverlays(t *testing.T) {
 			checkRulers(t, cfgs, tc.rulers)
 			checkRing(t, o, cfgs, tc.ringMembers)
 		})
+	}
+}
+
+// Every namespaced object of an overlay lands in the overlay's namespace:
+// an object without one would go to the kubeconfig's namespace, where it
+// could not mount the config and bucket Secret, and the gossip seed
+// (<service>.<namespace>.svc) would not resolve.
+func TestEveryObjectInTheNamespace(t *testing.T) {
+	for _, tc := range overlayCases {
+		t.Run(filepath.Base(tc.overlay), func(t *testing.T) {
+			checkNamespaces(t, render(t, tc.overlay))
+		})
+	}
+}
+
+// checkNamespaces checks that there is one Namespace and that every other
+// object (none of the kinds rendered is cluster-scoped) is in it.
+func checkNamespaces(t *testing.T, o *objects) {
+	t.Helper()
+	if len(o.namespaces) != 1 {
+		t.Fatalf("%d Namespace objects, want 1", len(o.namespaces))
+	}
+	ns := o.namespaces[0].Name
+	if l := o.namespaces[0].Labels["pod-security.kubernetes.io/enforce"]; l != "restricted" {
+		t.Errorf("Namespace %s: pod-security.kubernetes.io/enforce %q, want restricted (TestPodsRestricted checks the pods pass it)", ns, l)
+	}
+	for _, obj := range o.all {
+		m, err := meta.Accessor(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kind := obj.GetObjectKind().GroupVersionKind().Kind
+		if kind == "Namespace" {
+			continue
+		}
+		if m.GetNamespace() != ns {
+			t.Errorf("%s %s: namespace %q, want %q", kind, m.GetName(), m.GetNamespace(), ns)
+		}
 	}
 }
 
@@ -331,30 +405,15 @@ func hasPortProto(pod *corev1.PodTemplateSpec, name string, protocol corev1.Prot
 	return 0, false
 }
 
-// checkPodMonitorsAndPDBs checks that the one PodMonitor scrapes every
-// gpustore pod and that the disruption budgets cover every workload of more
+// checkPDBs checks that the disruption budgets cover every workload of more
 // than one replica (and every StatefulSet) with maxUnavailable 1, each pod
 // by at most one budget (the eviction API refuses a pod under two).
-func checkPodMonitorsAndPDBs(t *testing.T, o *objects) {
+func checkPDBs(t *testing.T, o *objects) {
 	t.Helper()
-	if len(o.podMonitors) != 1 {
-		t.Fatalf("%d PodMonitors, want one", len(o.podMonitors))
-	}
 	if len(o.pdbs) == 0 {
 		t.Fatal("no PodDisruptionBudget")
 	}
-	pm := o.podMonitors[0]
 	for name, pod := range o.pods() {
-		if !selects(pm.Spec.Selector.MatchLabels, pod) {
-			t.Errorf("PodMonitor %s does not scrape %s", pm.Name, name)
-		}
-		for _, ep := range pm.Spec.PodMetricsEndpoints {
-			if ep.Port == nil {
-				t.Errorf("PodMonitor %s: endpoint without port", pm.Name)
-			} else if _, ok := hasPort(pod, *ep.Port); !ok {
-				t.Errorf("PodMonitor %s: port %s not on %s", pm.Name, *ep.Port, name)
-			}
-		}
 		var budgets []*policyv1.PodDisruptionBudget
 		for _, pdb := range o.pdbs {
 			if selects(pdb.Spec.Selector.MatchLabels, pod) {
@@ -377,8 +436,30 @@ func checkPodMonitorsAndPDBs(t *testing.T, o *objects) {
 			t.Errorf("PodDisruptionBudget %s selects no pod", pdb.Name)
 		}
 	}
-	if pm.Spec.JobLabel != "app.kubernetes.io/name" {
-		t.Errorf("PodMonitor jobLabel %q: the self-monitoring alerts expect job=gpustore", pm.Spec.JobLabel)
+}
+
+// checkPodMonitor checks that the one PodMonitor scrapes every gpustore pod
+// on a port the pod has, as job "gpustore".
+func checkPodMonitor(t *testing.T, o *objects) {
+	t.Helper()
+	if len(o.podMonitors) != 1 {
+		t.Fatalf("%d PodMonitors, want one", len(o.podMonitors))
+	}
+	pm := o.podMonitors[0]
+	for name, pod := range o.pods() {
+		if !selects(pm.Spec.Selector.MatchLabels, pod) {
+			t.Errorf("PodMonitor %s does not scrape %s", pm.Name, name)
+		}
+		for _, ep := range pm.Spec.PodMetricsEndpoints {
+			if ep.Port == nil {
+				t.Errorf("PodMonitor %s: endpoint without port", pm.Name)
+			} else if _, ok := hasPort(pod, *ep.Port); !ok {
+				t.Errorf("PodMonitor %s: port %s not on %s", pm.Name, *ep.Port, name)
+			}
+		}
+	}
+	if pm.Spec.JobLabel != "app.kubernetes.io/name" || pm.Spec.Selector.MatchLabels["app.kubernetes.io/name"] != "gpustore" {
+		t.Errorf("PodMonitor jobLabel %q: the self-monitoring alerts expect job=gpustore (the pods' app.kubernetes.io/name)", pm.Spec.JobLabel)
 	}
 }
 
@@ -400,11 +481,36 @@ func replicas(o *objects, name string) int32 {
 	return *r
 }
 
-// benchSeries is the active-series count of a 1024-GPU cluster in
-// bench/RESULTS.md, benchKiBPerSeries its peak RSS per active series in a
-// TSDB, and benchKiBPerSeriesHeap the heap a series' labels and caches take
-// (what a distributor keeps of it, once).
-const benchSeries, benchKiBPerSeries, benchKiBPerSeriesHeap = 70000, 3.2, 1.2
+// sizing is README.md's "Sizing", measured by sizing.sh (16 HGX-shaped
+// nodes, 128 GPUs: 5 h backfilled, 300 s in real time, dashboard queries)
+// and scaled linearly to the GPUs the overlays are sized for.
+var sizing = struct {
+	gpus         float64 // the overlays' cluster
+	seriesPerGPU float64 // head series per GPU (DCGM, node-exporter at 224 CPUs, cAdvisor, kube-state-metrics, training)
+	idleMiB      float64 // RSS of a gpustore that holds no series
+	// RSS per head series above idle: in real time (the request) and at
+	// the peak, writing as fast as accepted with the head's block cut and
+	// compaction (the limit: a receiver catching up after an outage).
+	steadyKiB, peakKiB float64
+	bytesPerSample     float64 // a 2 h block in the bucket (chunks + index)
+	walBytesPerSeries  float64 // the WAL of a full head
+	coresPerGPU        float64 // -target=all in real time: ingest of the HA pair, rules, shipping
+	// A distributor keeps each series' labels once (bench/RESULTS.md's
+	// heap per series).
+	distributorKiB float64
+	// The largest compaction's range: 14 d from seven 2 d blocks, which
+	// the compactor downloads and writes beside them (2× its sources).
+	compactionDays float64
+}{
+	gpus: 1024, seriesPerGPU: 342.4, idleMiB: 66, steadyKiB: 7.06, peakKiB: 12.10,
+	bytesPerSample: 4.42, walBytesPerSeries: 7895, coresPerGPU: 0.023 / 128, distributorKiB: 1.2,
+	compactionDays: 14,
+}
+
+func sizingSeries() float64 { return sizing.gpus * sizing.seriesPerGPU }
+
+// rawBytesPerDay is one copy of a day of raw blocks at 15 s.
+func rawBytesPerDay() float64 { return sizingSeries() * 86400 / 15 * sizing.bytesPerSample }
 
 // podEnvSamples are the values the downward API would give the fields the
 // manifests use, for expanding $(VAR) references in args as the kubelet does.
@@ -531,6 +637,12 @@ func checkGpustorePod(t *testing.T, o *objects, name string, pod *corev1.PodTemp
 	if _, ok := mounts[cfg.TSDB.Dir]; disk && !ok && !strings.HasPrefix(cfg.TSDB.Dir, root) {
 		t.Errorf("%s: storage.tsdb.path %s is not on a volume", name, cfg.TSDB.Dir)
 	}
+	// The root filesystem is read-only: the data path's mount must not be.
+	for _, vm := range c.VolumeMounts {
+		if disk && vm.ReadOnly && mounts[vm.MountPath] == cfg.TSDB.Dir {
+			t.Errorf("%s: storage.tsdb.path %s is mounted read-only", name, vm.MountPath)
+		}
+	}
 	if _, ok := mounts[cfg.Rules.Dir]; ok && !runs(app.Rules) {
 		t.Errorf("%s: mounts rules.dir %s but runs no rules", name, cfg.Rules.Dir)
 	}
@@ -546,6 +658,17 @@ func checkGpustorePod(t *testing.T, o *objects, name string, pod *corev1.PodTemp
 		for _, f := range files {
 			checkRuleFile(t, f)
 		}
+		// The Operator's Alertmanager runs as an HA set behind a headless
+		// Service: a plain URL would reach one replica; each must get every
+		// alert, so the URL is looked up (dns+/dnssrv+) for all of them.
+		if len(cfg.Rules.Alertmanager.URLs) == 0 {
+			t.Errorf("%s: runs rules but sends alerts nowhere", name)
+		}
+		for _, u := range cfg.Rules.Alertmanager.URLs {
+			if !strings.HasPrefix(u, "dns+") && !strings.HasPrefix(u, "dnssrv+") {
+				t.Errorf("%s: alertmanager URL %s reaches one replica of an HA Alertmanager; want dns+ or dnssrv+ discovery", name, u)
+			}
+		}
 	}
 	_, port, err := net.SplitHostPort(cfg.Server.ListenAddress)
 	if err != nil {
@@ -560,34 +683,100 @@ func checkGpustorePod(t *testing.T, o *objects, name string, pod *corev1.PodTemp
 			t.Errorf("%s: %s probe %+v, want GET %s on port http", name, probe, p, want)
 		}
 	}
-	req := c.Resources.Requests
-	if req.Cpu().IsZero() || req.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+	checkResources(t, o, name, pod, cfg, mounts, runs)
+	return cfg
+}
+
+// checkResources checks the container's requests and limits and its data
+// volume against the measured sizing: memory for the TSDB's series where
+// ingest runs (in the ring each receiver holds RF/N of them) and the bucket
+// store's page cache where queries run (rules run them too), a
+// distributor's labels; CPU for ingest; disk for the WAL and the local
+// blocks where ingest runs and twice the largest compaction where the
+// compactor runs.
+func checkResources(t *testing.T, o *objects, name string, pod *corev1.PodTemplateSpec, cfg app.Config, mounts map[string]string, runs func(string) bool) {
+	t.Helper()
+	c := pod.Spec.Containers[0]
+	req, lim := c.Resources.Requests, c.Resources.Limits
+	if req.Cpu().IsZero() || req.Memory().IsZero() || lim.Memory().IsZero() {
 		t.Errorf("%s: needs cpu and memory requests and a memory limit", name)
 	}
-	// Memory: the bucket store's page cache where the query role runs (rules
-	// run it too), and the TSDB's series where ingest runs: in the ring each
-	// receiver holds RF/N of them. A distributor holds each series' labels.
-	var need int64
-	var why []string
+	if lim.Memory().Cmp(*req.Memory()) < 0 {
+		t.Errorf("%s: memory limit %s below its request %s", name, lim.Memory(), req.Memory())
+	}
+	share := 1.0
+	if n := replicas(o, name); cfg.Ring.Enabled && int(n) > cfg.Ring.ReplicationFactor {
+		share = float64(cfg.Ring.ReplicationFactor) / float64(n)
+	}
+	series := share * sizingSeries()
+	var request, limit, cores, disk float64 // MiB, MiB, cores, bytes
+	var why, diskWhy []string
 	if runs(app.Query) || runs(app.Rules) {
-		need += cfg.BucketStore.CacheSize
+		mib := float64(cfg.BucketStore.CacheSize) / (1 << 20)
+		request, limit = request+mib, limit+mib
 		why = append(why, "page cache")
 	}
-	if runs(app.Ingest) {
-		share := 1.0
-		if n := replicas(o, name); cfg.Ring.Enabled && int(n) > cfg.Ring.ReplicationFactor {
-			share = float64(cfg.Ring.ReplicationFactor) / float64(n)
+	switch {
+	case runs(app.Ingest):
+		request += sizing.idleMiB + series*sizing.steadyKiB/1024
+		limit += sizing.idleMiB + series*sizing.peakKiB/1024
+		cores += share * sizing.gpus * sizing.coresPerGPU
+		disk += series*sizing.walBytesPerSeries + share*rawBytesPerDay()*time.Duration(cfg.TSDB.Retention).Hours()/24
+		diskWhy = append(diskWhy, "WAL", time.Duration(cfg.TSDB.Retention).String()+" of local blocks")
+		why = append(why, fmt.Sprintf("%.0f series × %.2f / %.2f KiB", series, sizing.steadyKiB, sizing.peakKiB))
+	case runs(app.Distributor):
+		request += sizing.idleMiB + sizingSeries()*sizing.distributorKiB/1024
+		limit += sizing.idleMiB + sizingSeries()*sizing.distributorKiB/1024
+		why = append(why, fmt.Sprintf("%.0f series × %.1f KiB", sizingSeries(), sizing.distributorKiB))
+	}
+	if runs(app.Compact) {
+		disk += 2 * sizing.compactionDays * rawBytesPerDay()
+		diskWhy = append(diskWhy, fmt.Sprintf("2 × %.0f days of raw blocks (the compactor)", sizing.compactionDays))
+	}
+	mib := func(v float64) *resource.Quantity {
+		return resource.NewQuantity(int64(math.Ceil(v))<<20, resource.BinarySI)
+	}
+	if req.Memory().Cmp(*mib(request)) < 0 {
+		t.Errorf("%s: memory request %s < %s = %s", name, req.Memory(), strings.Join(why, " + "), mib(request))
+	}
+	if lim.Memory().Cmp(*mib(limit)) < 0 {
+		t.Errorf("%s: memory limit %s < the measured peak, %s = %s", name, lim.Memory(), strings.Join(why, " + "), mib(limit))
+	}
+	if q := resource.NewMilliQuantity(int64(cores*1000), resource.DecimalSI); req.Cpu().Cmp(*q) < 0 {
+		t.Errorf("%s: cpu request %s < the measured %s", name, req.Cpu(), q)
+	}
+	if disk == 0 {
+		return
+	}
+	have, what := dataVolumeSize(o, name, pod, cfg.TSDB.Dir, mounts)
+	if need := resource.NewQuantity(int64(math.Ceil(disk/(1<<30)))<<30, resource.BinarySI); have.Cmp(*need) < 0 {
+		t.Errorf("%s: %s %s < %s = %s", name, what, &have, strings.Join(diskWhy, " + "), need)
+	}
+}
+
+// dataVolumeSize is the size of the volume mounted at the data path: a
+// StatefulSet's volume claim template, a generic ephemeral volume's claim,
+// or an emptyDir's sizeLimit.
+func dataVolumeSize(o *objects, name string, pod *corev1.PodTemplateSpec, dir string, mounts map[string]string) (resource.Quantity, string) {
+	for _, vm := range pod.Spec.Containers[0].VolumeMounts {
+		if mounts[vm.MountPath] != dir {
+			continue
 		}
-		need += int64(share * benchSeries * benchKiBPerSeries * 1024)
-		why = append(why, fmt.Sprintf("%.0f series × %.1f KiB", share*benchSeries, benchKiBPerSeries))
-	} else if runs(app.Distributor) {
-		need += int64(benchSeries * benchKiBPerSeriesHeap * 1024)
-		why = append(why, fmt.Sprintf("%d series × %.1f KiB", benchSeries, benchKiBPerSeriesHeap))
+		for _, s := range o.statefulSets {
+			for _, vct := range s.Spec.VolumeClaimTemplates {
+				if "StatefulSet/"+s.Name == name && vct.Name == vm.Name {
+					return vct.Spec.Resources.Requests[corev1.ResourceStorage], "volume claim " + vm.Name
+				}
+			}
+		}
+		switch v := volume(pod, vm.Name); {
+		case v != nil && v.Ephemeral != nil && v.Ephemeral.VolumeClaimTemplate != nil:
+			return v.Ephemeral.VolumeClaimTemplate.Spec.Resources.Requests[corev1.ResourceStorage], "ephemeral volume " + vm.Name
+		case v != nil && v.EmptyDir != nil && v.EmptyDir.SizeLimit != nil:
+			return *v.EmptyDir.SizeLimit, "emptyDir " + vm.Name
+		}
 	}
-	if q := resource.NewQuantity(need, resource.BinarySI); req.Memory().Cmp(*q) < 0 {
-		t.Errorf("%s: memory request %s < %s = %s", name, req.Memory(), strings.Join(why, " + "), q)
-	}
-	return cfg
+	return resource.Quantity{}, "no sized volume at " + dir
 }
 
 // checkRulers checks that exactly the rulers run the rules role: in the

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/grafana/dskit/dns"
 	"github.com/prometheus/common/model"
 )
 
@@ -53,8 +54,17 @@ type AlertmanagerConfig struct {
 	// URLs of Alertmanagers (their v2 API is used), e.g.
 	// http://alertmanager:9093 or https://user:pass@host/prefix. Every alert
 	// goes to every URL. Empty: alerts are evaluated but not sent.
-	URLs    []string       `yaml:"urls"`
-	Timeout model.Duration `yaml:"timeout"`
+	//
+	// Every replica of an HA Alertmanager must receive every alert: list
+	// them all, or let DNS name them with dskit's syntax (as
+	// --memberlist.join): dns+http://host:port does an A/AAAA lookup of host
+	// (a headless Service: every pod), dnssrv+http://_web._tcp.host an SRV
+	// lookup (dnssrvnoa+ without the A lookup of its targets), repeated
+	// every RefreshInterval; every address found gets every alert.
+	URLs []string `yaml:"urls"`
+	// RefreshInterval is how often the dns+/dnssrv+ URLs are looked up.
+	RefreshInterval model.Duration `yaml:"refresh_interval"`
+	Timeout         model.Duration `yaml:"timeout"`
 	// QueueCapacity is the number of alerts queued per tenant and Alertmanager.
 	QueueCapacity int `yaml:"notification_queue_capacity"`
 }
@@ -71,8 +81,9 @@ func DefaultConfig() Config {
 		ForGracePeriod:     model.Duration(10 * time.Minute),
 		ResendDelay:        model.Duration(time.Minute),
 		Alertmanager: AlertmanagerConfig{
-			Timeout:       model.Duration(10 * time.Second),
-			QueueCapacity: 10000,
+			RefreshInterval: model.Duration(30 * time.Second),
+			Timeout:         model.Duration(10 * time.Second),
+			QueueCapacity:   10000,
 		},
 	}
 }
@@ -106,12 +117,12 @@ func (c Config) Validate() error {
 		}
 	}
 	for _, s := range c.Alertmanager.URLs {
-		if _, err := parseAlertmanagerURL(s); err != nil {
+		if _, _, err := parseAlertmanagerURL(s); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if c.Alertmanager.Timeout <= 0 || c.Alertmanager.QueueCapacity <= 0 {
-		errs = append(errs, errors.New("alertmanager timeout and notification queue capacity must be positive"))
+	if c.Alertmanager.Timeout <= 0 || c.Alertmanager.QueueCapacity <= 0 || c.Alertmanager.RefreshInterval <= 0 {
+		errs = append(errs, errors.New("alertmanager timeout, refresh interval and notification queue capacity must be positive"))
 	}
 	return errors.Join(errs...)
 }
@@ -129,7 +140,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&c.OutageTolerance, "rules.alert.for-outage-tolerance", "Max time to tolerate an outage for restoring the \"for\" state of alerts.")
 	fs.Var(&c.ForGracePeriod, "rules.alert.for-grace-period", "Minimum duration between an alert and its restored \"for\" state.")
 	fs.Var(&c.ResendDelay, "rules.alert.resend-delay", "Minimum time to wait before resending an alert to Alertmanager.")
-	fs.Var(&listFlag{target: &c.Alertmanager.URLs}, "alertmanager.url", "Alertmanager to send alerts to (v2 API), e.g. http://alertmanager:9093; repeat for several. None: alerts are not sent.")
+	fs.Var(&listFlag{target: &c.Alertmanager.URLs}, "alertmanager.url", "Alertmanager to send alerts to (v2 API), e.g. http://alertmanager:9093; repeat for several. Every replica of an HA Alertmanager must get every alert: list them all, or prefix dns+ (A/AAAA lookup: dns+http://alertmanager-operated.monitoring.svc.cluster.local:9093) or dnssrv+ (SRV lookup: dnssrv+http://_web._tcp.alertmanager-operated.monitoring.svc.cluster.local) to send to every address found. None: alerts are not sent.")
+	fs.Var(&c.Alertmanager.RefreshInterval, "alertmanager.refresh-interval", "How often dns+ and dnssrv+ Alertmanager URLs are looked up.")
 	fs.Var(&c.Alertmanager.Timeout, "alertmanager.timeout", "Timeout of a request to an Alertmanager.")
 	fs.IntVar(&c.Alertmanager.QueueCapacity, "alertmanager.notification-queue-capacity", c.Alertmanager.QueueCapacity, "Alerts queued per tenant and Alertmanager.")
 }
@@ -158,17 +170,30 @@ func (f *listFlag) Set(s string) error {
 	return nil
 }
 
-// parseAlertmanagerURL checks an Alertmanager URL.
-func parseAlertmanagerURL(s string) (*url.URL, error) {
+// parseAlertmanagerURL checks an Alertmanager URL and splits off its DNS
+// lookup prefix (dns+, dnssrv+, dnssrvnoa+; "" for none).
+func parseAlertmanagerURL(s string) (dns.QType, *url.URL, error) {
+	var qtype dns.QType
+	if q, rest, ok := strings.Cut(s, "+"); ok && !strings.Contains(q, ":") {
+		switch dns.QType(q) {
+		case dns.A, dns.SRV, dns.SRVNoA:
+			qtype, s = dns.QType(q), rest
+		default:
+			return "", nil, fmt.Errorf("alertmanager URL %q: lookup %q: want dns+, dnssrv+ or dnssrvnoa+", q+"+"+rest, q)
+		}
+	}
 	u, err := url.Parse(s)
 	if err != nil {
-		return nil, fmt.Errorf("alertmanager URL %q: %w", s, err)
+		return "", nil, fmt.Errorf("alertmanager URL %q: %w", s, err)
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("alertmanager URL %q: want http(s)://host:port[/prefix]", s)
+		return "", nil, fmt.Errorf("alertmanager URL %q: want [dns+|dnssrv+]http(s)://host:port[/prefix]", s)
 	}
 	if u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("alertmanager URL %q: no query or fragment allowed", s)
+		return "", nil, fmt.Errorf("alertmanager URL %q: no query or fragment allowed", s)
 	}
-	return u, nil
+	if qtype == dns.A && u.Port() == "" {
+		return "", nil, fmt.Errorf("alertmanager URL dns+%s: an A/AAAA lookup needs the port (dns+http://host:9093)", u.Redacted())
+	}
+	return qtype, u, nil
 }

@@ -11,8 +11,6 @@ import (
 	commoncfg "github.com/prometheus/common/config"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/config"
-	"github.com/prometheus/prometheus/discovery"
-	"github.com/prometheus/prometheus/discovery/targetgroup"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/notifier"
 
@@ -20,27 +18,23 @@ import (
 )
 
 // alertmanagerConfigs turns the configured URLs into Prometheus'
-// alerting.alertmanagers entries, one per URL, each with a static target,
-// and the target groups a discovery manager would deliver for them.
-// Every request carries the tenant in X-Scope-OrgID, which a multi-tenant
-// Alertmanager (Mimir, Cortex) reads and a plain Alertmanager ignores.
-func alertmanagerConfigs(cfg AlertmanagerConfig, tenantID string) (config.AlertmanagerConfigs, map[string][]*targetgroup.Group, error) {
+// alerting.alertmanagers entries, one per URL (its scheme, path prefix,
+// credentials). Their targets are not here: alertmanagerTargets delivers
+// them, keyed like ToMap. Every request carries the tenant in
+// X-Scope-OrgID, which a multi-tenant Alertmanager (Mimir, Cortex) reads
+// and a plain Alertmanager ignores.
+func alertmanagerConfigs(cfg AlertmanagerConfig, tenantID string) (config.AlertmanagerConfigs, error) {
 	var cfgs config.AlertmanagerConfigs
-	for i, s := range cfg.URLs {
-		u, err := parseAlertmanagerURL(s)
+	for _, s := range cfg.URLs {
+		_, u, err := parseAlertmanagerURL(s)
 		if err != nil {
-			return nil, nil, err
-		}
-		tg := &targetgroup.Group{
-			Targets: []model.LabelSet{{model.AddressLabel: model.LabelValue(u.Host)}},
-			Source:  fmt.Sprintf("config-%d", i),
+			return nil, err
 		}
 		amc := config.DefaultAlertmanagerConfig
 		amc.Scheme = u.Scheme
 		amc.PathPrefix = strings.TrimSuffix(u.Path, "/")
 		amc.Timeout = cfg.Timeout
 		amc.APIVersion = config.AlertmanagerAPIVersionV2
-		amc.ServiceDiscoveryConfigs = discovery.Configs{discovery.StaticConfig{tg}}
 		amc.HTTPClientConfig.HTTPHeaders = &commoncfg.Headers{Headers: map[string]commoncfg.Header{
 			tenancy.OrgIDHeader: {Values: []string{tenantID}},
 		}}
@@ -49,17 +43,11 @@ func alertmanagerConfigs(cfg AlertmanagerConfig, tenantID string) (config.Alertm
 			amc.HTTPClientConfig.BasicAuth = &commoncfg.BasicAuth{Username: u.User.Username(), Password: commoncfg.Secret(pw)}
 		}
 		if err := amc.HTTPClientConfig.Validate(); err != nil {
-			return nil, nil, fmt.Errorf("alertmanager %s: %w", redact(u), err)
+			return nil, fmt.Errorf("alertmanager %s: %w", redact(u), err)
 		}
 		cfgs = append(cfgs, &amc)
 	}
-	tgs := map[string][]*targetgroup.Group{}
-	for k, c := range cfgs.ToMap() {
-		for _, sd := range c.ServiceDiscoveryConfigs {
-			tgs[k] = append(tgs[k], sd.(discovery.StaticConfig)...)
-		}
-	}
-	return cfgs, tgs, nil
+	return cfgs, nil
 }
 
 // redact hides a password in an Alertmanager URL for logs.
@@ -80,11 +68,11 @@ func alertExternalLabels(cfg Config, tenantID string) labels.Labels {
 
 // newNotifier builds and configures the tenant's notifier.Manager, as
 // Prometheus' main does: NewManager, then ApplyConfig with the alerting
-// section. The returned target groups are what Run must receive.
-func newNotifier(cfg Config, tenantID string, reg prometheus.Registerer, logger *slog.Logger) (*notifier.Manager, map[string][]*targetgroup.Group, error) {
-	amcfgs, tgs, err := alertmanagerConfigs(cfg.Alertmanager, tenantID)
+// section. Its Run takes the targets from alertmanagerTargets.subscribe.
+func newNotifier(cfg Config, tenantID string, reg prometheus.Registerer, logger *slog.Logger) (*notifier.Manager, error) {
+	amcfgs, err := alertmanagerConfigs(cfg.Alertmanager, tenantID)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	n := notifier.NewManager(&notifier.Options{
 		QueueCapacity:   cfg.Alertmanager.QueueCapacity,
@@ -99,7 +87,7 @@ func newNotifier(cfg Config, tenantID string, reg prometheus.Registerer, logger 
 		AlertingConfig: config.AlertingConfig{AlertmanagerConfigs: amcfgs},
 	}
 	if err := n.ApplyConfig(conf); err != nil {
-		return nil, nil, fmt.Errorf("configure notifier of tenant %q: %w", tenantID, err)
+		return nil, fmt.Errorf("configure notifier of tenant %q: %w", tenantID, err)
 	}
-	return n, tgs, nil
+	return n, nil
 }

@@ -48,7 +48,6 @@ import (
 	"github.com/grafana/dskit/tenant"
 	"github.com/grafana/dskit/user"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/prometheus/discovery/targetgroup"
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/notifier"
@@ -96,6 +95,9 @@ type Options struct {
 	// ACTIVE rulers); asked every tenant poll, a change reloads every
 	// tenant so the groups move with the ring.
 	Ownership func() string
+	// Resolver looks up dns+/dnssrv+ Alertmanager URLs; nil: the system's
+	// (net.DefaultResolver: /etc/resolv.conf, /etc/hosts).
+	Resolver *net.Resolver
 	// DataTenants, when set, lists the tenants that hold data (they get the
 	// GPU pack); asked every tenant poll. nil: the tenants of DBs. With
 	// the ring a ruler's own DBs hold no tenant's data, the receivers do.
@@ -130,6 +132,8 @@ type Ruler struct {
 	// ownership is Options.Ownership's answer of the last load (the
 	// running loop's, and starting's, before it).
 	ownership string
+	// amTargets finds the Alertmanagers; nil without any.
+	amTargets *alertmanagerTargets
 }
 
 // tenantRules is one tenant's rule and notifier managers.
@@ -196,6 +200,11 @@ func New(opts Options) (*Ruler, error) {
 	if err := r.reg.Register(r.reloadTime); err != nil {
 		return nil, err
 	}
+	if len(cfg.Alertmanager.URLs) > 0 {
+		if r.amTargets, err = newAlertmanagerTargets(cfg.Alertmanager, opts.Resolver, opts.Logger.With("component", "alertmanager discovery"), r.reg); err != nil {
+			return nil, err
+		}
+	}
 	r.Service = services.NewBasicService(r.starting, r.running, r.stopping)
 	return r, nil
 }
@@ -221,11 +230,14 @@ func (r *Ruler) starting(context.Context) error {
 		r.logger.Warn("no Alertmanager configured (--alertmanager.url): alerts are evaluated and listed at /api/v1/alerts, but not sent")
 	} else {
 		var redacted []string
-		for _, s := range r.cfg.Alertmanager.URLs {
-			u, _ := parseAlertmanagerURL(s)
-			redacted = append(redacted, redact(u))
+		for _, s := range r.amTargets.sources {
+			redacted = append(redacted, s.shown)
 		}
 		r.logger.Info("sending alerts", "alertmanagers", redacted)
+		// Before the first tenant's notifier subscribes; DNS lookups then
+		// repeat until the ruler stops.
+		r.amTargets.refresh(r.ctx)
+		go r.amTargets.run(r.ctx)
 	}
 	if r.cfg.Dir != "" {
 		if _, err := os.Stat(r.cfg.Dir); err != nil {
@@ -555,15 +567,13 @@ func (r *Ruler) tenantRules(t string) (*tenantRules, error) {
 	}
 
 	notify := func(context.Context, string, ...*rules.Alert) {}
-	if len(r.cfg.Alertmanager.URLs) > 0 {
-		n, tgs, err := newNotifier(r.cfg, t, reg, logger.With("component", "notifier"))
+	if r.amTargets != nil {
+		n, err := newNotifier(r.cfg, t, reg, logger.With("component", "notifier"))
 		if err != nil {
 			return nil, err
 		}
-		// Static targets: the one update a discovery manager would send.
-		ch := make(chan map[string][]*targetgroup.Group, 1)
-		ch <- tgs
-		close(ch)
+		// The Alertmanagers found now and on every change.
+		ch := r.amTargets.subscribe()
 		tr.notifier, tr.notifierDone = n, make(chan struct{})
 		go func() {
 			defer close(tr.notifierDone)

@@ -645,9 +645,18 @@ func TestConfigValidateAndFlags(t *testing.T) {
 	if err := DefaultConfig().Validate(); err != nil {
 		t.Fatalf("default config: %v", err)
 	}
+	good := DefaultConfig()
+	good.Alertmanager.URLs = []string{"dns+http://alertmanager-operated.monitoring.svc:9093", "dnssrv+https://user:pw@_web._tcp.am.example/prefix", "dnssrvnoa+http://_web._tcp.am.example", "http://am:9093"}
+	if err := good.Validate(); err != nil {
+		t.Errorf("DNS-discovered Alertmanagers: %v", err)
+	}
 	for _, bad := range []func(*Config){
 		func(c *Config) { c.Alertmanager.URLs = []string{"alertmanager:9093"} },
 		func(c *Config) { c.Alertmanager.URLs = []string{"ftp://am:9093"} },
+		func(c *Config) { c.Alertmanager.URLs = []string{"dns+http://am"} }, // an A lookup needs the port
+		func(c *Config) { c.Alertmanager.URLs = []string{"dnsx+http://am:9093"} },
+		func(c *Config) { c.Alertmanager.URLs = []string{"dnssrv+am"} },
+		func(c *Config) { c.Alertmanager.RefreshInterval = 0 },
 		func(c *Config) { c.EvaluationInterval = 0 },
 		func(c *Config) { c.ExternalLabels = map[string]string{"__name__": "x"} },
 		func(c *Config) { c.ExternalURL = "/relative" },

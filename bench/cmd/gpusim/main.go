@@ -98,7 +98,7 @@ func (f *simFlags) register(fs *flag.FlagSet, targetLabelsDefault bool) {
 	fs.Uint64Var(&f.seed, "sim.seed", 1, "Seed: same seed and time give the same state.")
 	fs.StringVar(&f.epoch, "sim.epoch", gpusim.DefaultEpoch.Format(time.RFC3339), "Epoch (RFC 3339) that counters and job windows are anchored to. Replicas and reruns must share it.")
 	fs.Float64Var(&f.xidsPerYear, "sim.xids-per-gpu-year", 0.02, "Background Xid events per GPU per year (negative: none). The Xid gauge keeps its last code.")
-	fs.IntVar(&f.nodeCPUs, "sim.node-cpus", 4, "CPUs reported per node by node_cpu_seconds_total.")
+	fs.IntVar(&f.nodeCPUs, "sim.node-cpus", gpusim.HGXNodeCPUs, "Logical CPUs per node reported by node_cpu_seconds_total (8 modes each); the default is an 8-GPU HGX H100 server's (2 × 56 cores with SMT).")
 	fs.BoolVar(&f.targetLabels, "sim.target-labels", targetLabelsDefault, "Add job/instance labels and \"up\" series, as the scraping Prometheus would (on for write/backfill, off for serve).")
 	fs.StringVar(&f.faultsFile, "faults.file", "", "YAML fault schedule (see README: faults: [{at, duration, kind, node, gpu, code}]).")
 	fs.Var(&f.faults, "fault", "A fault, repeatable: kind=<"+kindList()+">,at=10m,duration=5m,node=gpu-node-003,gpu=2[,code=79]. \"at\" is relative to the start of the run.")
