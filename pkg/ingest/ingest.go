@@ -410,6 +410,9 @@ type httpError struct {
 	status     int
 	retryAfter int // seconds; 0: no Retry-After header
 	msg        string
+	// clients marks a 5xx that the client caused (a body cut off): logged
+	// at debug level, since anyone can cause it as often as they like.
+	clients bool
 }
 
 func (e *httpError) Error() string { return e.msg }
@@ -441,7 +444,7 @@ func (i *Ingester) fail(w http.ResponseWriter, err error) int {
 	case errors.Is(err, errHAConflict):
 		status, retryAfter = http.StatusServiceUnavailable, 1
 	}
-	if status >= 500 {
+	if status >= 500 && (he == nil || !he.clients) {
 		i.logger.Error("remote write failed", "status", status, "err", err)
 	} else {
 		i.logger.Debug("remote write rejected", "status", status, "err", err)
@@ -480,7 +483,7 @@ func (i *Ingester) readBody(r *http.Request, rs *requestState) ([]byte, error) {
 		}
 		if err != nil {
 			rs.compressed = buf
-			return nil, &httpError{status: http.StatusBadRequest, msg: fmt.Sprintf("read body: %v", err)}
+			return nil, bodyCut(len(buf), err)
 		}
 	}
 	rs.compressed = buf
@@ -502,6 +505,18 @@ func (i *Ingester) readBody(r *http.Request, rs *requestState) ([]byte, error) {
 		return nil, corrupt(err)
 	}
 	return out, nil
+}
+
+// bodyCut answers a body whose reading failed after n bytes. Every such
+// failure is the transport's: a read deadline (the server's read timeout, or
+// a body that stalled), a connection that ended before Content-Length or was
+// reset, a stream the client cancelled. The bytes that did arrive were never
+// judged, so the sender's batch may well be valid: 503 with Retry-After,
+// which Prometheus retries, where a 4xx would make it drop the batch. Bodies
+// that arrive whole and are bad are told apart after the read (413, 400).
+func bodyCut(n int, err error) error {
+	return &httpError{status: http.StatusServiceUnavailable, retryAfter: 1, clients: true,
+		msg: fmt.Sprintf("request body cut off after %d bytes, retry: %v", n, err)}
 }
 
 // parseContentType picks the protocol version. A missing type means 1.0, as
