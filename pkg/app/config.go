@@ -135,6 +135,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&c.Server.WriteTimeout, "web.write-timeout", "How long a request may take from its headers to the end of its answer; must exceed query.timeout.")
 	fs.Var(&c.Server.IdleTimeout, "web.idle-timeout", "How long a keep-alive connection may stay idle.")
 	fs.IntVar(&c.Server.MaxConcurrentWritesPerTenant, "web.max-concurrent-writes-per-tenant", c.Server.MaxConcurrentWritesPerTenant, "Remote-write requests in progress per tenant; beyond it 503 with Retry-After (0: no bound).")
+	fs.Var(&c.Server.WriteBodyStallTimeout, "web.write-body-stall-timeout", "A remote-write body that sends nothing for this long is cut (503, retried) and frees its tenant's write slot (0: only web.read-timeout bounds it).")
 	fs.StringVar(&c.TSDB.Dir, "storage.tsdb.path", c.TSDB.Dir, "Data directory; each tenant's TSDB lives in <path>/tenants/<tenant>.")
 	fs.Var(&c.TSDB.BlockDuration, "storage.tsdb.block-duration", "Duration of a head block (2h in production; minutes in tests).")
 	fs.Var(&c.TSDB.Retention, "storage.tsdb.retention.time", "How long local blocks are kept.")
