@@ -144,6 +144,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Tenant.DefaultTenant, "tenant.default", c.Tenant.DefaultTenant, "Tenant of requests without X-Scope-OrgID or THANOS-TENANT.")
 	fs.Int64Var(&c.Ingest.MaxRequestBytes, "ingest.max-request-bytes", c.Ingest.MaxRequestBytes, "Largest compressed remote write body accepted (413 above).")
 	fs.Int64Var(&c.Ingest.MaxDecodedBytes, "ingest.max-decoded-bytes", c.Ingest.MaxDecodedBytes, "Largest remote write body after snappy decoding (413 above).")
+	fs.Int64Var(&c.Ingest.MaxInflightBytes, "ingest.max-inflight-bytes", c.Ingest.MaxInflightBytes, "Bytes of remote write bodies (compressed and decoded) that the writes in progress of all tenants may hold; beyond it 503 with Retry-After (0: no bound).")
 	fs.Var(&c.Query.Timeout, "query.timeout", "Maximum time a query may take (503 after).")
 	fs.IntVar(&c.Query.MaxSamples, "query.max-samples", c.Query.MaxSamples, "Maximum samples a single query may load into memory (422 above).")
 	fs.IntVar(&c.Query.MaxConcurrency, "query.max-concurrency", c.Query.MaxConcurrency, "Maximum queries executed at once; others wait.")
