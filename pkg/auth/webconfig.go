@@ -31,6 +31,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,7 @@ import (
 	"github.com/prometheus/exporter-toolkit/web"
 	"go.yaml.in/yaml/v2"
 	"golang.org/x/crypto/bcrypt"
+	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
 )
 
@@ -51,12 +53,21 @@ type WebConfig struct {
 	// tlsOn is fixed at start: the listener is either TLS or not.
 	tlsOn bool
 
-	// bcrypt is deliberately slow; checked passwords are remembered (by a
-	// hash of user, stored hash and password) so a sender that sends the
-	// same credentials with every request pays once.
-	bcryptMtx sync.Mutex
-	okMtx     sync.Mutex
-	ok        map[[sha256.Size]byte]bool
+	// bcrypt is deliberately slow. Passwords that passed are remembered
+	// (by a hash of user, stored hash and password), so a sender that sends
+	// the same credentials with every request pays once. Failures are not
+	// remembered: a flood of wrong guesses, each new, would only fill the
+	// memo and push the verified ones out of it.
+	verifiedMtx sync.RWMutex
+	verified    map[[sha256.Size]byte]struct{}
+	// checking makes concurrent checks of the same credentials one check
+	// (a Prometheus' shards all start at once); slots bounds the checks
+	// running at once (checkSlots), so a flood of guesses queues instead of
+	// taking every core, and verified senders never wait for it.
+	checking singleflight.Group
+	slots    chan struct{}
+	compare  func(hash, password []byte) error // bcrypt's; tests slow it down
+	checks   *prometheus.CounterVec
 
 	reloadOK   prometheus.Gauge
 	reloadTime prometheus.Gauge
@@ -68,13 +79,28 @@ type loaded struct {
 	limiter *rate.Limiter
 }
 
-// maxCachedChecks bounds the password check memo; past it, it starts over.
-const maxCachedChecks = 1024
+// checkSlots is how many bcrypt checks run at once: half the cores, at
+// least one. Checks on every core let a flood of guesses starve everything
+// else: on 2 cores, 150 connections guessing at bcrypt's default cost made
+// the requests of verified users wait 30-60 ms at the median (up to 370 ms)
+// with two checks at once, 2-3 ms (up to 140 ms) with one
+// (TestPasswordFloodLatency, GPUSTORE_MEASURE=1).
+func checkSlots() int { return max(1, runtime.GOMAXPROCS(0)/2) }
+
+// maxVerified bounds the memo of verified passwords. Only a password that
+// passes enters it, about one per user; past the bound an entry is dropped
+// to make room.
+const maxVerified = 1024
 
 // Load reads and checks the file. An error means gpustore must not start.
 func Load(path string, logger *slog.Logger, reg prometheus.Registerer) (*WebConfig, error) {
 	w := &WebConfig{
-		path: path, logger: logger, ok: map[[sha256.Size]byte]bool{},
+		path: path, logger: logger, verified: map[[sha256.Size]byte]struct{}{},
+		slots: make(chan struct{}, checkSlots()), compare: bcrypt.CompareHashAndPassword,
+		checks: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_server_password_checks_total",
+			Help: "Basic-auth passwords checked with bcrypt (not remembered from an earlier check), by result (ok, wrong).",
+		}, []string{"result"}),
 		reloadOK: promauto.With(reg).NewGauge(prometheus.GaugeOpts{
 			Name: "gpustore_server_web_config_last_reload_successful",
 			Help: "Whether the last load of --web.config.file succeeded (1) or the previous configuration is still in force (0).",
@@ -136,9 +162,9 @@ func (w *WebConfig) Reload() error {
 		return err
 	}
 	w.cur.Store(l)
-	w.okMtx.Lock()
-	clear(w.ok)
-	w.okMtx.Unlock()
+	w.verifiedMtx.Lock()
+	clear(w.verified)
+	w.verifiedMtx.Unlock()
 	w.reloadOK.Set(1)
 	w.reloadTime.SetToCurrentTime()
 	return nil
@@ -259,21 +285,33 @@ func (w *WebConfig) checkPassword(l *loaded, user, pass string) bool {
 		hash = fakeHash
 	}
 	key := sha256.Sum256(fmt.Appendf(nil, "%d:%s\x00%s\x00%s", len(user), user, hash, pass))
-	w.okMtx.Lock()
-	ok, cached := w.ok[key]
-	w.okMtx.Unlock()
-	if !cached {
-		start := time.Now()
-		w.bcryptMtx.Lock() // bcrypt burns a core; one at a time
-		ok = bcrypt.CompareHashAndPassword(hash, []byte(pass)) == nil && known
-		w.bcryptMtx.Unlock()
-		w.logger.Debug("checked password", "user", user, "ok", ok, "took", time.Since(start))
-		w.okMtx.Lock()
-		if len(w.ok) >= maxCachedChecks {
-			clear(w.ok)
-		}
-		w.ok[key] = ok
-		w.okMtx.Unlock()
+	w.verifiedMtx.RLock()
+	_, ok := w.verified[key]
+	w.verifiedMtx.RUnlock()
+	if ok {
+		return true
 	}
-	return ok
+	v, _, _ := w.checking.Do(string(key[:]), func() (any, error) {
+		w.slots <- struct{}{}
+		defer func() { <-w.slots }()
+		start := time.Now()
+		ok := w.compare(hash, []byte(pass)) == nil && known
+		w.logger.Debug("checked password", "user", user, "ok", ok, "took", time.Since(start))
+		if !ok {
+			w.checks.WithLabelValues("wrong").Inc()
+			return false, nil
+		}
+		w.checks.WithLabelValues("ok").Inc()
+		w.verifiedMtx.Lock()
+		defer w.verifiedMtx.Unlock()
+		if len(w.verified) >= maxVerified {
+			for k := range w.verified {
+				delete(w.verified, k)
+				break
+			}
+		}
+		w.verified[key] = struct{}{}
+		return true, nil
+	})
+	return v.(bool)
 }
