@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -104,3 +105,48 @@ func TestPasswordChecksRunInParallel(t *testing.T) {
 }
 
 func runtimeProcs() int { return runtime.GOMAXPROCS(0) }
+
+// TestWrongPasswordsNeverEvictVerified: thousands of distinct wrong guesses
+// (more than the memo holds) leave a verified password verified: it is not
+// checked again. The guesses' comparisons are instant here so that the
+// test runs the bound in milliseconds; the same flood with real bcrypt is
+// TestPasswordFloodKeepsVerifiedUsersVerified (pkg/server).
+func TestWrongPasswordsNeverEvictVerified(t *testing.T) {
+	w := loadUsers(t, "prometheus")
+	var mtx sync.Mutex
+	checked := map[string]int{}
+	w.compare = func(hash, pass []byte) error {
+		mtx.Lock()
+		checked[string(pass)]++
+		mtx.Unlock()
+		if string(pass) == "prometheus-password" {
+			return bcrypt.CompareHashAndPassword(hash, pass)
+		}
+		return bcrypt.ErrMismatchedHashAndPassword
+	}
+	h := w.Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	get := func(pass string) int {
+		req := httptest.NewRequest(http.MethodGet, "/api/v1/write", nil)
+		req.SetBasicAuth("prometheus", pass)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	if code := get("prometheus-password"); code != http.StatusOK {
+		t.Fatalf("verified password: %d", code)
+	}
+	for i := range 3 * maxVerified {
+		if code := get(fmt.Sprintf("guess-%d", i)); code != http.StatusUnauthorized {
+			t.Fatalf("guess %d: %d", i, code)
+		}
+	}
+	if code := get("prometheus-password"); code != http.StatusOK {
+		t.Fatalf("verified password after the guesses: %d", code)
+	}
+	if n := checked["prometheus-password"]; n != 1 {
+		t.Errorf("the verified password was compared %d times, want once", n)
+	}
+	if n := checked["guess-7"]; n != 1 {
+		t.Errorf("a guess was compared %d times", n)
+	}
+}
