@@ -77,6 +77,11 @@ type WebConfig struct {
 type loaded struct {
 	cfg     *web.Config
 	limiter *rate.Limiter
+	// fakeHash is compared against for unknown users, so that an answer's
+	// timing does not tell which users exist: a hash of the users' highest
+	// bcrypt cost (a fixed cost would make unknown users slower or faster
+	// to refuse than known ones).
+	fakeHash []byte
 }
 
 // checkSlots is how many bcrypt checks run at once: half the cores, at
@@ -145,6 +150,19 @@ func parse(path string) (*loaded, error) {
 	}
 	c.TLSConfig.SetDirectory(filepath.Dir(path))
 	l := &loaded{cfg: c}
+	if len(c.Users) > 0 {
+		cost := bcrypt.MinCost
+		for _, h := range c.Users {
+			if hc, err := bcrypt.Cost([]byte(h)); err == nil {
+				cost = max(cost, hc)
+			}
+		}
+		// At most 16 (~5 s on a core): generating the fake hash must not
+		// stall a load for a cost that would stall every request anyway.
+		if l.fakeHash, err = bcrypt.GenerateFromPassword([]byte("not a password of anybody"), min(cost, 16)); err != nil {
+			return nil, fmt.Errorf("web config %s: %w", path, err)
+		}
+	}
 	if rl := c.RateLimiterConfig; rl.Interval > 0 {
 		l.limiter = rate.NewLimiter(rate.Every(rl.Interval), rl.Burst)
 	}
@@ -271,18 +289,11 @@ func (w *WebConfig) deny(rw http.ResponseWriter, reason string) {
 	http.Error(rw, http.StatusText(http.StatusUnauthorized), http.StatusUnauthorized)
 }
 
-// fakeHash is compared against for unknown users, so that a response's
-// timing does not tell which users exist.
-var fakeHash = func() []byte {
-	h, _ := bcrypt.GenerateFromPassword([]byte("not a password of anybody"), bcrypt.DefaultCost)
-	return h
-}()
-
 func (w *WebConfig) checkPassword(l *loaded, user, pass string) bool {
 	stored, known := l.cfg.Users[user]
 	hash := []byte(stored)
 	if !known {
-		hash = fakeHash
+		hash = l.fakeHash
 	}
 	key := sha256.Sum256(fmt.Appendf(nil, "%d:%s\x00%s\x00%s", len(user), user, hash, pass))
 	w.verifiedMtx.RLock()

@@ -150,3 +150,23 @@ func TestWrongPasswordsNeverEvictVerified(t *testing.T) {
 		t.Errorf("a guess was compared %d times", n)
 	}
 }
+
+// TestUnknownUsersCostWhatKnownOnesCost: an unknown user's password is
+// compared against a hash of the users' highest cost, so that neither a
+// faster nor a slower refusal tells that the user does not exist (a fixed
+// cost 10 refused unknown users ~60 times slower than users of cost 4).
+func TestUnknownUsersCostWhatKnownOnesCost(t *testing.T) {
+	w := loadUsers(t, "alice")
+	if c, err := bcrypt.Cost(w.cur.Load().fakeHash); err != nil || c != bcrypt.MinCost {
+		t.Errorf("fake hash cost %d (%v), want the users' %d", c, err, bcrypt.MinCost)
+	}
+	var compared []byte
+	w.compare = func(hash, pass []byte) error { compared = hash; return bcrypt.CompareHashAndPassword(hash, pass) }
+	req := httptest.NewRequest(http.MethodGet, "/api/v1/query", nil)
+	req.SetBasicAuth("mallory", "alice-password")
+	rec := httptest.NewRecorder()
+	w.Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})).ServeHTTP(rec, req)
+	if rec.Code != http.StatusUnauthorized || string(compared) != string(w.cur.Load().fakeHash) {
+		t.Errorf("unknown user: %d, compared against %q", rec.Code, compared)
+	}
+}
