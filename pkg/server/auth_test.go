@@ -422,3 +422,51 @@ func TestPasswordFloodLatency(t *testing.T) {
 		t.Errorf("a verified user's median latency under the flood is %s", lat[len(lat)/2])
 	}
 }
+
+// TestRateLimitIsPerIdentity: the web config's rate_limit is counted per
+// authenticated identity, after authentication: an anonymous flood (no
+// credentials, answered 401) spends nobody's budget, so the legitimate
+// sender's writes within its burst all pass; past its own burst it gets 429
+// as the toolkit answers.
+func TestRateLimitIsPerIdentity(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "web.yml")
+	writeFile(t, file, "basic_auth_users:\n  prometheus: "+bcryptHash(t, "s3cret")+"\n  grafana: "+bcryptHash(t, "g")+
+		"\nrate_limit:\n  interval: 1m\n  burst: 20\n")
+	s := startServer(t, Config{WebConfigFile: file}, tenancy.DefaultConfig())
+	base := "http://" + s.Addr().String()
+
+	var wg sync.WaitGroup
+	anonymous := make(chan int, 200)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 50 {
+				code, _ := do(t, http.DefaultClient, base, call{method: http.MethodPost, path: "/api/v1/write"})
+				anonymous <- code
+			}
+		}()
+	}
+	wg.Wait()
+	close(anonymous)
+	for code := range anonymous {
+		if code != http.StatusUnauthorized {
+			t.Fatalf("anonymous request: %d, want 401", code)
+		}
+	}
+	limited := 0
+	for range 20 {
+		if code, _ := do(t, http.DefaultClient, base, call{method: http.MethodPost, path: "/api/v1/write", user: "prometheus", pass: "s3cret"}); code == http.StatusTooManyRequests {
+			limited++
+		}
+	}
+	if limited > 0 {
+		t.Errorf("%d of the legitimate sender's 20 writes (its burst) got 429 after an anonymous flood", limited)
+	}
+	if code, _ := do(t, http.DefaultClient, base, call{method: http.MethodPost, path: "/api/v1/write", user: "prometheus", pass: "s3cret"}); code != http.StatusTooManyRequests {
+		t.Errorf("the sender's 21st write within the interval: %d, want 429", code)
+	}
+	if code, _ := do(t, http.DefaultClient, base, call{path: "/api/v1/query", user: "grafana", pass: "g"}); code != http.StatusOK {
+		t.Errorf("another identity while the sender is limited: %d", code)
+	}
+}
