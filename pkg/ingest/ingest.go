@@ -372,6 +372,12 @@ func (i *Ingester) serve(w http.ResponseWriter, r *http.Request, proto *string) 
 		if errors.Is(err, tenantdb.ErrClosed) {
 			return i.fail(w, &httpError{status: http.StatusServiceUnavailable, msg: err.Error()})
 		}
+		if errors.Is(err, tenantdb.ErrTooManyTenants) {
+			// 429, not retried by default: the tenant will not fit until
+			// an operator raises the bound, and a retried write would only
+			// queue behind it (the sender's other tenants are not refused).
+			return i.fail(w, &httpError{status: http.StatusTooManyRequests, msg: err.Error()})
+		}
 		return i.fail(w, fmt.Errorf("open tenant %q: %w", tenantID, err))
 	}
 	stats, err := i.store(r.Context(), st, rs, body, v2)

@@ -363,7 +363,7 @@ func newWriteLimiter(max int, tenants tenancy.Config, reg prometheus.Registerer)
 		}, []string{"tenant"}),
 		gauge: promauto.With(reg).NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gpustore_server_inflight_write_requests",
-			Help: "Remote-write requests in progress, per tenant.",
+			Help: "Remote-write requests in progress, per tenant (no series for a tenant with none).",
 		}, []string{"tenant"}),
 	}
 }
@@ -387,15 +387,19 @@ func (l *writeLimiter) serve(h http.Handler, w http.ResponseWriter, r *http.Requ
 		return
 	}
 	l.inflight[id]++
+	l.gauge.WithLabelValues(id).Set(float64(l.inflight[id]))
 	l.mtx.Unlock()
-	l.gauge.WithLabelValues(id).Inc()
 	defer func() {
-		l.gauge.WithLabelValues(id).Dec()
 		l.mtx.Lock()
+		defer l.mtx.Unlock()
+		// A tenant with no write in progress has no series: anyone may
+		// name tenants, and each name's series would stay forever.
 		if l.inflight[id]--; l.inflight[id] == 0 {
 			delete(l.inflight, id)
+			l.gauge.DeleteLabelValues(id)
+			return
 		}
-		l.mtx.Unlock()
+		l.gauge.WithLabelValues(id).Set(float64(l.inflight[id]))
 	}()
 	h.ServeHTTP(w, r)
 }
