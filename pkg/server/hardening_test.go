@@ -251,15 +251,8 @@ func TestStalledBodiesFreeTheirWriteSlots(t *testing.T) {
 	cfg.WriteTimeout = model.Duration(time.Minute)
 	cfg.MaxConcurrentWritesPerTenant = 50
 	cfg.WriteBodyStallTimeout = model.Duration(500 * time.Millisecond)
-	s, err := New(cfg, Deps{
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry(),
-		Ready: func() error { return nil }, Tenants: tenancy.DefaultConfig(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var cut atomic.Int32
-	s.Writes.HandleFunc("/api/v1/write", func(w http.ResponseWriter, r *http.Request) {
+	s := startWriteServer(t, cfg, func(w http.ResponseWriter, r *http.Request) {
 		if _, err := io.ReadAll(r.Body); err != nil {
 			cut.Add(1)
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
@@ -267,10 +260,6 @@ func TestStalledBodiesFreeTheirWriteSlots(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
-	if err := services.StartAndAwaitRunning(context.Background(), s); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), s) })
 	closeSlow, err := abuse.SlowBodies(s.Addr().String(), nil, cfg.MaxConcurrentWritesPerTenant, http.Header{tenancy.OrgIDHeader: {"gpu-prod"}})
 	if err != nil {
 		t.Fatal(err)
@@ -316,14 +305,7 @@ func TestSlowHandlerAfterItsBodyKeepsItsContext(t *testing.T) {
 	cfg := shortTimeouts()
 	cfg.ReadTimeout = model.Duration(time.Minute)
 	cfg.WriteBodyStallTimeout = model.Duration(200 * time.Millisecond)
-	s, err := New(cfg, Deps{
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry(),
-		Ready: func() error { return nil }, Tenants: tenancy.DefaultConfig(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Writes.HandleFunc("/api/v1/write", func(w http.ResponseWriter, r *http.Request) {
+	s := startWriteServer(t, cfg, func(w http.ResponseWriter, r *http.Request) {
 		if _, err := io.ReadAll(r.Body); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
@@ -335,10 +317,6 @@ func TestSlowHandlerAfterItsBodyKeepsItsContext(t *testing.T) {
 			w.WriteHeader(http.StatusNoContent)
 		}
 	})
-	if err := services.StartAndAwaitRunning(context.Background(), s); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), s) })
 	resp, err := http.Post("http://"+s.Addr().String()+"/api/v1/write", "application/x-protobuf", strings.NewReader("body"))
 	if err != nil {
 		t.Fatal(err)
@@ -348,4 +326,22 @@ func TestSlowHandlerAfterItsBodyKeepsItsContext(t *testing.T) {
 	if resp.StatusCode != http.StatusNoContent {
 		t.Fatalf("%d %s", resp.StatusCode, b)
 	}
+}
+
+// startWriteServer runs a server of cfg whose write route is handler.
+func startWriteServer(t *testing.T, cfg Config, handler http.HandlerFunc) *Server {
+	t.Helper()
+	s, err := New(cfg, Deps{
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry(),
+		Ready: func() error { return nil }, Tenants: tenancy.DefaultConfig(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Writes.HandleFunc("/api/v1/write", handler)
+	if err := services.StartAndAwaitRunning(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), s) })
+	return s
 }
