@@ -274,6 +274,7 @@ func (a *App) initStorage() (services.Service, error) {
 		return nil, err
 	}
 	dbs.SetLimits(a.storageLimits())
+	dbs.SetMaxTenants(a.Limits.MaxTenants())
 	a.DBs = dbs
 	a.Registry.MustRegister(tenantdb.NewCollector(dbs))
 	start := func(ctx context.Context) error { return dbs.OpenExisting(ctx) }

@@ -31,6 +31,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,7 @@ import (
 	"github.com/prometheus/exporter-toolkit/web"
 	"go.yaml.in/yaml/v2"
 	"golang.org/x/crypto/bcrypt"
+	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
 )
 
@@ -51,12 +53,21 @@ type WebConfig struct {
 	// tlsOn is fixed at start: the listener is either TLS or not.
 	tlsOn bool
 
-	// bcrypt is deliberately slow; checked passwords are remembered (by a
-	// hash of user, stored hash and password) so a sender that sends the
-	// same credentials with every request pays once.
-	bcryptMtx sync.Mutex
-	okMtx     sync.Mutex
-	ok        map[[sha256.Size]byte]bool
+	// bcrypt is deliberately slow. Passwords that passed are remembered
+	// (by a hash of user, stored hash and password), so a sender that sends
+	// the same credentials with every request pays once. Failures are not
+	// remembered: a flood of wrong guesses, each new, would only fill the
+	// memo and push the verified ones out of it.
+	verifiedMtx sync.RWMutex
+	verified    map[[sha256.Size]byte]struct{}
+	// checking makes concurrent checks of the same credentials one check
+	// (a Prometheus' shards all start at once); slots bounds the checks
+	// running at once (checkSlots), so a flood of guesses queues instead of
+	// taking every core, and verified senders never wait for it.
+	checking singleflight.Group
+	slots    chan struct{}
+	compare  func(hash, password []byte) error // bcrypt's; tests slow it down
+	checks   *prometheus.CounterVec
 
 	reloadOK   prometheus.Gauge
 	reloadTime prometheus.Gauge
@@ -64,17 +75,37 @@ type WebConfig struct {
 }
 
 type loaded struct {
-	cfg     *web.Config
-	limiter *rate.Limiter
+	cfg    *web.Config
+	limits *identityLimits // nil without rate_limit
+	// fakeHash is compared against for unknown users, so that an answer's
+	// timing does not tell which users exist: a hash of the users' highest
+	// bcrypt cost (a fixed cost would make unknown users slower or faster
+	// to refuse than known ones).
+	fakeHash []byte
 }
 
-// maxCachedChecks bounds the password check memo; past it, it starts over.
-const maxCachedChecks = 1024
+// checkSlots is how many bcrypt checks run at once: half the cores, at
+// least one. Checks on every core let a flood of guesses starve everything
+// else: on 2 cores, 150 connections guessing at bcrypt's default cost made
+// the requests of verified users wait 30-60 ms at the median (up to 370 ms)
+// with two checks at once, 2-3 ms (up to 140 ms) with one
+// (TestPasswordFloodLatency, GPUSTORE_MEASURE=1).
+func checkSlots() int { return max(1, runtime.GOMAXPROCS(0)/2) }
+
+// maxVerified bounds the memo of verified passwords. Only a password that
+// passes enters it, about one per user; past the bound an entry is dropped
+// to make room.
+const maxVerified = 1024
 
 // Load reads and checks the file. An error means gpustore must not start.
 func Load(path string, logger *slog.Logger, reg prometheus.Registerer) (*WebConfig, error) {
 	w := &WebConfig{
-		path: path, logger: logger, ok: map[[sha256.Size]byte]bool{},
+		path: path, logger: logger, verified: map[[sha256.Size]byte]struct{}{},
+		slots: make(chan struct{}, checkSlots()), compare: bcrypt.CompareHashAndPassword,
+		checks: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_server_password_checks_total",
+			Help: "Basic-auth passwords checked with bcrypt (not remembered from an earlier check), by result (ok, wrong).",
+		}, []string{"result"}),
 		reloadOK: promauto.With(reg).NewGauge(prometheus.GaugeOpts{
 			Name: "gpustore_server_web_config_last_reload_successful",
 			Help: "Whether the last load of --web.config.file succeeded (1) or the previous configuration is still in force (0).",
@@ -119,10 +150,58 @@ func parse(path string) (*loaded, error) {
 	}
 	c.TLSConfig.SetDirectory(filepath.Dir(path))
 	l := &loaded{cfg: c}
+	if len(c.Users) > 0 {
+		cost := bcrypt.MinCost
+		for _, h := range c.Users {
+			if hc, err := bcrypt.Cost([]byte(h)); err == nil {
+				cost = max(cost, hc)
+			}
+		}
+		// At most 16 (~5 s on a core): generating the fake hash must not
+		// stall a load for a cost that would stall every request anyway.
+		if l.fakeHash, err = bcrypt.GenerateFromPassword([]byte("not a password of anybody"), min(cost, 16)); err != nil {
+			return nil, fmt.Errorf("web config %s: %w", path, err)
+		}
+	}
 	if rl := c.RateLimiterConfig; rl.Interval > 0 {
-		l.limiter = rate.NewLimiter(rate.Every(rl.Interval), rl.Burst)
+		l.limits = &identityLimits{every: rate.Every(rl.Interval), burst: rl.Burst, byName: map[string]*rate.Limiter{}}
 	}
 	return l, nil
+}
+
+// identityLimits is the web config's rate_limit, one bucket per identity.
+// The toolkit keeps one bucket for the server and takes from it before it
+// checks credentials, so anyone, without credentials, spends every
+// sender's budget (an anonymous flood got 18 of a sender's 20 writes
+// answered 429). Here a request takes from its identity's bucket once
+// authenticated; requests without an identity (no basic_auth_users and no
+// verified client certificate) share the bucket of the empty name, which
+// is the toolkit's behaviour for a server without authentication.
+type identityLimits struct {
+	every  rate.Limit
+	burst  int
+	mtx    sync.Mutex
+	byName map[string]*rate.Limiter
+}
+
+// maxLimitedIdentities bounds the buckets kept; identities are the
+// configured users or the subjects of certificates the client CA signed,
+// so it is reached only by a CA signing certificates without end: then the
+// buckets start over.
+const maxLimitedIdentities = 10000
+
+func (il *identityLimits) allow(name string) bool {
+	il.mtx.Lock()
+	lim, ok := il.byName[name]
+	if !ok {
+		if len(il.byName) >= maxLimitedIdentities {
+			clear(il.byName)
+		}
+		lim = rate.NewLimiter(il.every, il.burst)
+		il.byName[name] = lim
+	}
+	il.mtx.Unlock()
+	return lim.Allow()
 }
 
 // Reload re-reads the file. On error the previous configuration stays.
@@ -136,9 +215,9 @@ func (w *WebConfig) Reload() error {
 		return err
 	}
 	w.cur.Store(l)
-	w.okMtx.Lock()
-	clear(w.ok)
-	w.okMtx.Unlock()
+	w.verifiedMtx.Lock()
+	clear(w.verified)
+	w.verifiedMtx.Unlock()
 	w.reloadOK.Set(1)
 	w.reloadTime.SetToCurrentTime()
 	return nil
@@ -206,18 +285,14 @@ func WithIdentity(ctx context.Context, id Identity) context.Context {
 }
 
 // Middleware applies the configuration to every request: response headers,
-// rate limit (429, as the toolkit answers), basic auth (401 with
-// WWW-Authenticate), then records the identity in the request context.
+// basic auth (401 with WWW-Authenticate), the rate limit of the request's
+// identity (429, as the toolkit answers), then records the identity in the
+// request context.
 func (w *WebConfig) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		l := w.cur.Load()
 		for k, v := range l.cfg.HTTPConfig.Header {
 			rw.Header().Set(k, v)
-		}
-		if l.limiter != nil && !l.limiter.Allow() {
-			w.denied.WithLabelValues("rate_limited").Inc()
-			http.Error(rw, http.StatusText(http.StatusTooManyRequests), http.StatusTooManyRequests)
-			return
 		}
 		var id Identity
 		if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
@@ -235,6 +310,11 @@ func (w *WebConfig) Middleware(next http.Handler) http.Handler {
 			}
 			id.User = user
 		}
+		if l.limits != nil && !l.limits.allow(id.Name()) {
+			w.denied.WithLabelValues("rate_limited").Inc()
+			http.Error(rw, http.StatusText(http.StatusTooManyRequests), http.StatusTooManyRequests)
+			return
+		}
 		next.ServeHTTP(rw, r.WithContext(WithIdentity(r.Context(), id)))
 	})
 }
@@ -245,35 +325,40 @@ func (w *WebConfig) deny(rw http.ResponseWriter, reason string) {
 	http.Error(rw, http.StatusText(http.StatusUnauthorized), http.StatusUnauthorized)
 }
 
-// fakeHash is compared against for unknown users, so that a response's
-// timing does not tell which users exist.
-var fakeHash = func() []byte {
-	h, _ := bcrypt.GenerateFromPassword([]byte("not a password of anybody"), bcrypt.DefaultCost)
-	return h
-}()
-
 func (w *WebConfig) checkPassword(l *loaded, user, pass string) bool {
 	stored, known := l.cfg.Users[user]
 	hash := []byte(stored)
 	if !known {
-		hash = fakeHash
+		hash = l.fakeHash
 	}
 	key := sha256.Sum256(fmt.Appendf(nil, "%d:%s\x00%s\x00%s", len(user), user, hash, pass))
-	w.okMtx.Lock()
-	ok, cached := w.ok[key]
-	w.okMtx.Unlock()
-	if !cached {
-		start := time.Now()
-		w.bcryptMtx.Lock() // bcrypt burns a core; one at a time
-		ok = bcrypt.CompareHashAndPassword(hash, []byte(pass)) == nil && known
-		w.bcryptMtx.Unlock()
-		w.logger.Debug("checked password", "user", user, "ok", ok, "took", time.Since(start))
-		w.okMtx.Lock()
-		if len(w.ok) >= maxCachedChecks {
-			clear(w.ok)
-		}
-		w.ok[key] = ok
-		w.okMtx.Unlock()
+	w.verifiedMtx.RLock()
+	_, ok := w.verified[key]
+	w.verifiedMtx.RUnlock()
+	if ok {
+		return true
 	}
-	return ok
+	v, _, _ := w.checking.Do(string(key[:]), func() (any, error) {
+		w.slots <- struct{}{}
+		defer func() { <-w.slots }()
+		start := time.Now()
+		ok := w.compare(hash, []byte(pass)) == nil && known
+		w.logger.Debug("checked password", "user", user, "ok", ok, "took", time.Since(start))
+		if !ok {
+			w.checks.WithLabelValues("wrong").Inc()
+			return false, nil
+		}
+		w.checks.WithLabelValues("ok").Inc()
+		w.verifiedMtx.Lock()
+		defer w.verifiedMtx.Unlock()
+		if len(w.verified) >= maxVerified {
+			for k := range w.verified {
+				delete(w.verified, k)
+				break
+			}
+		}
+		w.verified[key] = struct{}{}
+		return true, nil
+	})
+	return v.(bool)
 }

@@ -79,6 +79,16 @@ func badCorpus() []corpusEntry {
 		{"v2-odd-label-refs.v2", 400, "odd number", "nothing", func(t *testing.T) []byte {
 			return encodeV2(t, &writev2.Request{Symbols: []string{"", "__name__", "x"}, Timeseries: []writev2.TimeSeries{{LabelsRefs: []uint32{1, 2, 1}, Samples: []writev2.Sample{{Value: 1, Timestamp: 1}}}}})
 		}},
+		// The two versions' messages share no field numbers (2.0 reserves
+		// 1.0's), so a body decoded as the other version used to be an empty
+		// request: 204 and nothing stored.
+		{"v1-body-sent-as-v2.v2", 400, "remote write 1.0 body sent with the 2.0 Content-Type", "nothing", func(t *testing.T) []byte { return snappy.Encode(nil, valid(t)) }},
+		{"v1-metadata-only-sent-as-v2.v2", 400, "remote write 1.0 body sent with the 2.0 Content-Type", "nothing", func(t *testing.T) []byte {
+			return encodeV1(t, &prompb.WriteRequest{Metadata: []prompb.MetricMetadata{{MetricFamilyName: "DCGM_FI_DEV_GPU_TEMP", Type: prompb.MetricMetadata_GAUGE, Help: "GPU temperature (in C)."}}})
+		}},
+		{"v2-body-sent-as-v1.v1", 400, "remote write 2.0 body sent with the 1.0 Content-Type", "nothing", func(t *testing.T) []byte {
+			return encodeV2(t, &writev2.Request{Symbols: []string{"", "__name__", "DCGM_FI_DEV_GPU_TEMP", "gpu", "0"}, Timeseries: []writev2.TimeSeries{{LabelsRefs: []uint32{1, 2, 3, 4}, Samples: []writev2.Sample{{Value: 1, Timestamp: 1}}}}})
+		}},
 		{"v2-truncated.v2", 400, "malformed protobuf", "nothing", func(t *testing.T) []byte {
 			b, err := (&writev2.Request{Symbols: []string{"", "__name__", "x"}, Timeseries: []writev2.TimeSeries{{LabelsRefs: []uint32{1, 2}, Samples: []writev2.Sample{{Value: 1, Timestamp: 1}}}}}).Marshal()
 			if err != nil {

@@ -36,7 +36,11 @@ func malformed(format string, args ...any) error {
 //   - a packed varint cut by its field's end (gogo reads on into the bytes
 //     after the field);
 //   - 2.0: label, help and unit references outside the symbols table and an
-//     odd number of label references (gogo leaves them to the caller).
+//     odd number of label references (gogo leaves them to the caller);
+//   - a body of the other version: a 2.0 body with any of the fields 1 to 3
+//     (1.0's, which 2.0 reserves so that a 1.0 message is never read as
+//     2.0), a 1.0 body with 2.0's symbols or timeseries and no 1.0 series
+//     (gogo skips them as unknown fields: an empty request).
 // A known field with the wrong wire type is rejected, as gogo does.
 
 // badTag and badField describe a protowire parse failure n (< 0).
@@ -174,7 +178,18 @@ type v1Decoder struct {
 	cur      decodedSeries
 	metadata [][]byte // raw MetricMetadata messages, seen so far
 	e        error
+	// sawSeries: the body had a 1.0 series (field 1); sawV2: it had 2.0's
+	// symbols or timeseries (fields 4, 5), which 1.0 does not define.
+	sawSeries, sawV2 bool
 }
+
+// Each version's decoder skips the other's fields as unknown, so a body sent
+// with the other version's Content-Type would decode as an empty request:
+// answered 204 with nothing stored. These errors name the mismatch instead.
+var (
+	errV1AsV2 = malformed("remote write 1.0 body sent with the 2.0 Content-Type (proto=%s): it carries prometheus.WriteRequest's fields, which 2.0 reserves; send it as %s or encode %s", protoV2, protoV1, protoV2)
+	errV2AsV1 = malformed("remote write 2.0 body sent with the 1.0 Content-Type: it carries %s's symbols and timeseries and no 1.0 series; send it with Content-Type application/x-protobuf;proto=%s", protoV2, protoV2)
+)
 
 func newV1Decoder() *v1Decoder { return &v1Decoder{} }
 
@@ -182,6 +197,7 @@ func (d *v1Decoder) reset(body []byte) {
 	d.body = body
 	d.metadata = d.metadata[:0]
 	d.e = nil
+	d.sawSeries, d.sawV2 = false, false
 	d.cur.reset()
 }
 
@@ -197,6 +213,7 @@ func (d *v1Decoder) next() bool {
 		}
 		d.body = d.body[n:]
 		if num != 1 && num != 3 {
+			d.sawV2 = d.sawV2 || ((num == 4 || num == 5) && typ == protowire.BytesType)
 			d.body, d.e = skipField("WriteRequest", num, typ, d.body)
 			continue
 		}
@@ -218,7 +235,11 @@ func (d *v1Decoder) next() bool {
 			d.e = err
 			return false
 		}
+		d.sawSeries = true
 		return true
+	}
+	if d.e == nil && d.sawV2 && !d.sawSeries {
+		d.e = errV2AsV1
 	}
 	return false
 }
@@ -371,6 +392,10 @@ func (d *v2Decoder) reset(body []byte) {
 			return
 		}
 		b = b[n:]
+		if num >= 1 && num <= 3 {
+			d.e = errV1AsV2
+			return
+		}
 		if (num == 4 || num == 5) && typ != protowire.BytesType {
 			d.e = wrongType("Request", num, typ)
 			return

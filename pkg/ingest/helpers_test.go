@@ -66,6 +66,7 @@ func newTestIngester(t testing.TB, mutate ...func(*testSetup)) *testIngester {
 		t.Fatal(err)
 	}
 	dbs.SetLimits(lim)
+	dbs.SetMaxTenants(lim.MaxTenants())
 	t.Cleanup(func() { _ = dbs.Close() })
 	var ha *hatracker.Tracker
 	if setup.ha != nil {

@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -44,18 +45,26 @@ type Config struct {
 	MaxRequestBytes int64 `yaml:"max_request_bytes"`
 	// MaxDecodedBytes bounds the body after snappy decoding; larger get 413.
 	MaxDecodedBytes int64 `yaml:"max_decoded_bytes"`
+	// MaxInflightBytes bounds the bodies (compressed and decoded) held by
+	// the writes in progress of every tenant together; past it 503 with
+	// Retry-After (0: no bound).
+	MaxInflightBytes int64 `yaml:"max_inflight_bytes"`
 }
 
 // DefaultConfig returns limits that fit Prometheus' default batches (2,000
-// samples, a few hundred KiB) with a wide margin.
+// samples, a few hundred KiB) with a wide margin. The in-flight bound takes
+// a thousand such batches at once, or a dozen of the largest bodies.
 func DefaultConfig() Config {
-	return Config{MaxRequestBytes: 16 << 20, MaxDecodedBytes: 64 << 20}
+	return Config{MaxRequestBytes: 16 << 20, MaxDecodedBytes: 64 << 20, MaxInflightBytes: 1 << 30}
 }
 
 // Validate checks the configuration.
 func (c Config) Validate() error {
 	if c.MaxRequestBytes <= 0 || c.MaxDecodedBytes <= 0 {
 		return errors.New("ingest size limits must be positive")
+	}
+	if c.MaxInflightBytes < 0 || (c.MaxInflightBytes > 0 && c.MaxInflightBytes < c.MaxRequestBytes+c.MaxDecodedBytes) {
+		return fmt.Errorf("ingest.max_inflight_bytes (%d) must be 0 (no bound) or hold one largest request, max_request_bytes + max_decoded_bytes (%d)", c.MaxInflightBytes, c.MaxRequestBytes+c.MaxDecodedBytes)
 	}
 	return nil
 }
@@ -116,6 +125,12 @@ type Deps struct {
 	Limits *limits.Overrides
 	// HA deduplicates Prometheus HA pairs; nil turns dedup off.
 	HA *hatracker.Tracker
+	// Inflight bounds the bodies held by the writes in progress; nil: one
+	// of Config.MaxInflightBytes for this ingester. A distributor and a
+	// receiver in one process keep a bound each: sharing one, the
+	// distributor's requests could fill it while they wait for the
+	// receiver's, which it would then refuse.
+	Inflight *limits.InflightBytes
 	// RateShare, when set, is how many processes share each tenant's
 	// ingestion rate (the ring's healthy distributors): this one allows
 	// rate/RateShare() samples per second.
@@ -136,6 +151,7 @@ type Ingester struct {
 	limits     *limits.Overrides
 	ha         *hatracker.Tracker
 	rate       *limiter.RateLimiter
+	inflight   *limits.InflightBytes
 	logger     *slog.Logger
 	metrics    *metrics
 	ready      func() error
@@ -212,6 +228,9 @@ type requestState struct {
 	v1                  *v1Decoder
 	v2                  *v2Decoder
 	w                   writeRequest
+	// held is what the request reserved of Ingester.inflight: the
+	// capacity of the buffers it holds.
+	held int64
 }
 
 // decoder starts decoding body.
@@ -241,10 +260,13 @@ func New(cfg Config, d Deps) (*Ingester, error) {
 	if d.Downstream {
 		d.HA = nil
 	}
+	if d.Inflight == nil {
+		d.Inflight = limits.NewInflightBytes(cfg.MaxInflightBytes)
+	}
 	i := &Ingester{
 		cfg: cfg, tenants: d.Tenants, sink: d.Store, downstream: d.Downstream, limits: d.Limits, ha: d.HA, logger: d.Logger,
-		rate:    limiter.NewRateLimiter(rateStrategy(d), 10*time.Second),
-		metrics: newMetrics(d.Registry), ready: d.Ready, now: time.Now,
+		rate: limiter.NewRateLimiter(rateStrategy(d), 10*time.Second), inflight: d.Inflight,
+		metrics: newMetrics(d.Registry, d.Inflight), ready: d.Ready, now: time.Now,
 		caches: map[string]*tenantState{},
 	}
 	i.pool.New = func() any { return &requestState{v1: newV1Decoder(), v2: newV2Decoder()} }
@@ -340,6 +362,7 @@ func (i *Ingester) serve(w http.ResponseWriter, r *http.Request, proto *string) 
 	}
 	rs := i.pool.Get().(*requestState)
 	defer i.pool.Put(rs)
+	defer i.releaseBuffers(rs)
 	body, err := i.readBody(r, rs)
 	if err != nil {
 		return i.fail(w, err)
@@ -348,6 +371,12 @@ func (i *Ingester) serve(w http.ResponseWriter, r *http.Request, proto *string) 
 	if err != nil {
 		if errors.Is(err, tenantdb.ErrClosed) {
 			return i.fail(w, &httpError{status: http.StatusServiceUnavailable, msg: err.Error()})
+		}
+		if errors.Is(err, tenantdb.ErrTooManyTenants) {
+			// 429, not retried by default: the tenant will not fit until
+			// an operator raises the bound, and a retried write would only
+			// queue behind it (the sender's other tenants are not refused).
+			return i.fail(w, &httpError{status: http.StatusTooManyRequests, msg: err.Error()})
 		}
 		return i.fail(w, fmt.Errorf("open tenant %q: %w", tenantID, err))
 	}
@@ -410,6 +439,9 @@ type httpError struct {
 	status     int
 	retryAfter int // seconds; 0: no Retry-After header
 	msg        string
+	// clients marks a 5xx that the client caused (a body cut off): logged
+	// at debug level, since anyone can cause it as often as they like.
+	clients bool
 }
 
 func (e *httpError) Error() string { return e.msg }
@@ -441,7 +473,7 @@ func (i *Ingester) fail(w http.ResponseWriter, err error) int {
 	case errors.Is(err, errHAConflict):
 		status, retryAfter = http.StatusServiceUnavailable, 1
 	}
-	if status >= 500 {
+	if status >= 500 && (he == nil || !he.clients) {
 		i.logger.Error("remote write failed", "status", status, "err", err)
 	} else {
 		i.logger.Debug("remote write rejected", "status", status, "err", err)
@@ -453,7 +485,13 @@ func (i *Ingester) fail(w http.ResponseWriter, err error) int {
 	return status
 }
 
-// readBody reads and snappy-decodes the body into the pooled buffers.
+// firstBodyAlloc is the most a body's buffer is given before its bytes
+// arrive: a Content-Length is only a claim, and a body that stalls after
+// its headers should hold little.
+const firstBodyAlloc = 256 << 10
+
+// readBody reads and snappy-decodes the body into the pooled buffers, each
+// reserved in the in-flight bound before it is grown or filled.
 func (i *Ingester) readBody(r *http.Request, rs *requestState) ([]byte, error) {
 	tooLarge := func(format string, args ...any) error {
 		return &httpError{status: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf(format, args...)}
@@ -464,14 +502,28 @@ func (i *Ingester) readBody(r *http.Request, rs *requestState) ([]byte, error) {
 	if r.ContentLength > i.cfg.MaxRequestBytes {
 		return nil, tooLarge("body of %d bytes exceeds the limit of %d", r.ContentLength, i.cfg.MaxRequestBytes)
 	}
+	// A buffer of Content-Length bytes and one more: the read that finds the
+	// body's end needs room, and growing for it would double the buffer.
 	buf := rs.compressed[:0]
-	if r.ContentLength > 0 && int64(cap(buf)) < r.ContentLength {
-		buf = make([]byte, 0, r.ContentLength)
+	if want := min(r.ContentLength+1, firstBodyAlloc); r.ContentLength > 0 && int64(cap(buf)) < want {
+		buf = make([]byte, 0, want)
+	}
+	rs.compressed = buf
+	if err := i.hold(rs, cap(buf)); err != nil {
+		return nil, err
 	}
 	lr := io.LimitReader(r.Body, i.cfg.MaxRequestBytes+1)
 	for {
 		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
+			more := max(cap(buf), 4096) // doubles, up to Content-Length and one
+			if r.ContentLength >= int64(len(buf)) {
+				more = min(more, int(r.ContentLength)+1-len(buf))
+			}
+			buf = slices.Grow(buf, more)
+			rs.compressed = buf
+			if err := i.hold(rs, cap(buf)); err != nil {
+				return nil, err
+			}
 		}
 		n, err := lr.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
@@ -480,7 +532,7 @@ func (i *Ingester) readBody(r *http.Request, rs *requestState) ([]byte, error) {
 		}
 		if err != nil {
 			rs.compressed = buf
-			return nil, &httpError{status: http.StatusBadRequest, msg: fmt.Sprintf("read body: %v", err)}
+			return nil, bodyCut(len(buf), err)
 		}
 	}
 	rs.compressed = buf
@@ -497,11 +549,51 @@ func (i *Ingester) readBody(r *http.Request, rs *requestState) ([]byte, error) {
 	if cap(rs.decoded) < n {
 		rs.decoded = make([]byte, n)
 	}
+	if err := i.hold(rs, cap(buf)+cap(rs.decoded)); err != nil {
+		return nil, err
+	}
 	out, err := snappy.Decode(rs.decoded[:cap(rs.decoded)], buf)
 	if err != nil {
 		return nil, corrupt(err)
 	}
 	return out, nil
+}
+
+// hold reserves in the in-flight bound what the request's buffers have
+// grown to (bytes: their capacity) since it last held them. Past the bound
+// the write is answered 503 with Retry-After: the process is busy, the
+// batch is fine, and Prometheus retries 5xx by default but 429 only with
+// retry_on_http_429, so a 429 here would lose most senders' batches.
+func (i *Ingester) hold(rs *requestState, bytes int) error {
+	held := int64(bytes)
+	if held <= rs.held {
+		return nil
+	}
+	if !i.inflight.Reserve(held - rs.held) {
+		i.metrics.inflightRefused.Inc()
+		return &httpError{status: http.StatusServiceUnavailable, retryAfter: 1,
+			msg: fmt.Sprintf("remote-write bodies of %d bytes are being read and decoded, this one would pass ingest.max_inflight_bytes (%d): retry", i.inflight.Bytes(), i.inflight.Max())}
+	}
+	rs.held = held
+	return nil
+}
+
+// releaseBuffers gives back what the request held of the in-flight bound.
+func (i *Ingester) releaseBuffers(rs *requestState) {
+	i.inflight.Release(rs.held)
+	rs.held = 0
+}
+
+// bodyCut answers a body whose reading failed after n bytes. Every such
+// failure is the transport's: a read deadline (the server's read timeout, or
+// a body that stalled), a connection that ended before Content-Length or was
+// reset, a stream the client cancelled. The bytes that did arrive were never
+// judged, so the sender's batch may well be valid: 503 with Retry-After,
+// which Prometheus retries, where a 4xx would make it drop the batch. Bodies
+// that arrive whole and are bad are told apart after the read (413, 400).
+func bodyCut(n int, err error) error {
+	return &httpError{status: http.StatusServiceUnavailable, retryAfter: 1, clients: true,
+		msg: fmt.Sprintf("request body cut off after %d bytes, retry: %v", n, err)}
 }
 
 // parseContentType picks the protocol version. A missing type means 1.0, as
@@ -528,14 +620,15 @@ func parseContentType(ct string) (v2 bool, err error) {
 }
 
 type metrics struct {
-	reg       prometheus.Registerer
-	requests  *prometheus.CounterVec
-	duration  *prometheus.HistogramVec
-	samples   *prometheus.CounterVec
-	rejectedV *prometheus.CounterVec
-	series    *prometheus.CounterVec
-	dedup     *prometheus.CounterVec
-	relabel   *prometheus.CounterVec
+	reg             prometheus.Registerer
+	inflightRefused prometheus.Counter
+	requests        *prometheus.CounterVec
+	duration        *prometheus.HistogramVec
+	samples         *prometheus.CounterVec
+	rejectedV       *prometheus.CounterVec
+	series          *prometheus.CounterVec
+	dedup           *prometheus.CounterVec
+	relabel         *prometheus.CounterVec
 }
 
 type tenantMetrics struct {
@@ -552,9 +645,15 @@ func (m *tenantMetrics) deduplicated(cluster string) prometheus.Counter {
 
 func (m *tenantMetrics) rejected(reason string) prometheus.Counter { return m.byReason[reason] }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer, inflight *limits.InflightBytes) *metrics {
 	f := promauto.With(reg)
+	f.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "gpustore_ingest_inflight_bytes", Help: "Bytes of remote-write bodies (compressed and decoded) held by the writes in progress.",
+	}, func() float64 { return float64(inflight.Bytes()) })
 	return &metrics{
+		inflightRefused: f.NewCounter(prometheus.CounterOpts{
+			Name: "gpustore_ingest_inflight_bytes_refused_requests_total", Help: "Remote writes answered 503 because their bodies would pass ingest.max_inflight_bytes.",
+		}),
 		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpustore_ingest_requests_total", Help: "Remote write requests by protocol version and HTTP status.",
 		}, []string{"protocol", "code"}),

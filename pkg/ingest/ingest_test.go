@@ -358,3 +358,30 @@ func TestParseContentType(t *testing.T) {
 		}
 	}
 }
+
+// TestMaxTenantsAnswers429: a write of a new tenant past limits.max_tenants
+// is answered 429 naming the limit (not retried by default: the tenant
+// cannot fit until an operator raises it) and stores nothing, while the
+// tenants already there keep writing.
+func TestMaxTenantsAnswers429(t *testing.T) {
+	ti := newTestIngester(t, func(s *testSetup) { s.limits.MaxTenants = 2 })
+	body := encodeV1(t, &prompb.WriteRequest{Timeseries: []prompb.TimeSeries{
+		v1Series([]prompb.Sample{{Timestamp: nowMs(), Value: 1}}, "__name__", "DCGM_FI_DEV_GPU_TEMP", "gpu", "0")}})
+	for _, tenant := range []string{"gpu-prod", "lab"} {
+		if r := ti.post(t, ctV1, body, "X-Scope-OrgID", tenant); r.code != http.StatusNoContent {
+			t.Fatalf("tenant %s: %d %s", tenant, r.code, r.body)
+		}
+	}
+	r := ti.post(t, ctV1, body, "X-Scope-OrgID", "intruder")
+	if r.code != http.StatusTooManyRequests || !strings.Contains(r.body, "limits.max_tenants") {
+		t.Errorf("a third tenant under max_tenants 2: %d %s", r.code, r.body)
+	}
+	if ti.dbs.Existing("intruder") != nil {
+		t.Error("the refused tenant has a database")
+	}
+	body2 := encodeV1(t, &prompb.WriteRequest{Timeseries: []prompb.TimeSeries{
+		v1Series([]prompb.Sample{{Timestamp: nowMs() + 1000, Value: 2}}, "__name__", "DCGM_FI_DEV_GPU_TEMP", "gpu", "0")}})
+	if r := ti.post(t, ctV1, body2, "X-Scope-OrgID", "lab"); r.code != http.StatusNoContent {
+		t.Errorf("an existing tenant at the limit: %d %s", r.code, r.body)
+	}
+}

@@ -19,7 +19,7 @@ type Config struct {
 	// each tenant, and <Dir>/*.yml for the default tenant. Empty: no files.
 	Dir string `yaml:"dir"`
 	// GPUPack evaluates the embedded GPU rule pack (deploy/rules) for every
-	// tenant that has a database.
+	// tenant that holds GPU (dcgm-exporter) data.
 	GPUPack bool `yaml:"gpu_pack"`
 	// EvaluationInterval applies to groups that set no interval of their own
 	// (the pack's groups all set one).
@@ -131,7 +131,7 @@ func (c Config) Validate() error {
 // dotted style, with c's values as defaults.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Dir, "rules.dir", c.Dir, "Directory of Prometheus rule files: <dir>/<tenant>/*.yml for a tenant, <dir>/*.yml for the default tenant. Re-read on SIGHUP and POST /-/reload.")
-	fs.BoolVar(&c.GPUPack, "rules.gpu-pack", c.GPUPack, "Evaluate the embedded GPU rule pack (recording rules and P0/P1/P2 alerts, deploy/rules) for every tenant that has written data.")
+	fs.BoolVar(&c.GPUPack, "rules.gpu-pack", c.GPUPack, "Evaluate the embedded GPU rule pack (recording rules and P0/P1/P2 alerts, deploy/rules) for every tenant that holds dcgm-exporter (DCGM_…) data.")
 	fs.Var(&c.EvaluationInterval, "rules.evaluation-interval", "Evaluation interval of rule groups that set none.")
 	fs.Var(&c.QueryOffset, "rules.query-offset", "Evaluate rules this much in the past, for samples that arrive late.")
 	fs.Var(&c.TenantPollInterval, "rules.tenant-poll-interval", "How often new tenants are looked for (they get the GPU pack).")

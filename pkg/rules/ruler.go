@@ -18,10 +18,13 @@
 // Which rules a tenant gets: the files of <rules.dir>/<tenant>/ (and, for
 // the default tenant, the files at the top of rules.dir), plus the embedded
 // GPU rule pack (deploy/rules) when rules.gpu_pack is on. The pack applies to
-// every tenant that has a database, including tenants that start writing
-// while gpustore runs: the tenant list is polled every
-// rules.tenant_poll_interval. A tenant's group with the same name as a pack
-// group replaces the pack's group for that tenant.
+// every tenant that holds GPU data (a series of dcgm-exporter, DCGM_…, in its
+// last gpuDataWindow), including tenants that start sending it while
+// gpustore runs: the tenants are polled every rules.tenant_poll_interval, and
+// a tenant keeps the pack once it has it. The pack's ~140 rules cost ~12 MB
+// per tenant (bench/RESULTS.md): a tenant without GPU data, on which they
+// would record and alert nothing, does not pay it. A tenant's group with the
+// same name as a pack group replaces the pack's group for that tenant.
 //
 // Files are read at start-up and on Reload (SIGHUP, POST /-/reload). A
 // tenant's files are checked with Prometheus' rulefmt before anything
@@ -48,6 +51,7 @@ import (
 	"github.com/grafana/dskit/tenant"
 	"github.com/grafana/dskit/user"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/notifier"
@@ -98,9 +102,10 @@ type Options struct {
 	// Resolver looks up dns+/dnssrv+ Alertmanager URLs; nil: the system's
 	// (net.DefaultResolver: /etc/resolv.conf, /etc/hosts).
 	Resolver *net.Resolver
-	// DataTenants, when set, lists the tenants that hold data (they get the
-	// GPU pack); asked every tenant poll. nil: the tenants of DBs. With
-	// the ring a ruler's own DBs hold no tenant's data, the receivers do.
+	// DataTenants, when set, lists the tenants that hold data (those of
+	// them with GPU data get the GPU pack); asked every tenant poll. nil:
+	// the tenants of DBs. With the ring a ruler's own DBs hold no tenant's
+	// data, the receivers do.
 	DataTenants func() []string
 }
 
@@ -403,8 +408,8 @@ func (r *Ruler) sync(full bool) error {
 		if !r.cfg.GPUPack {
 			return nil
 		}
-		// Tenants that wrote their first sample since the last look get the
-		// pack, alongside the files they already had.
+		// Tenants that wrote their first GPU data since the last look get
+		// the pack, alongside the files they already had.
 		var errs []error
 		for _, t := range r.dataTenants() {
 			if !r.allowed(t) {
@@ -418,7 +423,10 @@ func (r *Ruler) sync(full bool) error {
 				}
 				own = tr.own
 			}
-			r.logger.Info("new tenant: loading the GPU rule pack", "tenant", t)
+			if !r.hasGPUData(t) {
+				continue
+			}
+			r.logger.Info("tenant holds GPU data: loading the GPU rule pack", "tenant", t)
 			if err := r.load(t, own, nil, true, tr == nil); err != nil {
 				errs = append(errs, err)
 			}
@@ -451,8 +459,12 @@ func (r *Ruler) sync(full bool) error {
 	withData := map[string]bool{}
 	if r.cfg.GPUPack {
 		for _, t := range r.dataTenants() {
-			if r.allowed(t) {
-				set[t], withData[t] = true, true
+			if !r.allowed(t) {
+				continue
+			}
+			set[t] = true
+			if tr := r.tenant(t); (tr != nil && tr.hasPack) || r.hasGPUData(t) {
+				withData[t] = true
 			}
 		}
 	}
@@ -478,6 +490,37 @@ func (r *Ruler) sync(full bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// gpuDataWindow is how far back a tenant's GPU data is looked for: the
+// pack's longest range (1h) and offset (10m), and margin. A tenant whose
+// exporters went quiet longer ago gets no pack after a restart, and the
+// pack's rules would find nothing of it anyway.
+const gpuDataWindow = 2 * time.Hour
+
+// gpuMetrics matches the names of dcgm-exporter's metrics, which the pack
+// is written for.
+var gpuMetrics = labels.MustNewMatcher(labels.MatchRegexp, model.MetricNameLabel, "DCGM_.+")
+
+// hasGPUData says whether tenant t holds a series of dcgm-exporter in the
+// last gpuDataWindow, read through the rules' queryable (with the ring, the
+// receivers): one label-values call, at most one name back.
+func (r *Ruler) hasGPUData(t string) bool {
+	ctx, cancel := context.WithTimeout(user.InjectOrgID(r.ctx, t), 30*time.Second)
+	defer cancel()
+	now := time.Now()
+	q, err := r.queryable.Querier(now.Add(-gpuDataWindow).UnixMilli(), now.UnixMilli())
+	if err != nil {
+		r.logger.Warn("looking for the tenant's GPU data", "tenant", t, "err", err)
+		return false
+	}
+	defer q.Close()
+	names, _, err := q.LabelValues(ctx, model.MetricNameLabel, &storage.LabelHints{Limit: 1}, gpuMetrics)
+	if err != nil {
+		r.logger.Warn("looking for the tenant's GPU data", "tenant", t, "err", err)
+		return false
+	}
+	return len(names) > 0
 }
 
 // dataTenants lists the tenants holding data (Options.DataTenants).

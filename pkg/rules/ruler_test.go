@@ -785,6 +785,7 @@ func TestDataTenants(t *testing.T) {
 	if got := e.groupNames("local"); len(got) != 0 {
 		t.Errorf("a tenant of the ruler's own DBs but not in DataTenants got %d groups", len(got))
 	}
+	e.appendTemps("remote", "node-1", []float64{50}, time.Now()) // its GPU data, read through the queryable
 	data.Store([]string{"remote"})
 	waitFor(t, 5*time.Second, "the pack for a tenant the receivers hold", func() error {
 		if got := len(e.groupNames("remote")); got < packGroups {
@@ -806,4 +807,39 @@ func TestDataTenants(t *testing.T) {
 	if got := len(e.groupNames("remote")); got != want {
 		t.Errorf("after a full reload whose tenant list missed it: %d groups, want %d", got, want)
 	}
+}
+
+// TestGPUPackOnlyForGPUData: a tenant whose data has no dcgm-exporter
+// series (node-exporter's here) gets no pack (~12 MB of rules that would
+// record and alert nothing of it), and gets it at the next poll once it
+// sends GPU data.
+func TestGPUPackOnlyForGPUData(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.GPUPack = true })
+	db, err := e.dbs.Get("nodes-only")
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := db.AppenderV2(context.Background())
+	if _, err := app.Append(0, labels.FromStrings("__name__", "up", "job", "node-exporter", "instance", "node-1:9100"), 0, time.Now().UnixMilli(), 1, nil, nil, storage.AOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := app.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	for range 2 { // the ticker's tenant polls, run here
+		if err := e.ruler.sync(false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := e.groupNames("nodes-only"); len(got) != 0 {
+		t.Errorf("a tenant without GPU data runs %d groups", len(got))
+	}
+	e.appendTemps("nodes-only", "node-1", []float64{50}, time.Now())
+	waitFor(t, 5*time.Second, "the pack once the tenant sends GPU data", func() error {
+		if got := len(e.groupNames("nodes-only")); got < len(rulepack.Files()) {
+			return fmt.Errorf("%d groups", got)
+		}
+		return nil
+	})
 }

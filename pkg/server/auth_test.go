@@ -9,13 +9,17 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/grafana/dskit/services"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/gpustore/gpustore/internal/abuse"
 	"github.com/gpustore/gpustore/internal/testcerts"
 	"github.com/gpustore/gpustore/pkg/auth"
 	"github.com/gpustore/gpustore/pkg/tenancy"
@@ -280,4 +284,189 @@ func gaugeValue(t *testing.T, s *Server, name string) float64 {
 	}
 	t.Fatalf("metric %s not found", name)
 	return 0
+}
+
+// lockedBuffer is a log sink for concurrent writers.
+type lockedBuffer struct {
+	mtx sync.Mutex
+	b   strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mtx.Lock()
+	defer l.mtx.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mtx.Lock()
+	defer l.mtx.Unlock()
+	return l.b.String()
+}
+
+// TestPasswordFloodKeepsVerifiedUsersVerified: a flood of wrong passwords
+// (the abuse.PasswordFlood workload, distinct guesses, real bcrypt) is
+// answered 401 and never makes a user whose password was verified pay a
+// bcrypt check again: only successes are remembered, so failures cannot
+// push them out (they used to fill the memo of checks and wipe it at 1,024,
+// and the user's next request queued behind the attackers' checks). Under
+// the race detector the flood is smaller (bcrypt is ~20x slower there); the
+// memo's bound is also checked in pkg/auth with instant comparisons.
+func TestPasswordFloodKeepsVerifiedUsersVerified(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "web.yml")
+	writeFile(t, file, "basic_auth_users:\n  prometheus: "+bcryptHash(t, "s3cret")+"\n")
+	var logs lockedBuffer
+	s, err := New(Config{ListenAddress: "127.0.0.1:0", WebConfigFile: file}, Deps{
+		Logger:   slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Registry: prometheus.NewRegistry(), Ready: func() error { return nil }, Tenants: tenancy.DefaultConfig(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Mux.HandleFunc("/api/v1/query", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	if err := services.StartAndAwaitRunning(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), s) })
+	base := "http://" + s.Addr().String()
+	legit := call{path: "/api/v1/query", user: "prometheus", pass: "s3cret"}
+	if code, _ := do(t, http.DefaultClient, base, legit); code != http.StatusOK {
+		t.Fatalf("legitimate request: %d", code)
+	}
+
+	guesses := 1100 // more than the 1,024 checks the old memo held before it was wiped
+	if raceDetector {
+		guesses = 100
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var flood *abuse.Answers
+	done := make(chan struct{})
+	floodStart := time.Now()
+	go func() {
+		defer close(done)
+		flood = abuse.PasswordFlood(ctx, &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}, base+"/api/v1/query", "prometheus", 16)
+	}()
+	for strings.Count(logs.String(), `msg="checked password" user=prometheus ok=false`) < guesses && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	// Every answer the flood read was a 401 (the last guesses' answers may
+	// have been cut by the cancel).
+	if n := flood.Count(http.StatusUnauthorized); n < guesses/2 || len(flood.ByCode) != 1 {
+		t.Fatalf("the flood's answers: %v", flood.ByCode)
+	}
+	t.Logf("%d guesses answered 401 in %s", flood.Count(http.StatusUnauthorized), time.Since(floodStart).Round(time.Millisecond))
+	if code, _ := do(t, http.DefaultClient, base, legit); code != http.StatusOK {
+		t.Fatalf("legitimate request after the flood: %d", code)
+	}
+	if n := strings.Count(logs.String(), `msg="checked password" user=prometheus ok=true`); n != 1 {
+		t.Errorf("the verified password was checked with bcrypt %d times, want once", n)
+	}
+}
+
+// TestPasswordFloodLatency (GPUSTORE_MEASURE=1, about 7 s) measures what a
+// flood of wrong passwords costs the users already verified: 150 connections
+// guess at bcrypt's default cost while a verified user sends a request
+// (2 ms of work) every 20 ms; it reports that user's latencies. It
+// asserts only a generous bound: it measures (see auth.checkSlots).
+func TestPasswordFloodLatency(t *testing.T) {
+	if os.Getenv("GPUSTORE_MEASURE") != "1" {
+		t.Skip("a measurement: GPUSTORE_MEASURE=1")
+	}
+	h, err := bcrypt.GenerateFromPassword([]byte("s3cret"), bcrypt.DefaultCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "web.yml")
+	writeFile(t, file, "basic_auth_users:\n  prometheus: "+string(h)+"\n")
+	s, err := New(Config{ListenAddress: "127.0.0.1:0", WebConfigFile: file}, Deps{
+		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Registry: prometheus.NewRegistry(), Ready: func() error { return nil }, Tenants: tenancy.DefaultConfig(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Mux.HandleFunc("/api/v1/query", func(w http.ResponseWriter, _ *http.Request) {
+		for start := time.Now(); time.Since(start) < 2*time.Millisecond; {
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	if err := services.StartAndAwaitRunning(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), s) })
+	base := "http://" + s.Addr().String()
+	legit := call{path: "/api/v1/query", user: "prometheus", pass: "s3cret"}
+	do(t, http.DefaultClient, base, legit)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Second)
+	defer cancel()
+	done := make(chan *abuse.Answers)
+	go func() { done <- abuse.PasswordFlood(ctx, &http.Client{}, base+"/api/v1/query", "prometheus", 150) }()
+	time.Sleep(time.Second)
+	var lat []time.Duration
+	for ctx.Err() == nil {
+		start := time.Now()
+		if code, _ := do(t, http.DefaultClient, base, legit); code != http.StatusOK {
+			t.Fatalf("verified user during the flood: %d", code)
+		}
+		lat = append(lat, time.Since(start))
+		time.Sleep(20 * time.Millisecond)
+	}
+	flood := <-done
+	slices.Sort(lat)
+	t.Logf("verified user: %d requests, p50 %s, p99 %s, max %s; flood answers %v", len(lat),
+		lat[len(lat)/2].Round(100*time.Microsecond), lat[len(lat)*99/100].Round(100*time.Microsecond), lat[len(lat)-1].Round(100*time.Microsecond), flood.ByCode)
+	if lat[len(lat)/2] > time.Second {
+		t.Errorf("a verified user's median latency under the flood is %s", lat[len(lat)/2])
+	}
+}
+
+// TestRateLimitIsPerIdentity: the web config's rate_limit is counted per
+// authenticated identity, after authentication: an anonymous flood (no
+// credentials, answered 401) spends nobody's budget, so the legitimate
+// sender's writes within its burst all pass; past its own burst it gets 429
+// as the toolkit answers.
+func TestRateLimitIsPerIdentity(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "web.yml")
+	writeFile(t, file, "basic_auth_users:\n  prometheus: "+bcryptHash(t, "s3cret")+"\n  grafana: "+bcryptHash(t, "g")+
+		"\nrate_limit:\n  interval: 1m\n  burst: 20\n")
+	s := startServer(t, Config{WebConfigFile: file}, tenancy.DefaultConfig())
+	base := "http://" + s.Addr().String()
+
+	var wg sync.WaitGroup
+	anonymous := make(chan int, 200)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 50 {
+				code, _ := do(t, http.DefaultClient, base, call{method: http.MethodPost, path: "/api/v1/write"})
+				anonymous <- code
+			}
+		}()
+	}
+	wg.Wait()
+	close(anonymous)
+	for code := range anonymous {
+		if code != http.StatusUnauthorized {
+			t.Fatalf("anonymous request: %d, want 401", code)
+		}
+	}
+	limited := 0
+	for range 20 {
+		if code, _ := do(t, http.DefaultClient, base, call{method: http.MethodPost, path: "/api/v1/write", user: "prometheus", pass: "s3cret"}); code == http.StatusTooManyRequests {
+			limited++
+		}
+	}
+	if limited > 0 {
+		t.Errorf("%d of the legitimate sender's 20 writes (its burst) got 429 after an anonymous flood", limited)
+	}
+	if code, _ := do(t, http.DefaultClient, base, call{method: http.MethodPost, path: "/api/v1/write", user: "prometheus", pass: "s3cret"}); code != http.StatusTooManyRequests {
+		t.Errorf("the sender's 21st write within the interval: %d, want 429", code)
+	}
+	if code, _ := do(t, http.DefaultClient, base, call{path: "/api/v1/query", user: "grafana", pass: "g"}); code != http.StatusOK {
+		t.Errorf("another identity while the sender is limited: %d", code)
+	}
 }

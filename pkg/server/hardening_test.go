@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
 
+	"github.com/gpustore/gpustore/internal/abuse"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 )
 
@@ -235,4 +237,111 @@ func TestWriteConcurrencyPerTenant(t *testing.T) {
 	if !found {
 		t.Error("gpustore_server_write_requests_throttled_total{tenant=a} is not 1")
 	}
+}
+
+// TestStalledBodiesFreeTheirWriteSlots: bodies that stop arriving (the
+// abuse.SlowBodies workload: headers and one byte, then nothing) take every
+// write slot of a tenant, but each is cut once it has stalled for
+// write_body_stall_timeout, long before the read timeout: the tenant's
+// writes go through again within that time, and the cut bodies were read
+// with the error the handler answers 503 to.
+func TestStalledBodiesFreeTheirWriteSlots(t *testing.T) {
+	cfg := shortTimeouts()
+	cfg.ReadTimeout = model.Duration(time.Minute)
+	cfg.WriteTimeout = model.Duration(time.Minute)
+	cfg.MaxConcurrentWritesPerTenant = 50
+	cfg.WriteBodyStallTimeout = model.Duration(500 * time.Millisecond)
+	var cut atomic.Int32
+	s := startWriteServer(t, cfg, func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.ReadAll(r.Body); err != nil {
+			cut.Add(1)
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	closeSlow, err := abuse.SlowBodies(s.Addr().String(), nil, cfg.MaxConcurrentWritesPerTenant, http.Header{tenancy.OrgIDHeader: {"gpu-prod"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSlow()
+	write := func() int {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+s.Addr().String()+"/api/v1/write", strings.NewReader("x"))
+		req.Header.Set(tenancy.OrgIDHeader, "gpu-prod")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	// The slow bodies hold every slot a moment after they were sent.
+	deadline := time.Now().Add(5 * time.Second)
+	for write() != http.StatusServiceUnavailable {
+		if time.Now().After(deadline) {
+			t.Fatal("the stalled bodies never held the tenant's write slots")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	start := time.Now()
+	for write() != http.StatusNoContent {
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("the tenant's writes are still refused %s after its bodies stalled (stall timeout %s, read timeout %s)", time.Since(start), cfg.WriteBodyStallTimeout, cfg.ReadTimeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("writes through again %s after the slots were taken", time.Since(start).Round(time.Millisecond))
+	if n := cut.Load(); n != int32(cfg.MaxConcurrentWritesPerTenant) {
+		t.Errorf("%d stalled bodies were cut, want %d", n, cfg.MaxConcurrentWritesPerTenant)
+	}
+}
+
+// TestSlowHandlerAfterItsBodyKeepsItsContext: the stall deadline applies
+// while the body is read, not after: a write whose storing takes longer
+// than write_body_stall_timeout once its body is in keeps its request
+// context (net/http reads on in the background after the body and cancels
+// the context when that read fails).
+func TestSlowHandlerAfterItsBodyKeepsItsContext(t *testing.T) {
+	cfg := shortTimeouts()
+	cfg.ReadTimeout = model.Duration(time.Minute)
+	cfg.WriteBodyStallTimeout = model.Duration(200 * time.Millisecond)
+	s := startWriteServer(t, cfg, func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.ReadAll(r.Body); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			http.Error(w, "context cancelled while storing: "+context.Cause(r.Context()).Error(), http.StatusInternalServerError)
+		case <-time.After(4 * time.Duration(cfg.WriteBodyStallTimeout)):
+			w.WriteHeader(http.StatusNoContent)
+		}
+	})
+	resp, err := http.Post("http://"+s.Addr().String()+"/api/v1/write", "application/x-protobuf", strings.NewReader("body"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+}
+
+// startWriteServer runs a server of cfg whose write route is handler.
+func startWriteServer(t *testing.T, cfg Config, handler http.HandlerFunc) *Server {
+	t.Helper()
+	s, err := New(cfg, Deps{
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry(),
+		Ready: func() error { return nil }, Tenants: tenancy.DefaultConfig(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Writes.HandleFunc("/api/v1/write", handler)
+	if err := services.StartAndAwaitRunning(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), s) })
+	return s
 }

@@ -14,6 +14,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -55,6 +56,9 @@ type Config struct {
 	// MaxConcurrentWritesPerTenant bounds one tenant's remote-write requests
 	// in progress; beyond it the answer is 503 with Retry-After (0: no bound).
 	MaxConcurrentWritesPerTenant int `yaml:"max_concurrent_writes_per_tenant"`
+	// WriteBodyStallTimeout cuts a remote-write body that sends nothing for
+	// this long (0: only ReadTimeout bounds it).
+	WriteBodyStallTimeout model.Duration `yaml:"write_body_stall_timeout"`
 }
 
 // DefaultConfig listens on :9201, gpustore's port. The timeouts leave room
@@ -70,12 +74,13 @@ func DefaultConfig() Config {
 		WriteTimeout:                 model.Duration(5 * time.Minute),
 		IdleTimeout:                  model.Duration(2 * time.Minute),
 		MaxConcurrentWritesPerTenant: 200,
+		WriteBodyStallTimeout:        model.Duration(10 * time.Second),
 	}
 }
 
 // Validate checks the configuration.
 func (c Config) Validate() error {
-	if c.ReadHeaderTimeout < 0 || c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.IdleTimeout < 0 {
+	if c.ReadHeaderTimeout < 0 || c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.IdleTimeout < 0 || c.WriteBodyStallTimeout < 0 {
 		return errors.New("server timeouts must not be negative (0: none)")
 	}
 	if c.MaxConcurrentWritesPerTenant < 0 {
@@ -326,6 +331,9 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if h, pattern := s.Writes.Handler(r); pattern != "" {
+		if stall := time.Duration(s.cfg.WriteBodyStallTimeout); stall > 0 {
+			r.Body = guardStalls(w, r.Body, stall, time.Duration(s.cfg.ReadTimeout))
+		}
 		s.writes.serve(h, w, r)
 		return
 	}
@@ -415,7 +423,7 @@ func newWriteLimiter(max int, tenants tenancy.Config, reg prometheus.Registerer)
 		}, []string{"tenant"}),
 		gauge: promauto.With(reg).NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gpustore_server_inflight_write_requests",
-			Help: "Remote-write requests in progress, per tenant.",
+			Help: "Remote-write requests in progress, per tenant (no series for a tenant with none).",
 		}, []string{"tenant"}),
 	}
 }
@@ -439,15 +447,71 @@ func (l *writeLimiter) serve(h http.Handler, w http.ResponseWriter, r *http.Requ
 		return
 	}
 	l.inflight[id]++
+	l.gauge.WithLabelValues(id).Set(float64(l.inflight[id]))
 	l.mtx.Unlock()
-	l.gauge.WithLabelValues(id).Inc()
 	defer func() {
-		l.gauge.WithLabelValues(id).Dec()
 		l.mtx.Lock()
+		defer l.mtx.Unlock()
+		// A tenant with no write in progress has no series: anyone may
+		// name tenants, and each name's series would stay forever.
 		if l.inflight[id]--; l.inflight[id] == 0 {
 			delete(l.inflight, id)
+			l.gauge.DeleteLabelValues(id)
+			return
 		}
-		l.mtx.Unlock()
+		l.gauge.WithLabelValues(id).Set(float64(l.inflight[id]))
 	}()
 	h.ServeHTTP(w, r)
+}
+
+// stallGuard is a remote-write body whose reads fail once no data has come
+// for stall: before each read it moves the connection's read deadline to
+// stall from now, never past the request's own deadline (read_timeout from
+// the start). A body that stops arriving then frees its tenant's write slot
+// (and its goroutine) after stall, not after the whole read timeout; a body
+// that keeps coming is bounded by the read timeout as before.
+type stallGuard struct {
+	io.ReadCloser
+	rc    *http.ResponseController
+	stall time.Duration
+	until time.Time // the request's read deadline; zero: none
+	done  bool
+}
+
+// guardStalls wraps body; where the connection has no read deadlines to
+// move (a test's recorder) it returns body unchanged.
+func guardStalls(w http.ResponseWriter, body io.ReadCloser, stall, readTimeout time.Duration) io.ReadCloser {
+	g := &stallGuard{ReadCloser: body, rc: http.NewResponseController(w), stall: stall}
+	if readTimeout > 0 {
+		g.until = time.Now().Add(readTimeout)
+	}
+	if err := g.rc.SetReadDeadline(g.deadline()); err != nil {
+		return body
+	}
+	return g
+}
+
+func (g *stallGuard) deadline() time.Time {
+	d := time.Now().Add(g.stall)
+	if !g.until.IsZero() && d.After(g.until) {
+		return g.until
+	}
+	return d
+}
+
+func (g *stallGuard) Read(p []byte) (int, error) {
+	if g.done {
+		return g.ReadCloser.Read(p)
+	}
+	_ = g.rc.SetReadDeadline(g.deadline())
+	n, err := g.ReadCloser.Read(p)
+	if err != nil {
+		// The body is over (or broken): the deadline is left alone from
+		// here on. At the body's end net/http clears it and reads on in
+		// the background to notice a client that leaves; a deadline set
+		// again would end that read and cancel the request's context
+		// while the handler still stores the body.
+		g.done = true
+	}
+	return n, err
 }

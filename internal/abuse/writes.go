@@ -1,0 +1,154 @@
+// The write side's workloads: slow bodies that hold write slots, a flood of
+// new tenants, and a flood of wrong passwords.
+
+package abuse
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+)
+
+// SlowBodies opens n connections to addr that each send the headers of a
+// remote write (hdr added, Content-Length 1 MiB) and one byte of its body,
+// then stall. It returns once every connection has sent its byte; close
+// closes them. tlsConfig nil: plain TCP.
+func SlowBodies(addr string, tlsConfig *tls.Config, n int, hdr http.Header) (closeAll func(), err error) {
+	conns := make([]net.Conn, 0, n)
+	closeAll = func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}
+	var head strings.Builder
+	head.WriteString("POST /api/v1/write HTTP/1.1\r\nHost: gpustore\r\nContent-Type: application/x-protobuf\r\nContent-Encoding: snappy\r\nContent-Length: 1048576\r\n")
+	for k, vs := range hdr {
+		for _, v := range vs {
+			fmt.Fprintf(&head, "%s: %s\r\n", k, v)
+		}
+	}
+	head.WriteString("\r\n\x00") // the headers and the body's first byte
+	for range n {
+		var c net.Conn
+		if tlsConfig != nil {
+			c, err = tls.Dial("tcp", addr, tlsConfig)
+		} else {
+			c, err = net.Dial("tcp", addr)
+		}
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		conns = append(conns, c)
+		if _, err := c.Write([]byte(head.String())); err != nil {
+			closeAll()
+			return nil, err
+		}
+	}
+	return closeAll, nil
+}
+
+// Answers counts HTTP answers by status code; 0 counts transport errors.
+type Answers struct {
+	mtx    sync.Mutex
+	ByCode map[int]int
+}
+
+func (a *Answers) add(code int) {
+	a.mtx.Lock()
+	defer a.mtx.Unlock()
+	if a.ByCode == nil {
+		a.ByCode = map[int]int{}
+	}
+	a.ByCode[code]++
+}
+
+// Count is how many answers had code.
+func (a *Answers) Count(code int) int {
+	a.mtx.Lock()
+	defer a.mtx.Unlock()
+	return a.ByCode[code]
+}
+
+// do sends req and records its status (0 for a transport error).
+func (a *Answers) do(client *http.Client, req *http.Request) {
+	resp, err := client.Do(req)
+	if err != nil {
+		a.add(0)
+		return
+	}
+	_ = resp.Body.Close()
+	a.add(resp.StatusCode)
+}
+
+// TenantFlood sends one remote write of body (a snappy-compressed 1.0
+// request) to url for each of n new tenants named prefix0, prefix1, …, with
+// conc requests at a time; setup may add credentials.
+func TenantFlood(ctx context.Context, client *http.Client, url string, body []byte, prefix string, n, conc int, setup func(*http.Request)) *Answers {
+	var a Answers
+	ids := make(chan int)
+	var wg sync.WaitGroup
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range ids {
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(string(body)))
+				if err != nil {
+					a.add(0)
+					continue
+				}
+				req.Header.Set("Content-Type", "application/x-protobuf")
+				req.Header.Set("Content-Encoding", "snappy")
+				req.Header.Set("X-Scope-OrgID", fmt.Sprintf("%s%d", prefix, i))
+				if setup != nil {
+					setup(req)
+				}
+				a.do(client, req)
+			}
+		}()
+	}
+	for i := 0; i < n && ctx.Err() == nil; i++ {
+		ids <- i
+	}
+	close(ids)
+	wg.Wait()
+	return &a
+}
+
+// PasswordFlood sends requests to url with basic-auth user and a different
+// wrong password each time from conns goroutines until ctx ends, then
+// returns their answers.
+func PasswordFlood(ctx context.Context, client *http.Client, url, user string, conns int) *Answers {
+	var a Answers
+	var wg sync.WaitGroup
+	for g := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil; i++ {
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+				if err != nil {
+					a.add(0)
+					return
+				}
+				req.SetBasicAuth(user, fmt.Sprintf("guess-%d-%d", g, i))
+				resp, err := client.Do(req)
+				if err != nil {
+					if ctx.Err() == nil {
+						a.add(0)
+					}
+					continue
+				}
+				_ = resp.Body.Close()
+				a.add(resp.StatusCode)
+			}
+		}()
+	}
+	wg.Wait()
+	return &a
+}

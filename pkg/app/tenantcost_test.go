@@ -1,0 +1,133 @@
+package app
+
+import (
+	"context"
+	"flag"
+	"net/http"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/golang/snappy"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/prometheus/prompb"
+
+	"github.com/gpustore/gpustore/internal/abuse"
+)
+
+// tenantCostApp starts gpustore as it runs embedded (-target=all, GPU rule
+// pack on) with a fast rules tenant poll, plus args.
+func tenantCostApp(t *testing.T, args ...string) (*App, string) {
+	t.Helper()
+	cfg, _, err := Load(flag.NewFlagSet("gpustore", flag.ContinueOnError), append([]string{
+		"-storage.tsdb.path=" + t.TempDir(), "-web.listen-address=127.0.0.1:0", "-rules.tenant-poll-interval=100ms"}, args...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := startApp(t, cfg)
+	return a, "http://" + a.Server.Addr().String()
+}
+
+// oneSample is a remote write 1.0 body of one sample of metric now.
+func oneSample(t testing.TB, metric string) []byte {
+	b, err := (&prompb.WriteRequest{Timeseries: []prompb.TimeSeries{{
+		Labels:  []prompb.Label{{Name: "__name__", Value: metric}, {Name: "instance", Value: "node-1:9100"}, {Name: "job", Value: "node-exporter"}},
+		Samples: []prompb.Sample{{Timestamp: time.Now().UnixMilli(), Value: 1}},
+	}}}).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snappy.Encode(nil, b)
+}
+
+// liveHeap is the heap in use after two collections.
+func liveHeap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// measureTenants writes one sample of metric to n new tenants (the
+// abuse.TenantFlood workload), waits for the ruler's tenant polls, and
+// returns the live heap and goroutines each new tenant added.
+func measureTenants(t *testing.T, a *App, base, metric, prefix string, n int) (heapPerTenant float64, goroutinesPerTenant float64) {
+	t.Helper()
+	time.Sleep(300 * time.Millisecond) // the ruler's first polls are done
+	h0, g0 := liveHeap(), runtime.NumGoroutine()
+	ans := abuse.TenantFlood(context.Background(), http.DefaultClient, base+"/api/v1/write", oneSample(t, metric), prefix, n, 4, nil)
+	if got := ans.Count(http.StatusNoContent); got != n {
+		t.Fatalf("tenant writes: %v, want %d answered 204", ans.ByCode, n)
+	}
+	time.Sleep(500 * time.Millisecond) // several tenant polls: the ruler has seen every tenant
+	h1, g1 := liveHeap(), runtime.NumGoroutine()
+	return (float64(h1) - float64(h0)) / float64(n), float64(g1-g0) / float64(n)
+}
+
+// TestIdleTenantCost measures what a tenant costs the process that holds
+// it when it has no GPU data (one sample of node-exporter's `up`): its
+// database, ingest state and rules. Target (issue 30): at most 1 MB of heap,
+// so that a flood of new tenants, and the reopening of every tenant on disk
+// at start, cannot run the process out of memory. bench/RESULTS.md keeps the
+// figures.
+func TestIdleTenantCost(t *testing.T) {
+	a, base := tenantCostApp(t)
+	const n = 20
+	heap, goroutines := measureTenants(t, a, base, "up", "idle-", n)
+	t.Logf("idle tenant: %.0f KiB of heap, %.1f goroutines (%d tenants)", heap/1024, goroutines, n)
+	if heap > 1<<20 {
+		t.Errorf("an idle tenant costs %.1f MiB of heap, want at most 1 MiB", heap/(1<<20))
+	}
+}
+
+// TestGPUTenantCost measures a tenant with GPU data (one dcgm-exporter
+// sample): it has the GPU rule pack besides what an idle tenant has. It
+// reports the figure for bench/RESULTS.md and checks the pack loaded.
+func TestGPUTenantCost(t *testing.T) {
+	a, base := tenantCostApp(t)
+	const n = 5
+	heap, goroutines := measureTenants(t, a, base, "DCGM_FI_DEV_GPU_TEMP", "gpu-", n)
+	t.Logf("tenant with GPU data: %.1f MiB of heap, %.1f goroutines (%d tenants)", heap/(1<<20), goroutines, n)
+	if got := len(a.Ruler.Manager("gpu-0").RuleGroups()); got == 0 {
+		t.Error("a tenant with GPU data runs no rule groups")
+	}
+}
+
+// TestTenantFloodStopsAtMaxTenants: a flood of writes for new tenants (the
+// abuse.TenantFlood workload) gets as many tenants as limits.max_tenants
+// leaves room for; the rest is answered 429 and costs nothing that stays,
+// and the tenant already there keeps writing.
+func TestTenantFloodStopsAtMaxTenants(t *testing.T) {
+	a, base := tenantCostApp(t, "-limits.max-tenants=10")
+	body := oneSample(t, "DCGM_FI_DEV_GPU_TEMP")
+	write := func(tenant string) int {
+		ans := abuse.TenantFlood(context.Background(), http.DefaultClient, base+"/api/v1/write", body, tenant, 1, 1, nil)
+		for code := range ans.ByCode {
+			return code
+		}
+		return 0
+	}
+	if code := write("gpu-prod"); code != http.StatusNoContent {
+		t.Fatalf("the first tenant: %d", code)
+	}
+	h0 := liveHeap()
+	ans := abuse.TenantFlood(context.Background(), http.DefaultClient, base+"/api/v1/write", body, "flood-", 300, 8, nil)
+	if ans.Count(http.StatusNoContent) != 9 || ans.Count(http.StatusTooManyRequests) != 291 {
+		t.Errorf("the flood's answers: %v, want 9 × 204 and 291 × 429", ans.ByCode)
+	}
+	if got := len(a.DBs.Tenants()); got != 10 {
+		t.Errorf("%d tenants after the flood, want 10", got)
+	}
+	if code := write("gpu-prod"); code != http.StatusNoContent {
+		t.Errorf("the first tenant after the flood: %d", code)
+	}
+	// Nothing per refused tenant stays, not even a metric series.
+	if n, err := testutil.GatherAndCount(a.Registry, "gpustore_server_inflight_write_requests"); err != nil || n != 0 {
+		t.Errorf("gpustore_server_inflight_write_requests has %d series with no write in progress (%v)", n, err)
+	}
+	time.Sleep(300 * time.Millisecond) // the ruler's polls: the flood's 9 tenants get the pack
+	if grown := float64(liveHeap()) - float64(h0); grown > 9*20<<20 {
+		t.Errorf("the heap grew %.0f MiB with 9 tenants added", grown/(1<<20))
+	}
+}
