@@ -23,7 +23,7 @@ func TestFoldedDownsamplingAnswersLikeRawWithoutPods(t *testing.T) {
 	bkt := openBucket(t, s3)
 	sl := downsampleSlice()
 	sl.Metrics = []string{"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE",
-		"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"}
+		"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "node_network_transmit_bytes_total"}
 	upload(t, bkt, "fold", nil, sl.write(t, t.TempDir())...)
 	truth := sl
 	truth.DropLabels = []string{"pod"}
