@@ -117,6 +117,32 @@ const (
 	FamFBTotal
 	FamGPUMaxOpTemp
 	FamMemMaxOpTemp
+	FamXIDErrorsCount
+	FamGetGPURecoveryAction
+	FamGPURecoveryAction
+	FamRowRemapPending
+	FamClockEventSWPowerCapNS
+	FamClockEventSyncBoostNS
+	FamClockEventSWThermalNS
+	FamClockEventHWThermalNS
+	FamClockEventHWPowerBrakeNS
+	FamNVLinkCRCDataErrors
+	FamNVLinkReplayErrors
+	FamNVLinkRecoveryErrors
+	FamNVL5RxErrors
+	FamNVL5RxSymbolErrors
+	FamNVL5RxMalformedPacketErrors
+	FamNVL5RxBufferOverrunErrors
+	FamNVL5RxRemoteErrors
+	FamNVL5RxGeneralErrors
+	FamNVL5LocalLinkIntegrityErrors
+	FamNVL5EffectiveErrors
+	FamNVL5SymbolBER
+	FamNVL5EffectiveBER
+	FamNVL5LinkRecoveryEvents
+	FamNVL5LinkRecoverySuccessful
+	FamNVL5LinkRecoveryFailed
+	FamNVLinkECCDataErrors
 
 	FamNodeCPUSeconds
 	FamNodeMemAvailable
@@ -143,6 +169,8 @@ const (
 	FamKubeNodeCondition
 	FamKubePodPhase
 	FamKubeJobActive
+	FamKubePodOwner
+	FamKubePodInfo
 
 	FamNCCLBandwidth
 
@@ -204,6 +232,50 @@ var Catalogue = []MetricDesc{
 	{ID: FamGPUMaxOpTemp, Name: "DCGM_FI_DEV_GPU_MAX_OP_TEMP", Type: Gauge, Help: "Maximum operating temperature of the GPU (in C).", Unit: "celsius", Source: SourceDCGM},
 	{ID: FamMemMaxOpTemp, Name: "DCGM_FI_DEV_MEM_MAX_OP_TEMP", Type: Gauge, Help: "Maximum operating temperature of the memory (in C).", Unit: "celsius", Source: SourceDCGM},
 
+	// dcgm-exporter's own per-code Xid count (xid_collector.go, commented
+	// out in its CSVs): per GPU, one series per Xid code seen within the
+	// window (label xid, value the number of events), or one series without
+	// xid at 0 when there was none; every series carries window_size_in_ms.
+	{ID: FamXIDErrorsCount, Name: "DCGM_EXP_XID_ERRORS_COUNT", Type: Counter, Help: "Count of XID Errors within user-specified time window (see xid-count-window-size param).", Source: SourceDCGM},
+	// DCGM field 1523 under its two names: DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION
+	// up to DCGM 4.5 (the DCGM dcgm-exporter 4.5.3-4.8.2 links, whose CSV
+	// parser knows no other name) and DCGM_FI_DEV_GPU_RECOVERY_ACTION from
+	// DCGM 4.6 (which still accepts the old name). A cluster emits one of
+	// them (Config.RecoveryActionField). Values: nvmlDeviceGpuRecoveryAction_t.
+	{ID: FamGetGPURecoveryAction, Name: RecoveryActionFieldDCGM45, Type: Gauge, Help: "GPU Recovery Action (see nvmlDeviceGpuRecoveryAction_t for return values)", Source: SourceDCGM},
+	{ID: FamGPURecoveryAction, Name: RecoveryActionFieldDCGM46, Type: Gauge, Help: "GPU Recovery Action (see nvmlDeviceGpuRecoveryAction_t for return values)", Source: SourceDCGM},
+	{ID: FamRowRemapPending, Name: "DCGM_FI_DEV_ROW_REMAP_PENDING", Type: Gauge, Help: "Whether remapping of rows is pending", Source: SourceDCGM},
+	// Time spent in each clock-event reason (DCGM fields 1420-1424), in
+	// nanoseconds: the exact form of the CLOCK_THROTTLE_REASONS bits.
+	{ID: FamClockEventSWPowerCapNS, Name: "DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP_NS", Type: Counter, Help: "Throttling to not exceed currently set power limits in ns", Unit: "nanoseconds", Source: SourceDCGM},
+	{ID: FamClockEventSyncBoostNS, Name: "DCGM_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST_NS", Type: Counter, Help: "Throttling to match minimum possible clock across Sync Boost Group in ns", Unit: "nanoseconds", Source: SourceDCGM},
+	{ID: FamClockEventSWThermalNS, Name: "DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS", Type: Counter, Help: "Throttling to ensure ((GPU temp < GPU Max Operating Temp) && (Memory Temp < Memory Max Operating Temp)) in ns", Unit: "nanoseconds", Source: SourceDCGM},
+	{ID: FamClockEventHWThermalNS, Name: "DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS", Type: Counter, Help: "Throttling due to temperature being too high (reducing core clocks by a factor of 2 or more) in ns", Unit: "nanoseconds", Source: SourceDCGM},
+	{ID: FamClockEventHWPowerBrakeNS, Name: "DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN_NS", Type: Counter, Help: "Throttling due to external power brake assertion trigger (reducing core clocks by a factor of 2 or more) in ns", Unit: "nanoseconds", Source: SourceDCGM},
+	// NVLink4 (H100) error counters, summed over links, as in the CSV's
+	// commented NVLink block.
+	{ID: FamNVLinkCRCDataErrors, Name: "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", Type: Counter, Help: "Total number of NVLink data CRC errors.", Source: SourceDCGM},
+	{ID: FamNVLinkReplayErrors, Name: "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", Type: Counter, Help: "Total number of NVLink retries.", Source: SourceDCGM},
+	{ID: FamNVLinkRecoveryErrors, Name: "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", Type: Counter, Help: "Total number of NVLink recovery errors.", Source: SourceDCGM},
+	// NVLink5 (B200) counters, aggregated over links (DCGM fields 1204-1220;
+	// "Not supported on NVLink4 and earlier", so an H100 does not export
+	// them): the ones DCGM's NVLink health watch reads. The BER fields are
+	// NVML's encoding (mantissa << 8 | exponent); 0xFFF is the healthy floor.
+	{ID: FamNVL5RxErrors, Name: "DCGM_FI_DEV_NVLINK_COUNT_RX_ERRORS", Type: Counter, Help: "Total number of packets with errors Rx on a link", Source: SourceDCGM},
+	{ID: FamNVL5RxSymbolErrors, Name: "DCGM_FI_DEV_NVLINK_COUNT_RX_SYMBOL_ERRORS", Type: Counter, Help: "Number of errors in rx symbols", Source: SourceDCGM},
+	{ID: FamNVL5RxMalformedPacketErrors, Name: "DCGM_FI_DEV_NVLINK_COUNT_RX_MALFORMED_PACKET_ERRORS", Type: Counter, Help: "Number of packets Rx on a link where packets are malformed", Source: SourceDCGM},
+	{ID: FamNVL5RxBufferOverrunErrors, Name: "DCGM_FI_DEV_NVLINK_COUNT_RX_BUFFER_OVERRUN_ERRORS", Type: Counter, Help: "Number of packets that were discarded on Rx due to buffer overrun", Source: SourceDCGM},
+	{ID: FamNVL5RxRemoteErrors, Name: "DCGM_FI_DEV_NVLINK_COUNT_RX_REMOTE_ERRORS", Type: Counter, Help: "Total number of packets Rx - stomp/EBP marker", Source: SourceDCGM},
+	{ID: FamNVL5RxGeneralErrors, Name: "DCGM_FI_DEV_NVLINK_COUNT_RX_GENERAL_ERRORS", Type: Counter, Help: "Total number of packets Rx with header mismatch", Source: SourceDCGM},
+	{ID: FamNVL5LocalLinkIntegrityErrors, Name: "DCGM_FI_DEV_NVLINK_COUNT_LOCAL_LINK_INTEGRITY_ERRORS", Type: Counter, Help: "Total number of times that the count of local errors exceeded a threshold", Source: SourceDCGM},
+	{ID: FamNVL5EffectiveErrors, Name: "DCGM_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS", Type: Counter, Help: "Sum of the number of errors in each Nvlink packet", Source: SourceDCGM},
+	{ID: FamNVL5SymbolBER, Name: "DCGM_FI_DEV_NVLINK_COUNT_SYMBOL_BER", Type: Gauge, Help: "BER for symbol errors - raw value", Source: SourceDCGM},
+	{ID: FamNVL5EffectiveBER, Name: "DCGM_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER", Type: Gauge, Help: "Effective BER for effective errors - raw value", Source: SourceDCGM},
+	{ID: FamNVL5LinkRecoveryEvents, Name: "DCGM_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS", Type: Counter, Help: "Number of times link went from Up to recovery, irrespective of the result", Source: SourceDCGM},
+	{ID: FamNVL5LinkRecoverySuccessful, Name: "DCGM_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS", Type: Counter, Help: "Number of times link went from Up to recovery, succeeded and link came back up", Source: SourceDCGM},
+	{ID: FamNVL5LinkRecoveryFailed, Name: "DCGM_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS", Type: Counter, Help: "Number of times link went from Up to recovery, failed and link was declared down", Source: SourceDCGM},
+	{ID: FamNVLinkECCDataErrors, Name: "DCGM_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL", Type: Counter, Help: "NVLink ECC Data Error Counter total for all Links", Source: SourceDCGM},
+
 	// node-exporter.
 	{ID: FamNodeCPUSeconds, Name: "node_cpu_seconds_total", Type: Counter, Help: "Seconds the CPUs spent in each mode.", Unit: "seconds", Source: SourceNodeExporter},
 	{ID: FamNodeMemAvailable, Name: "node_memory_MemAvailable_bytes", Type: Gauge, Help: "Memory information field MemAvailable_bytes.", Unit: "bytes", Source: SourceNodeExporter, Jitter: true},
@@ -233,6 +305,8 @@ var Catalogue = []MetricDesc{
 	{ID: FamKubeNodeCondition, Name: "kube_node_status_condition", Type: Gauge, Help: "The condition of a cluster node.", Source: SourceKubeStateMetrics},
 	{ID: FamKubePodPhase, Name: "kube_pod_status_phase", Type: Gauge, Help: "The pods current phase.", Source: SourceKubeStateMetrics},
 	{ID: FamKubeJobActive, Name: "kube_job_status_active", Type: Gauge, Help: "The number of actively running pods.", Source: SourceKubeStateMetrics},
+	{ID: FamKubePodOwner, Name: "kube_pod_owner", Type: Gauge, Help: "Information about the Pod's owner.", Source: SourceKubeStateMetrics},
+	{ID: FamKubePodInfo, Name: "kube_pod_info", Type: Gauge, Help: "Information about pod.", Source: SourceKubeStateMetrics},
 
 	// The source document's NCCL dashboard (§3.4): an nccl-tests job runs
 	// all_reduce_perf across each block of nodes every hour and pushes the
@@ -281,18 +355,6 @@ func LookupMetric(name string) (*MetricDesc, bool) {
 	return nil, false
 }
 
-// DCGMFamilies returns the DCGM families the simulator emits per GPU (the 25
-// defaults plus the extra fields), in catalogue order.
-func DCGMFamilies() []*MetricDesc {
-	var out []*MetricDesc
-	for i := range Catalogue {
-		if Catalogue[i].Source == SourceDCGM {
-			out = append(out, &Catalogue[i])
-		}
-	}
-	return out
-}
-
 // DCGMLabelNames are the labels dcgm-exporter puts on every GPU series;
 // PodLabelNames are added when Kubernetes mapping finds a pod holding the GPU.
 var (
@@ -300,26 +362,55 @@ var (
 	PodLabelNames  = []string{"pod", "namespace", "container"}
 )
 
+// Names of DCGM field 1523 (Config.RecoveryActionField).
+const (
+	// RecoveryActionFieldDCGM45 is the only name DCGM <= 4.5 knows, the DCGM
+	// dcgm-exporter 4.5.3-4.8.2 is built with (an unknown name in the
+	// counters CSV stops the exporter); later DCGMs accept it as an alias.
+	RecoveryActionFieldDCGM45 = "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"
+	// RecoveryActionFieldDCGM46 is the name from DCGM 4.6 on.
+	RecoveryActionFieldDCGM46 = "DCGM_FI_DEV_GPU_RECOVERY_ACTION"
+)
+
 // xidMessages are the err_msg values dcgm-exporter (internal/pkg/collector/
-// xid_errors.go) prints for the codes the simulator produces.
+// xid_errors.go) prints for the codes the simulator produces or that fault
+// schedules commonly name.
 var xidMessages = map[int]string{
-	0:  "No Error",
-	13: "Graphics Engine Exception",
-	31: "GPU memory page fault",
-	43: "GPU stopped processing",
-	45: "Preemptive cleanup, due to previous errors -- Most likely to see when running multiple cuda",
-	48: "Double Bit ECC Error",
-	63: "ECC page retirement or row remapping recording event",
-	74: "NVLINK Error",
-	79: "GPU has fallen off the bus",
-	94: "Contained ECC error",
-	95: "Uncontained ECC error",
+	0:   "No Error",
+	13:  "Graphics Engine Exception",
+	31:  "GPU memory page fault",
+	43:  "GPU stopped processing",
+	45:  "Preemptive cleanup, due to previous errors -- Most likely to see when running multiple cuda",
+	48:  "Double Bit ECC Error",
+	61:  "Internal micro-controller breakpoint/warning",
+	62:  "Internal micro-controller halt",
+	63:  "ECC page retirement or row remapping recording event",
+	64:  "ECC page retirement or row remapper recording failure",
+	74:  "NVLINK Error",
+	79:  "GPU has fallen off the bus",
+	92:  "High single-bit ECC error rate",
+	94:  "Contained ECC error",
+	95:  "Uncontained ECC error",
+	109: "Context Switch Timeout Error",
+	119: "GSP RPC Timeout",
+	120: "GSP Error",
+	140: "Unrecovered ECC Error",
+	144: "NVLINK: Saw Error",
+	145: "NVLINK: RLW Error",
+	149: "NVLINK: NETIR Error",
+	150: "NVLINK: MSE Error",
+	154: "GPU Recovery Action Changed",
+	155: "NVLINK: SW Defined Error",
 }
 
-// xidMessage returns the err_msg label of an Xid code.
+// xidMessage returns the err_msg label of an Xid code. dcgm-exporter's table
+// ends at 172 and names any later code "Unknown Error".
 func xidMessage(code int) string {
 	if m, ok := xidMessages[code]; ok {
 		return m
+	}
+	if code > 172 {
+		return "Unknown Error"
 	}
 	return "Xid " + itoa(code)
 }

@@ -50,6 +50,55 @@ var dcgmExtraFields = map[string]string{
 	"DCGM_FI_DEV_MEM_MAX_OP_TEMP":                   "gauge",
 }
 
+// dcgmPackFields are the fields the rule pack and dashboards read beyond
+// those (deploy/rules), with the type dcgm-exporter gives them: its own
+// per-code Xid count (xid_collector.go), DCGM fields 1523 (recovery action,
+// under its DCGM <= 4.5 name), 396 (row remap pending), 1420-1424 (clock
+// event time, ns) and the NVLink4 error counters (dcgm_fields.h, DCGM 4.5.3).
+var dcgmPackFields = map[string]string{
+	"DCGM_EXP_XID_ERRORS_COUNT":                                  "counter",
+	"DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION":                        "gauge",
+	"DCGM_FI_DEV_ROW_REMAP_PENDING":                              "gauge",
+	"DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP_NS":            "counter",
+	"DCGM_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST_NS":              "counter",
+	"DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS":       "counter",
+	"DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS":       "counter",
+	"DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN_NS": "counter",
+	"DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL":              "counter",
+	"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL":                "counter",
+	"DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL":              "counter",
+}
+
+// dcgmNVLink5Fields replace the NVLink4 error counters on a B200: the
+// fields DCGM's NVLink health watch reads on Blackwell (DcgmHealthWatch.cpp,
+// MonitorNVLink5Fields and the recovery events).
+var dcgmNVLink5Fields = map[string]string{
+	"DCGM_FI_DEV_NVLINK_COUNT_RX_ERRORS":                       "counter",
+	"DCGM_FI_DEV_NVLINK_COUNT_RX_SYMBOL_ERRORS":                "counter",
+	"DCGM_FI_DEV_NVLINK_COUNT_RX_MALFORMED_PACKET_ERRORS":      "counter",
+	"DCGM_FI_DEV_NVLINK_COUNT_RX_BUFFER_OVERRUN_ERRORS":        "counter",
+	"DCGM_FI_DEV_NVLINK_COUNT_RX_REMOTE_ERRORS":                "counter",
+	"DCGM_FI_DEV_NVLINK_COUNT_RX_GENERAL_ERRORS":               "counter",
+	"DCGM_FI_DEV_NVLINK_COUNT_LOCAL_LINK_INTEGRITY_ERRORS":     "counter",
+	"DCGM_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS":                "counter",
+	"DCGM_FI_DEV_NVLINK_COUNT_SYMBOL_BER":                      "gauge",
+	"DCGM_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER":                   "gauge",
+	"DCGM_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS":            "counter",
+	"DCGM_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS": "counter",
+	"DCGM_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS":     "counter",
+	"DCGM_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL":            "counter",
+}
+
+// heldType returns the held type of a DCGM field and whether it is held.
+func heldType(name string) (string, bool) {
+	for _, held := range []map[string]string{dcgmDefaultCounters, dcgmExtraFields, dcgmPackFields, dcgmNVLink5Fields} {
+		if typ, ok := held[name]; ok {
+			return typ, true
+		}
+	}
+	return "", false
+}
+
 func TestCatalogueMatchesDCGMExporter(t *testing.T) {
 	if len(dcgmDefaultCounters) != 25 {
 		t.Fatalf("held list has %d entries, want 25", len(dcgmDefaultCounters))
@@ -69,7 +118,7 @@ func TestCatalogueMatchesDCGMExporter(t *testing.T) {
 	if defaults != 25 {
 		t.Errorf("catalogue marks %d families DCGMDefault, want 25", defaults)
 	}
-	for _, held := range []map[string]string{dcgmDefaultCounters, dcgmExtraFields} {
+	for _, held := range []map[string]string{dcgmDefaultCounters, dcgmExtraFields, dcgmPackFields, dcgmNVLink5Fields} {
 		for name, typ := range held {
 			d, ok := LookupMetric(name)
 			if !ok {
@@ -99,12 +148,9 @@ func TestSimulatorEmitsDCGMDefaults(t *testing.T) {
 		if s.Desc.Source != SourceDCGM {
 			continue
 		}
-		want, ok := dcgmDefaultCounters[s.Name()]
-		if !ok {
-			want, ok = dcgmExtraFields[s.Name()]
-		}
-		if !ok {
-			t.Fatalf("unexpected DCGM series %s", s.Name())
+		want, ok := heldType(s.Name())
+		if _, nvl5 := dcgmNVLink5Fields[s.Name()]; !ok || nvl5 {
+			t.Fatalf("unexpected DCGM series %s on an H100", s.Name())
 		}
 		if s.Desc.Type.String() != want {
 			t.Errorf("%s emitted as %s, want %s", s.Name(), s.Desc.Type, want)
@@ -141,9 +187,13 @@ func TestSimulatorEmitsDCGMDefaults(t *testing.T) {
 	if len(perGPU) != 16*8 {
 		t.Fatalf("%d GPUs emitted, want 128", len(perGPU))
 	}
+	wantFields := len(dcgmDefaultCounters) + len(dcgmExtraFields) + len(dcgmPackFields)
+	if n := len(c.DCGMFamilies()); n != wantFields {
+		t.Errorf("DCGMFamilies lists %d, want %d", n, wantFields)
+	}
 	for uuid, names := range perGPU {
-		if len(names) != len(dcgmDefaultCounters)+len(dcgmExtraFields) {
-			t.Errorf("GPU %s emits %d DCGM fields, want %d", uuid, len(names), len(dcgmDefaultCounters)+len(dcgmExtraFields))
+		if len(names) != wantFields {
+			t.Errorf("GPU %s emits %d DCGM fields, want %d", uuid, len(names), wantFields)
 		}
 		for n, k := range names {
 			if k != 1 {

@@ -43,6 +43,17 @@ type Config struct {
 	// server has HGXNodeCPUs, which the gpusim command simulates by default
 	// and whose 1,792 CPU series dominate a node's series count.
 	NodeCPUs int
+	// GPUModel is ModelH100 (default) or ModelB200: model name, memory,
+	// power, clocks and the NVLink generation (which NVLink error fields
+	// dcgm-exporter has to export).
+	GPUModel string
+	// RecoveryActionField names DCGM field 1523 as the counters CSV does:
+	// RecoveryActionFieldDCGM45 (default, what dcgm-exporter 4.5.3-4.8.2
+	// accepts) or RecoveryActionFieldDCGM46.
+	RecoveryActionField string
+	// XIDCountWindow is dcgm-exporter's --xid-count-window-size, the window
+	// of DCGM_EXP_XID_ERRORS_COUNT (default 5 minutes, as the exporter's).
+	XIDCountWindow time.Duration
 }
 
 // HGXNodeCPUs is the logical CPU count of an 8-GPU HGX H100 server (DGX
@@ -74,6 +85,24 @@ func (cfg *Config) setDefaults() error {
 	if cfg.NodeCPUs == 0 {
 		cfg.NodeCPUs = 4
 	}
+	if cfg.GPUModel == "" {
+		cfg.GPUModel = ModelH100
+	}
+	if cfg.RecoveryActionField == "" {
+		cfg.RecoveryActionField = RecoveryActionFieldDCGM45
+	}
+	if cfg.XIDCountWindow == 0 {
+		cfg.XIDCountWindow = 5 * time.Minute
+	}
+	if _, err := lookupHardware(cfg.GPUModel); err != nil {
+		return err
+	}
+	if cfg.RecoveryActionField != RecoveryActionFieldDCGM45 && cfg.RecoveryActionField != RecoveryActionFieldDCGM46 {
+		return fmt.Errorf("recovery action field %q: want %s (DCGM <= 4.5) or %s (DCGM >= 4.6)", cfg.RecoveryActionField, RecoveryActionFieldDCGM45, RecoveryActionFieldDCGM46)
+	}
+	if cfg.XIDCountWindow < time.Second {
+		return fmt.Errorf("xid count window %s: want at least 1s", cfg.XIDCountWindow)
+	}
 	switch {
 	case cfg.Nodes < 1 || cfg.Nodes > 100000:
 		return fmt.Errorf("nodes %d out of range 1..100000", cfg.Nodes)
@@ -85,30 +114,18 @@ func (cfg *Config) setDefaults() error {
 	return nil
 }
 
-// Hardware constants of an HGX H100 80GB SXM node.
+// Constants of the node model; the GPU's own are in hardware (GPUModel).
 const (
-	modelName     = "NVIDIA H100 80GB HBM3"
 	driverVersion = "570.133.20"
-	pMax          = 700.0   // W, TDP
-	fbTotal       = 81559.0 // MiB
-	fbReserved    = 583.0   // MiB
-	memClockMHz   = 2619.0
-	idleSMClock   = 345.0
-	boostSMClock  = 1980.0
 	tauTemp       = 50.0 // s, die temperature time constant
 	overheatTemp  = 92.5
-	throttleCap   = 0.45 * pMax // HW power brake
+	throttleShare = 0.45 // HW power brake: power capped at this share of TDP
 	// HBM: runs a few degrees hotter or cooler than 0.88 × die + 9 °C by
 	// GPU (hbmOffset); an hbm_overheat fault drives it towards
 	// hbmOverheatTemp with its own time constant.
 	hbmOverheatTemp = 98.0
-	// An H100 SXM's limits as nvidia-smi -q shows them ("GPU Max Operating
-	// Temp", "Memory Max Operating Temp"); the SW thermal slowdown starts
-	// at the first (swThermalSlowdownTemp).
-	gpuMaxOpTemp  = 87.0
-	memMaxOpTemp  = 95.0
-	tauHBM        = 40.0 // s
-	memTotalBytes = 2164663517184.0
+	tauHBM          = 40.0 // s
+	memTotalBytes   = 2164663517184.0
 )
 
 // UpgradedDriverVersion is the driver of a node after a driver_upgrade fault.
@@ -131,25 +148,35 @@ const (
 	// event HW slowdown and HW thermal slowdown (0x48).
 	throttlePowerBrakeMask = ThrottleHWSlowdown | ThrottleHWPowerBrake
 	throttleThermalMask    = ThrottleHWSlowdown | ThrottleHWThermal
-	swThermalSlowdownTemp  = 87
 )
 
 // Cluster is the simulated cluster. It is not safe for concurrent use.
 type Cluster struct {
-	cfg       Config
-	seed      uint64
-	groups    []group
-	nodes     []*node
-	hostIndex map[string]int
-	faults    []activeFault
-	jobs      map[jobKey]*jobInfo
-	stepSeq   int64
-	cset      seriesSet
-	em        emitter
-	last      time.Time
-	stepped   bool
-	bp        []float64 // breakpoint scratch
-	slotBuf   []jobSlot
+	cfg         Config
+	hw          *hardware
+	famRecov    int    // the recovery-action family this cluster emits
+	xidWinLabel string // window_size_in_ms of DCGM_EXP_XID_ERRORS_COUNT
+	seed        uint64
+	groups      []group
+	nodes       []*node
+	hostIndex   map[string]int
+	faults      []activeFault
+	jobs        map[jobKey]*jobInfo
+	stepSeq     int64
+	cset        seriesSet
+	em          emitter
+	last        time.Time
+	stepped     bool
+	bp          []float64 // breakpoint scratch
+	slotBuf     []jobSlot
+	// jobEnders are the faults that end the job on their node (sorted by
+	// start): see endsJob.
+	jobEnders []activeFault
+	// resetBase and thermalMemo memoise pure functions of time that are
+	// costly to recompute: counters at a GPU reset, and the seconds a GPU
+	// spent in SW thermal slowdown around its thermal faults.
+	resetBase   map[resetKey]gpuCounters
+	thermalMemo map[int][]thermalSpan
 }
 
 type gpu struct {
@@ -157,15 +184,24 @@ type gpu struct {
 	id                            uint64
 	labels                        []Label // static dcgm-exporter labels
 	pIdle, scale, ambient, kTherm float64
-	e0, nvl0, corrRows0, nvlScale float64
+	e0, corrRows0, nvlScale       float64
 	hbmOffset                     float64
 	sbe, pcie, crc, xid           eventProc
 }
 
+// nodeCum caches a node's sums over the whole windows before k.
 type nodeCum struct {
-	valid                   bool
-	k                       int64 // windows before k are summed
-	busy, inten, multi, nvl float64
+	valid bool
+	k     int64 // windows before k are summed
+	jobSums
+}
+
+// jobSums are a node's integrals over its jobs since the epoch: busy
+// seconds, intensity-weighted busy seconds, multi-node busy seconds, and
+// per GPU the seconds spent at the SW power cap.
+type jobSums struct {
+	busy, inten, multi float64
+	powerCap           [8]float64
 }
 
 type node struct {
@@ -177,16 +213,19 @@ type node struct {
 	instTrain   []string // per local rank: the training process' metrics port
 	uptime0     float64  // seconds the node had been up at the epoch
 	gpus        []gpu
-	xidCode     []int  // per GPU, the last Xid at the last step
-	gone        []bool // per GPU, fallen off the bus at the last step
-	upgraded    bool   // dcgm-exporter names the host label `hostname`
-	newDriver   bool   // the node runs UpgradedDriverVersion
+	xidCode     []int        // per GPU, the last Xid at the last step
+	gone        []bool       // per GPU, fallen off the bus or in reset at the last step
+	mig         []bool       // per GPU, in MIG mode at the last step
+	xidWin      [][]xidCount // per GPU, the Xids within the count window
+	upgraded    bool         // dcgm-exporter names the host label `hostname`
+	newDriver   bool         // the node runs UpgradedDriverVersion
 	cum         nodeCum
 	set         seriesSet
 	rootPhase   float64
 	raidBase    float64
 	overlayMnt  string
 	sysPods     [2]string
+	hostIP      string
 	netDrop     [2][2]eventProc // [device][rx, tx]
 	cpuFactor   []float64
 }
@@ -196,7 +235,14 @@ func New(cfg Config) (*Cluster, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, fmt.Errorf("gpusim config: %w", err)
 	}
-	c := &Cluster{cfg: cfg, seed: mix(cfg.Seed ^ 0x67707573696d), hostIndex: map[string]int{}, jobs: map[jobKey]*jobInfo{}}
+	c := &Cluster{cfg: cfg, seed: mix(cfg.Seed ^ 0x67707573696d), hostIndex: map[string]int{}, jobs: map[jobKey]*jobInfo{},
+		resetBase: map[resetKey]gpuCounters{}, thermalMemo: map[int][]thermalSpan{}}
+	c.hw, _ = lookupHardware(cfg.GPUModel) // checked by setDefaults
+	c.famRecov = FamGetGPURecoveryAction
+	if cfg.RecoveryActionField == RecoveryActionFieldDCGM46 {
+		c.famRecov = FamGPURecoveryAction
+	}
+	c.xidWinLabel = strconv.FormatInt(cfg.XIDCountWindow.Milliseconds(), 10)
 	c.em.target = cfg.TargetLabels
 	c.initGroups()
 	for i := 0; i < cfg.Nodes; i++ {
@@ -221,6 +267,7 @@ func (c *Cluster) newNode(i int) *node {
 		raidBase:   0.7 + 0.15*r(3),
 		overlayMnt: fmt.Sprintf("/run/containerd/io.containerd.runtime.v2.task/k8s.io/%016x/rootfs", h2(nh, 4)),
 		sysPods:    [2]string{"nvidia-dcgm-exporter-" + podSuffix(h2(nh, 5)), "node-exporter-" + podSuffix(h2(nh, 6))},
+		hostIP:     fmt.Sprintf("10.0.%d.%d", 1+i/250, 1+i%250),
 	}
 	for g := 0; g < c.cfg.GPUsPerNode; g++ {
 		n.instTrain = append(n.instTrain, fmt.Sprintf("%s:%d", hn, 9090+g))
@@ -251,7 +298,7 @@ func (c *Cluster) newNode(i int) *node {
 			idx: g, id: id,
 			labels: []Label{
 				{"gpu", itoa(g)}, {"UUID", uuid}, {"pci_bus_id", pciBusIDs[g]}, {"device", "nvidia" + itoa(g)},
-				{"modelName", modelName}, {"Hostname", hn}, {"DCGM_FI_DRIVER_VERSION", driverVersion},
+				{"modelName", c.hw.name}, {"Hostname", hn}, {"DCGM_FI_DRIVER_VERSION", driverVersion},
 			},
 			pIdle:     62 + 16*gr(1),
 			scale:     0.96 + 0.08*gr(2),
@@ -261,7 +308,6 @@ func (c *Cluster) newNode(i int) *node {
 			hbmOffset: -2 + 5*gr(17),
 		}
 		gp.e0 = n.uptime0 * (250 + 150*gr(6)) * 1000
-		gp.nvl0 = n.uptime0 * 2e4 * gr(7)
 		if gr(8) < 0.05 {
 			gp.corrRows0 = float64(1 + h2(id, 9)%3)
 		}
@@ -285,6 +331,8 @@ func (c *Cluster) newNode(i int) *node {
 	}
 	n.xidCode = make([]int, len(n.gpus))
 	n.gone = make([]bool, len(n.gpus))
+	n.mig = make([]bool, len(n.gpus))
+	n.xidWin = make([][]xidCount, len(n.gpus))
 	return n
 }
 
@@ -417,10 +465,7 @@ type nodeStep struct {
 	sum      float64
 	cycles   float64
 	stepIdx  int
-	busy     float64
-	inten    float64
-	multi    float64
-	nvl      float64
+	jobSums  // the node's job integrals up to now
 	sinceJob float64
 }
 
@@ -449,19 +494,13 @@ func (c *Cluster) stepNode(n *node, s float64, tms int64) {
 			key = h2(key, 5)
 		}
 		for gi := range n.gpus {
-			n.xidCode[gi] = c.xidAt(n, gi, s)
-			n.gone[gi] = c.gpuGoneAt(n.idx, gi, s)
-			g := uint64(n.xidCode[gi]) << 1
-			if n.gone[gi] {
-				g |= 1
-			}
-			key = h3(key, uint64(gi), g)
+			key = h3(key, uint64(gi), c.gpuLabelState(n, gi, s))
 		}
 	}
 	e := &c.em
 	e.begin(&n.set, key)
 	if !down {
-		st.busy, st.inten, st.multi, st.nvl = c.nodeCumAt(n, s)
+		st.jobSums = c.nodeCumAt(n, s)
 		if st.job != nil {
 			c.jobProgress(&st, s)
 		}
@@ -494,12 +533,12 @@ func (c *Cluster) jobProgress(st *nodeStep, s float64) {
 	}
 }
 
-// nodeCumAt returns the node's busy seconds, intensity-weighted busy seconds,
-// multi-node busy seconds and NVLink bytes since the epoch, summing whole
-// windows once (cached) and the current window's part on each call.
-func (c *Cluster) nodeCumAt(n *node, s float64) (busy, inten, multi, nvl float64) {
+// nodeCumAt returns the node's job integrals since the epoch (jobSums),
+// summing whole windows once (cached) and the current window's part on each
+// call.
+func (c *Cluster) nodeCumAt(n *node, s float64) jobSums {
 	if s <= 0 {
-		return
+		return jobSums{}
 	}
 	g := &c.groups[n.idx/groupSize]
 	ks := g.window(s)
@@ -509,31 +548,68 @@ func (c *Cluster) nodeCumAt(n *node, s float64) (busy, inten, multi, nvl float64
 	}
 	for cc.k < ks {
 		j := c.slotOf(n.idx, cc.k)
-		cc.busy, cc.inten, cc.multi, cc.nvl = addBusy(&j, math.Inf(1), cc.busy, cc.inten, cc.multi, cc.nvl)
+		c.addJob(&cc.jobSums, n, &j, math.Inf(1))
 		cc.k++
 	}
 	j := c.slotOf(n.idx, ks)
-	return addBusy(&j, s, cc.busy, cc.inten, cc.multi, cc.nvl)
+	sums := cc.jobSums
+	c.addJob(&sums, n, &j, s)
+	return sums
 }
 
-func addBusy(j *jobSlot, upto, busy, inten, multi, nvl float64) (float64, float64, float64, float64) {
+// addJob adds job j's part up to upto to the node's sums.
+func (c *Cluster) addJob(sums *jobSums, n *node, j *jobSlot, upto float64) {
 	if j.idle {
-		return busy, inten, multi, nvl
+		return
 	}
 	lo, hi := math.Max(j.start, 0), math.Min(j.end, upto)
-	if d := hi - lo; d > 0 {
-		busy += d
-		inten += j.intensity * d
-		if j.size > 1 {
-			multi += d
-		}
-		nvl += j.nvlRate * d
+	d := hi - lo
+	if d <= 0 {
+		return
 	}
-	return busy, inten, multi, nvl
+	sums.busy += d
+	sums.inten += j.intensity * d
+	if j.size > 1 {
+		sums.multi += d
+	}
+	for gi := range n.gpus {
+		sums.powerCap[gi] += c.powerCapShare(&n.gpus[gi], j) * d
+	}
 }
 
-func (g *gpu) busyMean(j *jobSlot) float64 { return g.pIdle + j.intensity*g.scale*(pMax-g.pIdle) }
-func (g *gpu) stallPower() float64         { return g.pIdle + 115 }
+// computePower is the GPU's power in the compute phase of job j, and
+// whether that is at the SW power cap (NVML's SW power cap reason): the
+// phase average is j's mean power with the comm phase at commRatio of it.
+func (c *Cluster) computePower(g *gpu, j *jobSlot) (pc, pa float64, capped bool) {
+	const commRatio = 0.55
+	mean := c.busyMean(g, j)
+	pc = mean / (j.computeFrac + commRatio*(1-j.computeFrac))
+	pa = commRatio * pc
+	if pc > c.hw.pMax {
+		pc = c.hw.pMax
+		pa = (mean - j.computeFrac*c.hw.pMax) / (1 - j.computeFrac)
+	}
+	return pc, pa, pc >= 0.97*c.hw.pMax
+}
+
+// powerCapShare is the share of job j's running time GPU g spends at its
+// power cap: its compute phases when they reach it (checkpoints and
+// stalls, a few percent of the time, are not taken out).
+func (c *Cluster) powerCapShare(g *gpu, j *jobSlot) float64 {
+	if _, _, capped := c.computePower(g, j); capped {
+		return j.computeFrac
+	}
+	return 0
+}
+
+func (c *Cluster) busyMean(g *gpu, j *jobSlot) float64 {
+	return g.pIdle + j.intensity*g.scale*(c.hw.pMax-g.pIdle)
+}
+func (g *gpu) stallPower() float64 { return g.pIdle + 115 }
+
+// migPower is a GPU's power in MIG mode: its instances serve inference at
+// about a third of the TDP headroom.
+func (c *Cluster) migPower(g *gpu) float64 { return g.pIdle + 0.3*(c.hw.pMax-g.pIdle) }
 
 // meanPower returns the GPU's step-cycle-averaged power at x with faults
 // (act) and without (base).
@@ -543,21 +619,24 @@ func (c *Cluster) meanPower(n *node, gi int, x float64) (act, base float64) {
 	base = gp.pIdle
 	act = base
 	if j.running(x) {
-		base = gp.busyMean(&j)
+		base = c.busyMean(gp, &j)
 		act = base
 		if c.jobStalledAt(&j, x) {
 			act = gp.stallPower()
 		}
 	}
+	if c.gpuFaultActive(FaultMIG, n.idx, gi, x) {
+		act = c.migPower(gp)
+	}
 	if c.gpuFaultActive(FaultThrottle, n.idx, gi, x) {
-		act = math.Min(act, throttleCap)
+		act = math.Min(act, throttleShare*c.hw.pMax)
 	}
 	return act, base
 }
 
 func (c *Cluster) powerFault(f *activeFault, node, gi int) bool {
 	switch f.kind {
-	case FaultThrottle, FaultThrottleThermal:
+	case FaultThrottle, FaultThrottleThermal, FaultMIG:
 		return f.hitsGPU(node, gi)
 	case FaultTrainingStall, FaultNodeDown:
 		return f.node/groupSize == node/groupSize
@@ -794,7 +873,10 @@ func (c *Cluster) emitTraining(e *emitter, n *node, st *nodeStep) {
 	for g := 0; g < c.cfg.GPUsPerNode; g++ {
 		rank := st.local*c.cfg.GPUsPerNode + g
 		if e.build {
-			e.base = append(e.base[:0], Label{"job_name", ji.name}, Label{"namespace", "training"}, Label{"rank", ji.rankStrs[rank]}, Label{"Hostname", n.hostname})
+			// pod and container are what the PodMonitor that scrapes the
+			// ranks adds; the script itself labels job_name and rank.
+			e.base = append(e.base[:0], Label{"job_name", ji.name}, Label{"namespace", "training"}, Label{"rank", ji.rankStrs[rank]}, Label{"Hostname", n.hostname},
+				Label{"pod", ji.pods[st.local]}, Label{"container", "pytorch"})
 		}
 		e.setTarget("training", n.instTrain[g])
 		rn := func(k uint64) float64 { return sym(h4(ji.id, saltRank, uint64(rank), uint64(steps)*8+k)) }
@@ -815,170 +897,6 @@ func (c *Cluster) emitTraining(e *emitter, n *node, st *nodeStep) {
 		e.add(FamTrainMFU, rtps*6*m.params/peakFLOPS*100)
 		e.add(FamTrainDataLoadTime, load*(1+0.05*rn(3)))
 	}
-}
-
-func (c *Cluster) emitGPU(e *emitter, n *node, gi int, st *nodeStep, s float64, tms int64) {
-	gp := &n.gpus[gi]
-	if e.build {
-		e.base = append(e.base[:0], gp.labels...)
-		for i := range e.base {
-			switch {
-			case n.upgraded && e.base[i].Name == "Hostname":
-				e.base[i].Name = "hostname"
-			case n.newDriver && e.base[i].Name == "DCGM_FI_DRIVER_VERSION":
-				e.base[i].Value = UpgradedDriverVersion
-			}
-		}
-		if st.job != nil {
-			e.base = append(e.base, Label{"pod", st.job.pods[st.local]}, Label{"namespace", "training"}, Label{"container", "pytorch"})
-		}
-	}
-	e.setTarget("dcgm-exporter", n.instDCGM)
-	nz := func(i uint64) float64 { return sym(h4(c.seed, saltNoise, gp.id, uint64(tms)*64+i)) }
-	u := func(i uint64) float64 { return unit(h4(c.seed, saltNoise, gp.id, uint64(tms)*64+i)) }
-
-	var util, memCopy, gr, tensor, dram, pcieTx, pcieRx, power, sm float64
-	reasons := 0
-	ph := st.phase
-	if st.job == nil {
-		ph = phIdle
-	}
-	switch ph {
-	case phIdle:
-		power = gp.pIdle * (1 + 0.02*nz(1))
-		sm = idleSMClock
-		pcieTx, pcieRx = 1e4+4e4*u(2), 1e4+6e4*u(3)
-		reasons = ThrottleGPUIdle
-	case phCompute, phComm:
-		j := st.job
-		mean := gp.busyMean(&j.jobSlot)
-		const commRatio = 0.55
-		pc := mean / (j.computeFrac + commRatio*(1-j.computeFrac))
-		pa := commRatio * pc
-		if pc > pMax {
-			pc = pMax
-			pa = (mean - j.computeFrac*pMax) / (1 - j.computeFrac)
-		}
-		sm = boostSMClock - 15*math.Floor(4*u(4))
-		if ph == phCompute {
-			util = 96 + math.Floor(5*u(5))
-			memCopy = 32 + 12*u(6)
-			gr = 0.93 + 0.06*u(7)
-			tensor = j.tensor * (1 + 0.04*nz(8))
-			dram = 0.32 + 0.18*u(9)
-			power = pc * (1 + 0.015*nz(10))
-			pcieRx, pcieTx = 2e8+4e8*u(11), 3e7+5e7*u(12)
-			if pc >= 0.97*pMax {
-				reasons |= ThrottleSWPowerCap
-				sm -= 120 + 60*u(13)
-			}
-		} else {
-			util = 55 + math.Floor(21*u(5))
-			memCopy = 15 + 10*u(6)
-			gr = 0.6 + 0.15*u(7)
-			tensor = 0.01 + 0.03*u(8)
-			dram = 0.18 + 0.12*u(9)
-			power = pa * (1 + 0.02*nz(10))
-			pcieRx, pcieTx = 5e6+2e7*u(11), 5e6+2e7*u(12)
-		}
-	case phCheckpoint:
-		util = 8 + math.Floor(12*u(5))
-		memCopy = 4 + 6*u(6)
-		gr = 0.08 + 0.1*u(7)
-		dram = 0.05 + 0.05*u(9)
-		power = (gp.pIdle + 60) * (1 + 0.03*nz(10))
-		sm = boostSMClock
-		pcieTx, pcieRx = 1.5e9+1.5e9*u(12), 1e6+4e6*u(11) // weights and optimiser state to host
-	case phStall:
-		// A hung collective spins a kernel: 100% "utilisation", nothing done.
-		util = 100
-		gr = 0.99 + 0.01*u(7)
-		dram = 0.01 * u(9)
-		power = gp.stallPower() * (1 + 0.02*nz(10))
-		sm = boostSMClock
-		pcieTx, pcieRx = 1e4+1e4*u(12), 1e4+1e4*u(11)
-	}
-	if c.gpuFaultActive(FaultThrottle, n.idx, gi, s) {
-		reasons |= throttlePowerBrakeMask
-		reasons &^= ThrottleSWPowerCap
-		sm = 1005 + 15*math.Floor(12*u(14))
-		power = math.Min(power, throttleCap*(1+0.02*nz(15)))
-	}
-	if c.gpuFaultActive(FaultThrottleThermal, n.idx, gi, s) {
-		reasons |= throttleThermalMask
-		sm = math.Min(sm, 990+15*math.Floor(12*u(14)))
-	}
-	temp := math.Round(c.gpuTemp(n, gi, s) + 0.4*nz(16))
-	if temp >= swThermalSlowdownTemp {
-		reasons |= ThrottleSWThermal
-		sm = math.Min(sm, 1590+15*math.Floor(8*u(17)))
-	}
-	memTemp := 0.88*temp + 9 + gp.hbmOffset
-	if w := c.hbmExcessWeight(n.idx, gi, s); w > 0 {
-		memTemp += (hbmOverheatTemp - memTemp) * w
-	}
-	memTemp = math.Round(memTemp + 0.5*nz(18))
-
-	fbUsed := 0.0
-	if st.job != nil {
-		fbUsed = math.Round(st.job.fbFrac * (fbTotal - fbReserved) * (1 - math.Exp(-st.sinceJob/40)) * (1 + 0.002*nz(19)))
-		fbUsed = math.Min(fbUsed, fbTotal-fbReserved)
-	}
-
-	// Counters.
-	energy := gp.e0 + 1000*(gp.pIdle*s+gp.scale*(pMax-gp.pIdle)*st.inten+c.energyCorr(n, gi, s))
-	if s < 0 {
-		energy = gp.e0 + 1000*gp.pIdle*s
-	}
-	pcieReplay, _ := gp.pcie.at(s)
-	sbe, _ := gp.sbe.at(s)
-	dbe := c.dbeFaultEvents(n.idx, gi, s)
-	crc, _ := gp.crc.at(s)
-	crc += c.crcFaultErrors(n.idx, gi, s)
-	xid := n.xidCode[gi]
-	remapFail := 0.0
-	if c.gpuFaultActive(FaultRowRemapFailure, n.idx, gi, s) {
-		remapFail = 1
-	}
-
-	e.add(FamSMClock, sm)
-	e.add(FamMemClock, memClockMHz)
-	e.add(FamMemoryTemp, memTemp)
-	e.add(FamGPUTemp, temp)
-	e.add(FamPowerUsage, math.Round(power*1000)/1000)
-	e.add(FamTotalEnergy, math.Floor(energy))
-	e.add(FamPCIeReplay, pcieReplay)
-	e.add(FamGPUUtil, util)
-	e.add(FamMemCopyUtil, math.Round(memCopy))
-	e.add(FamEncUtil, 0)
-	e.add(FamDecUtil, 0)
-	// dcgm-exporter >= 3.3.6 labels the gauge with the code and its text,
-	// so every code is a series of its own.
-	e.add(FamXIDErrors, float64(xid), Label{"err_code", itoa(xid)}, Label{"err_msg", xidMessage(xid)})
-	e.add(FamFBFree, fbTotal-fbUsed-fbReserved)
-	e.add(FamFBUsed, fbUsed)
-	e.add(FamFBReserved, fbReserved)
-	e.add(FamNVLinkBandwidth, math.Floor(gp.nvl0+gp.nvlScale*st.nvl/(1<<20)))
-	e.add(FamVGPULicense, 0)
-	e.add(FamUncorrectableRemappedRows, dbe)
-	e.add(FamCorrectableRemappedRows, gp.corrRows0+math.Floor(sbe/100))
-	e.add(FamRowRemapFailure, remapFail)
-	e.add(FamProfGREngineActive, round6(gr))
-	e.add(FamProfPipeTensorActive, round6(tensor))
-	e.add(FamProfDRAMActive, round6(dram))
-	e.add(FamProfPCIeTxBytes, math.Round(pcieTx))
-	e.add(FamProfPCIeRxBytes, math.Round(pcieRx))
-	e.add(FamECCSBEVolTotal, sbe)
-	e.add(FamECCDBEVolTotal, dbe)
-	// An H100 remaps rows instead of retiring pages: the retired-page
-	// counters stay 0 (typed counter, as dcgm-exporter's CSV does).
-	e.add(FamRetiredSBE, 0)
-	e.add(FamRetiredDBE, 0)
-	e.add(FamNVLinkCRCFlitErrors, crc)
-	e.add(FamClockThrottleReasons, float64(reasons))
-	e.add(FamFBTotal, fbTotal)
-	e.add(FamGPUMaxOpTemp, gpuMaxOpTemp)
-	e.add(FamMemMaxOpTemp, memMaxOpTemp)
 }
 
 // stepClusterScope emits kube-state-metrics, the nccl-tests results in the
@@ -1041,19 +959,30 @@ func (c *Cluster) stepClusterScope(s float64) {
 				}
 				e.add(FamKubePodPhase, v, Label{"namespace", "training"}, Label{"phase", name}, Label{"pod", ji.pods[p]})
 			}
+			c.emitPodObject(e, ji, p)
 		}
-		active := 0.0
-		if s < j.end {
-			active = float64(j.size)
+		// Only a batch Job has kube_job_status_active (= its active pods);
+		// the other owners' objects are custom resources.
+		if j.kind == ownerBatchJob {
+			active := 0.0
+			if s < j.end {
+				active = float64(j.size)
+			}
+			e.add(FamKubeJobActive, active, Label{"job_name", ji.name}, Label{"namespace", "training"})
 		}
-		e.add(FamKubeJobActive, active, Label{"job_name", ji.name}, Label{"namespace", "training"})
 	}
 	// Pushed series keep the pushing job's grouping key as their job and
-	// instance (the scrape uses honor_labels), one group per block.
+	// instance, one group per block: the Pushgateway exposes them as labels
+	// (and its scrape uses honor_labels), target labels or not.
 	for gi := range c.groups {
 		g := &c.groups[gi]
 		e.setTarget("nccl-tests", c.nodes[g.first].hostname)
-		e.add(FamNCCLBandwidth, c.ncclBandwidth(gi, s), Label{"nodes", strconv.Itoa(g.size)}, Label{"test", "all_reduce_perf"})
+		nodes, test := Label{"nodes", strconv.Itoa(g.size)}, Label{"test", "all_reduce_perf"}
+		if e.target {
+			e.add(FamNCCLBandwidth, c.ncclBandwidth(gi, s), nodes, test)
+		} else {
+			e.add(FamNCCLBandwidth, c.ncclBandwidth(gi, s), nodes, test, Label{"job", "nccl-tests"}, Label{"instance", c.nodes[g.first].hostname})
+		}
 	}
 	if c.cfg.TargetLabels {
 		for _, n := range c.nodes {
@@ -1070,6 +999,17 @@ func (c *Cluster) stepClusterScope(s float64) {
 		e.add(FamUp, 1)
 	}
 	e.end()
+}
+
+// emitPodObject writes kube-state-metrics' kube_pod_owner and kube_pod_info
+// of pod p of job ji: its controller, and the node it is bound to.
+func (c *Cluster) emitPodObject(e *emitter, ji *jobInfo, p int) {
+	ns, pod, uid := Label{"namespace", "training"}, Label{"pod", ji.pods[p]}, Label{"uid", ji.uids[p]}
+	kind := ji.kind.String()
+	e.add(FamKubePodOwner, 1, ns, pod, uid, Label{"owner_kind", kind}, Label{"owner_name", ji.name}, Label{"owner_is_controller", "true"})
+	n := c.nodes[ji.firstNode+p]
+	e.add(FamKubePodInfo, 1, ns, pod, uid, Label{"node", n.hostname}, Label{"host_ip", n.hostIP}, Label{"pod_ip", ji.podIPs[p]},
+		Label{"created_by_kind", kind}, Label{"created_by_name", ji.name}, Label{"priority_class", "training"}, Label{"host_network", "false"})
 }
 
 func frac(x float64) float64 { return x - math.Floor(x) }

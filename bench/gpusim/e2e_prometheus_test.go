@@ -114,7 +114,7 @@ func TestPrometheusScrapesSimulator(t *testing.T) {
 	if err := getJSON(ctx, api+"/api/v1/metadata", &md); err != nil {
 		t.Fatal(err)
 	}
-	for _, held := range []map[string]string{dcgmDefaultCounters, dcgmExtraFields} {
+	for _, held := range []map[string]string{dcgmDefaultCounters, dcgmExtraFields, dcgmPackFields} {
 		for name, typ := range held {
 			m, ok := md.Data[name]
 			if !ok || len(m) == 0 {

@@ -65,13 +65,44 @@ const (
 	// unreachable), marks it not Ready (status="unknown") in
 	// kube-state-metrics and stalls the job it was part of.
 	FaultNodeDown FaultKind = "node_down"
+	// FaultGPUReset resets the GPU (nvidia-smi -r) at `at`: the job on its
+	// node ends, the GPU is gone from the exporter for `duration` (default
+	// 30 s), and comes back with its volatile counters (ECC, PCIe replay,
+	// NVLink errors, clock-event time) restarted from 0 and a pending row
+	// remap applied.
+	FaultGPUReset FaultKind = "gpu_reset"
+	// FaultRecoveryAction: the driver asks for recovery action `code`
+	// (nvmlDeviceGpuRecoveryAction_t: 1 GPU reset (default), 2 node reboot,
+	// 3 drain P2P, 4 drain and reset) while the fault lasts, and logs Xid 154
+	// (GPU Recovery Action Changed) at `at`.
+	FaultRecoveryAction FaultKind = "recovery_action"
+	// FaultMIG switches the GPU to MIG mode for `duration`: its node's job
+	// ends (the node is drained first), and dcgm-exporter exports one series
+	// per GPU instance (GPU_I_PROFILE, GPU_I_ID) and no utilisation.
+	FaultMIG FaultKind = "mig"
+	// FaultNVLinkReplay: NVLink replay errors, one every 10 s (H100 only:
+	// NVLink5 has no replay counter).
+	FaultNVLinkReplay FaultKind = "nvlink_replay"
+	// FaultNVLinkRecovery: an NVLink link recovery at `at` and every minute
+	// while it lasts (H100: the recovery error counter; B200: the link
+	// recovery and failed-recovery event counters).
+	FaultNVLinkRecovery FaultKind = "nvlink_recovery"
 )
 
 // FaultKinds lists every kind, for flag help and validation.
-var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultThrottleThermal, FaultHBMOverheat, FaultExporterUpgrade, FaultDriverUpgrade, FaultTrainingStall, FaultNaNLoss, FaultNodeDown}
+var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultThrottleThermal, FaultHBMOverheat, FaultExporterUpgrade, FaultDriverUpgrade, FaultTrainingStall, FaultNaNLoss, FaultNodeDown,
+	FaultGPUReset, FaultRecoveryAction, FaultMIG, FaultNVLinkReplay, FaultNVLinkRecovery}
 
-// DefaultFaultDuration applies when a fault gives none.
+// DefaultFaultDuration applies when a fault gives none (gpu_reset: 30 s).
 const DefaultFaultDuration = 5 * time.Minute
+
+// defaultDuration is the duration of a fault of kind that gives none.
+func defaultDuration(kind FaultKind) time.Duration {
+	if kind == FaultGPUReset {
+		return 30 * time.Second
+	}
+	return DefaultFaultDuration
+}
 
 // Fault is one scheduled failure. At is an offset from Config.FaultOrigin.
 type Fault struct {
@@ -83,8 +114,12 @@ type Fault struct {
 	// GPU is the GPU index; -1 means every GPU of the node. Ignored by the
 	// node- and job-level kinds.
 	GPU int
-	// Code is the Xid code of an xid fault (79, 48, 94, ...).
+	// Code is the Xid code of an xid fault (79, 48, 94, ...) or the action
+	// of a recovery_action fault.
 	Code int
+	// Every repeats an xid fault's event at this interval while it lasts
+	// (0: once): the same code again, which the last-Xid gauge cannot show.
+	Every time.Duration
 }
 
 // faultFile is the YAML schema: a top-level `faults:` list.
@@ -99,6 +134,7 @@ type faultYAML struct {
 	Node     string    `yaml:"node"`
 	GPU      *int      `yaml:"gpu"`
 	Code     int       `yaml:"code"`
+	Every    string    `yaml:"every"`
 }
 
 // ParseFaultsYAML reads a fault schedule:
@@ -117,7 +153,7 @@ func ParseFaultsYAML(data []byte) ([]Fault, error) {
 		if y.GPU != nil {
 			gpu = *y.GPU
 		}
-		ft, err := newFault(y.Kind, y.At, y.Duration, y.Node, gpu, y.Code)
+		ft, err := newFault(y.Kind, y.At, y.Duration, y.Every, y.Node, gpu, y.Code)
 		if err != nil {
 			return nil, fmt.Errorf("fault %d: %w", i, err)
 		}
@@ -127,9 +163,9 @@ func ParseFaultsYAML(data []byte) ([]Fault, error) {
 }
 
 // ParseFaultSpec reads the flag form of one fault:
-// "kind=xid,at=10m,duration=1m,node=gpu-node-003,gpu=2,code=79".
+// "kind=xid,at=10m,duration=1m,node=gpu-node-003,gpu=2,code=79[,every=1m]".
 func ParseFaultSpec(spec string) (Fault, error) {
-	var kind, at, dur, node string
+	var kind, at, dur, every, node string
 	gpu, code := -1, 0
 	for _, kv := range strings.Split(spec, ",") {
 		kv = strings.TrimSpace(kv)
@@ -148,6 +184,8 @@ func ParseFaultSpec(spec string) (Fault, error) {
 			at = v
 		case "duration":
 			dur = v
+		case "every":
+			every = v
 		case "node":
 			node = v
 		case "gpu":
@@ -161,7 +199,7 @@ func ParseFaultSpec(spec string) (Fault, error) {
 			return Fault{}, fmt.Errorf("fault %q: %s: %w", spec, k, err)
 		}
 	}
-	f, err := newFault(FaultKind(kind), at, dur, node, gpu, code)
+	f, err := newFault(FaultKind(kind), at, dur, every, node, gpu, code)
 	if err != nil {
 		return Fault{}, fmt.Errorf("fault %q: %w", spec, err)
 	}
@@ -179,7 +217,7 @@ func parseDur(s string) (time.Duration, error) {
 	return time.Duration(d), nil
 }
 
-func newFault(kind FaultKind, at, dur, node string, gpu, code int) (Fault, error) {
+func newFault(kind FaultKind, at, dur, every, node string, gpu, code int) (Fault, error) {
 	f := Fault{Kind: kind, Node: node, GPU: gpu, Code: code}
 	if !validKind(kind) {
 		return f, fmt.Errorf("unknown kind %q (want one of %v)", kind, FaultKinds)
@@ -191,16 +229,31 @@ func newFault(kind FaultKind, at, dur, node string, gpu, code int) (Fault, error
 	if f.Duration, err = parseDur(dur); err != nil {
 		return f, fmt.Errorf("duration: %w", err)
 	}
+	if f.Every, err = parseDur(every); err != nil {
+		return f, fmt.Errorf("every: %w", err)
+	}
 	if f.Duration == 0 {
-		f.Duration = DefaultFaultDuration
+		f.Duration = defaultDuration(kind)
 	}
 	if node == "" {
 		return f, fmt.Errorf("node is required")
 	}
-	if kind == FaultXid && code <= 0 {
-		return f, fmt.Errorf("xid fault needs a positive code")
+	return f, checkFault(f)
+}
+
+// checkFault checks what a fault's kind requires of its fields.
+func checkFault(f Fault) error {
+	switch {
+	case f.Kind == FaultXid && f.Code <= 0:
+		return fmt.Errorf("xid fault needs a positive code")
+	case f.Kind == FaultRecoveryAction && (f.Code < 0 || f.Code > 7):
+		return fmt.Errorf("recovery_action code %d: want 1 (GPU reset), 2 (node reboot), 3 (drain P2P), 4 (drain and reset) or up to 7", f.Code)
+	case f.Every < 0 || (f.Every > 0 && f.Every < time.Second):
+		return fmt.Errorf("every %s: want at least 1s", f.Every)
+	case f.Every > 0 && f.Kind != FaultXid:
+		return fmt.Errorf("every applies to xid faults only, not %s", f.Kind)
 	}
-	return f, nil
+	return nil
 }
 
 func validKind(k FaultKind) bool {
@@ -220,6 +273,7 @@ type activeFault struct {
 	node       int
 	gpu        int // -1: all GPUs
 	code       int
+	every      float64 // xid: repeat interval in seconds, 0: once
 }
 
 func (f *activeFault) activeAt(s float64) bool { return s >= f.start && s < f.end }
@@ -250,9 +304,15 @@ func (c *Cluster) resolveFaults(faults []Fault) error {
 		if f.GPU >= c.cfg.GPUsPerNode {
 			return fmt.Errorf("fault %d (%s): gpu %d out of range 0..%d", i, f.Kind, f.GPU, c.cfg.GPUsPerNode-1)
 		}
+		if err := checkFault(f); err != nil {
+			return fmt.Errorf("fault %d (%s): %w", i, f.Kind, err)
+		}
+		if f.Kind == FaultNVLinkReplay && c.hw.nvlink5 {
+			return fmt.Errorf("fault %d (%s): NVLink5 (%s) has no replay counter; use nvlink_crc_burst or nvlink_recovery", i, f.Kind, c.cfg.GPUModel)
+		}
 		d := f.Duration
 		if d <= 0 {
-			d = DefaultFaultDuration
+			d = defaultDuration(f.Kind)
 		}
 		gpu := f.GPU
 		if gpu < 0 {
@@ -263,10 +323,37 @@ func (c *Cluster) resolveFaults(faults []Fault) error {
 		if f.Kind == FaultExporterUpgrade || f.Kind == FaultDriverUpgrade {
 			end = math.Inf(1)
 		}
-		c.faults = append(c.faults, activeFault{kind: f.Kind, start: start, end: end, node: n, gpu: gpu, code: f.Code})
+		code := f.Code
+		if f.Kind == FaultRecoveryAction && code == 0 {
+			code = 1 // GPU reset
+		}
+		c.faults = append(c.faults, activeFault{kind: f.Kind, start: start, end: end, node: n, gpu: gpu, code: code, every: f.Every.Seconds()})
 	}
 	sort.SliceStable(c.faults, func(i, j int) bool { return c.faults[i].start < c.faults[j].start })
+	for _, f := range c.faults {
+		if f.endsJob() {
+			c.jobEnders = append(c.jobEnders, f)
+		}
+	}
 	return nil
+}
+
+// jobCrashDelay is how long after a fatal GPU event its job's pods fail:
+// the CUDA error reaches the process, NCCL aborts, the container exits.
+const jobCrashDelay = 5.0
+
+// endsJob reports whether the fault ends the job on its node: an
+// uncorrectable ECC error or an Xid that kills the CUDA contexts (48 DBE,
+// 79 fallen off the bus, 94/95 contained/uncontained ECC), a GPU reset
+// (needs the GPU idle) and a switch to MIG mode (the node is drained).
+func (f *activeFault) endsJob() bool {
+	switch f.kind {
+	case FaultECCDBE, FaultGPUReset, FaultMIG:
+		return true
+	case FaultXid:
+		return f.code == 79 || f.code == 48 || f.code == 94 || f.code == 95
+	}
+	return false
 }
 
 func (c *Cluster) nodeIndex(s string) (int, bool) {
@@ -358,59 +445,6 @@ func unionLength(iv [][2]float64) float64 {
 	return total + ce - cs
 }
 
-// dbeXidBurst is what the driver logs for an uncorrectable ECC error on an
-// Ampere or newer GPU, in order (NVIDIA's Xid catalogue): the DBE itself,
-// the row remap it triggers, the contained-error notice to the application,
-// and the teardown of the affected contexts. They come a second apart.
-var dbeXidBurst = [...]int{48, 63, 94, 45}
-
-// goneGrace is how long a GPU that fell off the bus is still exported: one
-// dcgm-exporter collection interval, in which the Xid 79 is seen.
-const goneGrace = 30.0
-
-// xidAt returns the last Xid of (node, gpu) at s: the latest of the
-// background events, xid faults and the Xid bursts of ecc_dbe faults.
-func (c *Cluster) xidAt(n *node, gi int, s float64) int {
-	gp := &n.gpus[gi]
-	code, at, ok := 0, 0.0, false
-	if s >= 0 {
-		_, code = gp.xid.at(s)
-		at, ok = gp.xid.lastTime()
-	}
-	consider := func(cd int, t float64) {
-		if t <= s && (!ok || t >= at) {
-			code, at, ok = cd, t, true
-		}
-	}
-	for i := range c.faults {
-		f := &c.faults[i]
-		if !f.hitsGPU(n.idx, gi) || f.start > s {
-			continue
-		}
-		switch f.kind {
-		case FaultXid:
-			consider(f.code, f.start)
-		case FaultECCDBE:
-			for k, cd := range dbeXidBurst {
-				consider(cd, f.start+float64(k))
-			}
-		}
-	}
-	return code
-}
-
-// gpuGoneAt reports whether (node, gpu) has fallen off the bus at s: from
-// goneGrace after an Xid 79 fault until the fault ends.
-func (c *Cluster) gpuGoneAt(node, gpu int, s float64) bool {
-	for i := range c.faults {
-		f := &c.faults[i]
-		if f.kind == FaultXid && f.code == 79 && f.hitsGPU(node, gpu) && s >= f.start+goneGrace && s < f.end {
-			return true
-		}
-	}
-	return false
-}
-
 // upgradedAt reports whether the node's dcgm-exporter names the host label
 // `hostname` at s.
 func (c *Cluster) upgradedAt(node int, s float64) bool {
@@ -450,35 +484,4 @@ func (c *Cluster) hbmExcessWeight(node, gpu int, s float64) float64 {
 		w = math.Max(w, x)
 	}
 	return w
-}
-
-// dbeFaultEvents counts DBE events injected on (node, gpu) up to s: one at a
-// fault's start and one per further minute while it lasts.
-func (c *Cluster) dbeFaultEvents(node, gpu int, s float64) float64 {
-	n := 0.0
-	for i := range c.faults {
-		f := &c.faults[i]
-		if f.kind != FaultECCDBE || !f.hitsGPU(node, gpu) || s < f.start {
-			continue
-		}
-		if s < f.end {
-			n += math.Floor((s-f.start)/60) + 1
-		} else {
-			n += math.Ceil((f.end - f.start) / 60)
-		}
-	}
-	return n
-}
-
-// crcFaultErrors counts CRC flit errors injected on (node, gpu) up to s.
-func (c *Cluster) crcFaultErrors(node, gpu int, s float64) float64 {
-	const burstRate = 40 // errors/s during a burst: a marginal link retraining
-	n := 0.0
-	for i := range c.faults {
-		f := &c.faults[i]
-		if f.kind == FaultNVLinkCRCBurst && f.hitsGPU(node, gpu) && s >= f.start {
-			n += 1 + float64(int64(burstRate*(min(s, f.end)-f.start)))
-		}
-	}
-	return n
 }

@@ -149,7 +149,7 @@ func TestFaultXid79GPUDisappears(t *testing.T) {
 		}
 		return n
 	}
-	perGPU := len(DCGMFamilies())
+	perGPU := len(fc.faulty.DCGMFamilies())
 	if n := gpuSeries(fc.start.Add(10*time.Second), "5"); n != perGPU {
 		t.Errorf("just after the Xid: %d series of GPU 5, want %d", n, perGPU)
 	}
@@ -213,7 +213,7 @@ func TestFaultExporterUpgrade(t *testing.T) {
 		}
 		return n
 	}
-	perNode := len(DCGMFamilies()) * 8
+	perNode := len(fc.faulty.DCGMFamilies()) * 8
 	for _, tc := range []struct {
 		at           time.Time
 		upper, lower int
@@ -237,7 +237,7 @@ func TestFaultDriverUpgrade(t *testing.T) {
 		}
 		return n
 	}
-	perNode := len(DCGMFamilies()) * 8
+	perNode := len(fc.faulty.DCGMFamilies()) * 8
 	for _, tc := range []struct {
 		at       time.Time
 		old, new int
@@ -301,7 +301,7 @@ func TestFaultThrottle(t *testing.T) {
 		if f > 1200 || f >= c {
 			t.Errorf("gpu %d: throttled SM clock %v (clean %v)", g, f, c)
 		}
-		if _, p := fc.both(t, fc.start.Add(time.Minute), "DCGM_FI_DEV_POWER_USAGE", "gpu", gs); p > throttleCap*1.03 {
+		if _, p := fc.both(t, fc.start.Add(time.Minute), "DCGM_FI_DEV_POWER_USAGE", "gpu", gs); p > throttleShare*fc.faulty.hw.pMax*1.03 {
 			t.Errorf("gpu %d: power %v W under power brake", g, p)
 		}
 		c, f = fc.both(t, fc.end.Add(time.Second), "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gpu", gs)

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	promvalue "github.com/prometheus/prometheus/model/value"
 )
 
 // Two clusters from the same config agree at any instant, however they got
@@ -56,6 +58,11 @@ func TestDeterministic(t *testing.T) {
 	}
 }
 
+// notMonotonic are families dcgm-exporter types counter whose values are
+// not: DCGM computes NVLINK_BANDWIDTH_TOTAL as a throughput (MiB/s), and
+// the Xid count is the number of events within a sliding window.
+var notMonotonic = map[string]bool{"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": true, "DCGM_EXP_XID_ERRORS_COUNT": true}
+
 // Counters (and histogram buckets, sums, counts) never decrease while jobs
 // start and end and faults that change power come and go.
 func TestCountersMonotonic(t *testing.T) {
@@ -81,7 +88,7 @@ func TestCountersMonotonic(t *testing.T) {
 		}
 		for _, s := range series {
 			name := s.Name()
-			if s.Desc.Type == Gauge {
+			if s.Desc.Type == Gauge || notMonotonic[name] {
 				continue
 			}
 			k, ok := keys[&s.Labels[0]]
@@ -101,7 +108,8 @@ func TestCountersMonotonic(t *testing.T) {
 		}
 	}
 	for _, name := range []string{
-		"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+		"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP_NS",
+		"DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN_NS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
 		"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "node_cpu_seconds_total", "node_network_receive_bytes_total",
 		"container_cpu_usage_seconds_total", "training_iteration_time_seconds_count", "training_iteration_time_seconds_bucket",
 	} {
@@ -308,5 +316,53 @@ func TestStepSteadyStateAllocs(t *testing.T) {
 	})
 	if allocs > 0 {
 		t.Errorf("Step allocates %v times in steady state", allocs)
+	}
+}
+
+// Staleness markers, as the Prometheus the simulator plays would write
+// them: when a job ends on a node, each of its GPUs' pod-labelled series
+// gets one StaleNaN sample at the step it vanished, and only then; a node
+// that goes down marks all its series.
+func TestStaleMarkers(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultECCDBE, GPU: 0})
+	c := fc.faulty
+	ji := c.jobInfo(&fc.job)
+	marked := func(at time.Time) []Series {
+		c.AppendSamples(nil, at, Replica{})
+		return c.AppendStaleMarkers(nil, at, Replica{})
+	}
+	end := fc.start.Add(jobCrashDelay * time.Second)
+	if got := marked(end.Add(-time.Second)); len(got) != 0 {
+		t.Errorf("%d staleness markers while nothing vanished", len(got))
+	}
+	got := marked(end)
+	pods := 0
+	for _, s := range got {
+		if !promvalue.IsStaleNaN(s.V) || s.T != end.UnixMilli() {
+			t.Fatalf("marker %s is not a StaleNaN at the step", s.String())
+		}
+		if s.Name() == "DCGM_FI_DEV_GPU_TEMP" && s.Get("pod") == ji.pods[fc.node-fc.job.firstNode] {
+			pods++
+		}
+	}
+	if pods != 8 {
+		t.Errorf("%d GPU temperature series of the ended job's pod marked stale, want 8 (markers %d)", pods, len(got))
+	}
+	// Every marked series is absent from the step's samples.
+	live := map[string]bool{}
+	for _, s := range c.AppendSamples(nil, end, Replica{}) {
+		live[key(s.Labels)] = true
+	}
+	for _, s := range got {
+		if live[key(s.Labels)] {
+			t.Errorf("%s marked stale but still exported", s.String())
+		}
+	}
+	// Both replicas of the pair see the markers of the step.
+	if again := c.AppendStaleMarkers(nil, end, Replica{Name: "p1", Offset: 300 * time.Millisecond}); len(again) != len(got) || again[0].T != end.UnixMilli()+300 {
+		t.Errorf("second replica got %d markers, want %d at +300ms", len(again), len(got))
+	}
+	if got := marked(end.Add(15 * time.Second)); len(got) != 0 {
+		t.Errorf("%d markers a step later, want none", len(got))
 	}
 }

@@ -84,7 +84,60 @@ type jobSlot struct {
 	fbFrac, computeFrac float64
 	tensor, nvlRate     float64
 	cpuCores, hostMem   float64
+	kind                ownerKind
 	id                  uint64
+}
+
+// ownerKind is the controller that owns a job's pods, as kube-state-metrics'
+// kube_pod_owner reports it.
+type ownerKind uint8
+
+// Owners of training pods: a plain (indexed) batch Job, Kubeflow's
+// PyTorchJob and MPIJob, a Volcano Job (kind "Job" too, but no batch Job
+// behind it, so no kube_job_status_active) and a KubeRay RayCluster.
+const (
+	ownerBatchJob ownerKind = iota
+	ownerPyTorchJob
+	ownerMPIJob
+	ownerVolcanoJob
+	ownerRayCluster
+)
+
+// ownerKinds draws a job's owner: about a third PyTorchJob, a quarter
+// batch Job, the rest MPIJob, Volcano and Ray.
+var ownerKinds = [...]ownerKind{ownerPyTorchJob, ownerPyTorchJob, ownerPyTorchJob, ownerPyTorchJob, ownerBatchJob, ownerBatchJob,
+	ownerBatchJob, ownerMPIJob, ownerMPIJob, ownerVolcanoJob, ownerRayCluster}
+
+// String is the owner_kind label (the object's kind, without its group).
+func (k ownerKind) String() string {
+	switch k {
+	case ownerPyTorchJob:
+		return "PyTorchJob"
+	case ownerMPIJob:
+		return "MPIJob"
+	case ownerRayCluster:
+		return "RayCluster"
+	}
+	return "Job"
+}
+
+// podName names pod i of a job as its controller does.
+func (k ownerKind) podName(job string, i int, h uint64) string {
+	switch k {
+	case ownerPyTorchJob:
+		if i == 0 {
+			return job + "-master-0"
+		}
+		return job + "-worker-" + itoa(i-1)
+	case ownerMPIJob, ownerVolcanoJob:
+		return job + "-worker-" + itoa(i)
+	case ownerRayCluster:
+		if i == 0 {
+			return job + "-head-" + podSuffix(h)
+		}
+		return job + "-gpu-group-worker-" + podSuffix(h)
+	}
+	return fmt.Sprintf("%s-%d-%s", job, i, podSuffix(h)) // indexed batch Job
 }
 
 type jobKey struct {
@@ -195,7 +248,31 @@ func (c *Cluster) makeSlot(gi int, k int64, si, firstNode, size int) jobSlot {
 	j.nvlRate = (40 + 120*r(12)) * 1e9
 	j.cpuCores = 24 + 48*r(13)
 	j.hostMem = (0.12 + 0.2*r(14))
+	j.kind = ownerKinds[h2(base, 15)%uint64(len(ownerKinds))]
+	c.applyJobEnders(&j)
 	return j
+}
+
+// applyJobEnders ends job j at the first fault on one of its nodes that
+// kills it while it runs (activeFault.endsJob), a few seconds after the
+// event, as Failed. A slot whose node is in MIG mode when its job would
+// start stays idle: the scheduler does not place a training job there.
+func (c *Cluster) applyJobEnders(j *jobSlot) {
+	for i := range c.jobEnders {
+		f := &c.jobEnders[i]
+		if f.node < j.firstNode || f.node >= j.firstNode+j.size {
+			continue
+		}
+		if f.kind == FaultMIG && f.activeAt(j.start) {
+			j.idle = true
+			return
+		}
+		if f.start >= j.start && f.start < j.end {
+			j.end = math.Min(j.end, f.start+jobCrashDelay)
+			j.failed = true
+			return
+		}
+	}
 }
 
 // jobInfo holds what a running job needs beyond its slot: names and the
@@ -204,6 +281,8 @@ type jobInfo struct {
 	jobSlot
 	name      string
 	pods      []string
+	uids      []string // the pods' metadata.uid
+	podIPs    []string
 	rankStrs  []string
 	stepOff   float64 // steps done before this run (resumed from checkpoint)
 	planned   float64 // total planned steps, for the LR schedule
@@ -224,8 +303,14 @@ func (c *Cluster) jobInfo(j *jobSlot) *jobInfo {
 	ji := &jobInfo{jobSlot: *j, lastTouch: c.stepSeq}
 	ji.name = fmt.Sprintf("%s-%06x", m.name, j.id&0xffffff)
 	ji.pods = make([]string, j.size)
+	ji.uids = make([]string, j.size)
+	ji.podIPs = make([]string, j.size)
 	for i := range ji.pods {
-		ji.pods[i] = fmt.Sprintf("%s-%d-%s", ji.name, i, podSuffix(h3(j.id, saltPod, uint64(i))))
+		h := h3(j.id, saltPod, uint64(i))
+		ji.pods[i] = j.kind.podName(ji.name, i, h)
+		u := h2(h, 1)
+		ji.podIPs[i] = fmt.Sprintf("10.244.%d.%d", (j.firstNode+i)%256, 2+h%250)
+		ji.uids[i] = fmt.Sprintf("%08x-%04x-4%03x-%04x-%012x", uint32(u), uint16(u>>32), uint16(u>>48)&0xfff, 0x8000|uint16(h2(h, 2))&0x3fff, h2(h, 3)&0xffffffffffff)
 	}
 	ji.rankStrs = make([]string, j.size*c.cfg.GPUsPerNode)
 	for i := range ji.rankStrs {

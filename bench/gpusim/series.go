@@ -2,9 +2,12 @@ package gpusim
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
+
+	promvalue "github.com/prometheus/prometheus/model/value"
 )
 
 // Label is one label pair.
@@ -75,6 +78,14 @@ type seriesSet struct {
 	fams  [numFamilies]famSeries
 	key   uint64
 	valid bool
+	// prev holds the slots before a rebuild; stale those of them the
+	// rebuild dropped (until the next step): AppendStaleMarkers' series.
+	prev, stale []staleSlot
+}
+
+type staleSlot struct {
+	slot
+	fam int
 }
 
 func (s *seriesSet) count() int {
@@ -102,8 +113,13 @@ type emitter struct {
 func (e *emitter) begin(set *seriesSet, key uint64) {
 	e.set = set
 	e.build = !set.valid || set.key != key
+	set.stale = set.stale[:0]
 	if e.build {
+		set.prev = set.prev[:0]
 		for f := range set.fams {
+			for _, sl := range set.fams[f].slots {
+				set.prev = append(set.prev, staleSlot{slot: sl, fam: f})
+			}
 			set.fams[f].slots = set.fams[f].slots[:0]
 			set.fams[f].vals = set.fams[f].vals[:0]
 		}
@@ -115,8 +131,10 @@ func (e *emitter) begin(set *seriesSet, key uint64) {
 
 // end checks that a fill pass visited exactly the slots the build pass made:
 // a mismatch is a bug in the walk (order depending on something not in key).
+// After a build pass it notes the series the rebuild dropped.
 func (e *emitter) end() {
 	if e.build {
+		e.noteStale()
 		return
 	}
 	for f := range e.set.fams {
@@ -159,4 +177,48 @@ func (e *emitter) addNamed(f int, name string, v float64, extra ...Label) {
 	fs.slots = append(fs.slots, slot{labels: ls, id: id})
 	fs.vals = append(fs.vals, v)
 	e.cur[f]++
+}
+
+// noteStale records the series of the set before its rebuild that it no
+// longer has (a job's pod labels, a GPU gone, a node down).
+func (e *emitter) noteStale() {
+	set := e.set
+	if len(set.prev) == 0 {
+		return
+	}
+	kept := make(map[uint64]bool, set.count())
+	for f := range set.fams {
+		for _, sl := range set.fams[f].slots {
+			kept[sl.id] = true
+		}
+	}
+	for _, p := range set.prev {
+		if !kept[p.id] {
+			set.stale = append(set.stale, p)
+		}
+	}
+}
+
+// staleNaN is Prometheus' staleness marker (model/value.StaleNaN).
+var staleNaN = math.Float64frombits(promvalue.StaleNaN)
+
+// AppendStaleMarkers appends a staleness marker (Prometheus' StaleNaN) at
+// t for each series that the last step dropped: what a scraping Prometheus
+// writes, and remote-writes, when a series is gone from a target's page or
+// the target is down. Call it after AppendSamples(t): a receiver's queries
+// then stop seeing a vanished series at once instead of for their lookback
+// delta.
+func (c *Cluster) AppendStaleMarkers(buf []Series, t time.Time, r Replica) []Series {
+	ts := t.Add(r.Offset).UnixMilli()
+	for _, n := range c.nodes {
+		buf = appendStale(buf, &n.set, ts)
+	}
+	return appendStale(buf, &c.cset, ts)
+}
+
+func appendStale(buf []Series, set *seriesSet, ts int64) []Series {
+	for _, p := range set.stale {
+		buf = append(buf, Series{Labels: p.labels, Desc: &Catalogue[p.fam], T: ts, V: staleNaN})
+	}
+	return buf
 }

@@ -111,3 +111,40 @@ func TestHandlerPages(t *testing.T) {
 		t.Errorf("down node's series on the cluster page")
 	}
 }
+
+// Every page a scrape reads has each series once: Prometheus drops the
+// duplicates of a scrape ("duplicate sample for timestamp"). The nccl-tests
+// results of several blocks of nodes are told apart by the Pushgateway's
+// grouping key (job, instance), which it exposes as labels whether or not
+// the simulator adds target labels.
+func TestPagesHaveUniqueSeries(t *testing.T) {
+	c := newTestCluster(t, Config{Nodes: 24, Seed: 1, FaultOrigin: t0, Faults: []Fault{{Kind: FaultMIG, At: 0, Duration: time.Hour, Node: "3", GPU: 1}}})
+	c.Step(t0.Add(10 * time.Minute))
+	pages := map[string][]byte{"/metrics": c.AppendText(nil), "/cluster/metrics": c.AppendClusterScopeText(nil)}
+	for i := range c.nodes {
+		pages["/node/"+c.nodes[i].hostname+"/metrics"], _ = c.AppendNodeText(nil, i)
+	}
+	for path, page := range pages {
+		seen := map[string]bool{}
+		for _, line := range strings.Split(string(page), "\n") {
+			if line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			id := line[:strings.LastIndexByte(line, ' ')]
+			if seen[id] {
+				t.Errorf("%s: series %s twice", path, id)
+			}
+			seen[id] = true
+		}
+	}
+	fams := parseText(t, pages["/cluster/metrics"])
+	for _, m := range fams["nccl_bandwidth_gbps"].Metric {
+		labels := map[string]string{}
+		for _, l := range m.Label {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["job"] != "nccl-tests" || !strings.HasPrefix(labels["instance"], "gpu-node-") {
+			t.Errorf("nccl-tests result without its Pushgateway grouping key: %v", labels)
+		}
+	}
+}

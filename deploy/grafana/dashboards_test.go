@@ -212,10 +212,11 @@ func unitRange(unit string, gpus int) ([2]float64, bool) {
 		return [2]float64{0, 1}, true
 	case unitCelsius:
 		return [2]float64{20, 110}, true
+	// A GPU at its power cap reads a few watts either side of it.
 	case unitWatt:
-		return [2]float64{0, h100Watts}, true
+		return [2]float64{0, 1.02 * h100Watts}, true
 	case unitKilowatt:
-		return [2]float64{0, float64(gpus) * h100Watts / 1000}, true
+		return [2]float64{0, 1.02 * float64(gpus) * h100Watts / 1000}, true
 	case unitHertz:
 		return [2]float64{0, 3e9}, true
 	case unitMebibytes:
@@ -224,6 +225,12 @@ func unitRange(unit string, gpus int) ([2]float64, bool) {
 		// A bus bandwidth is at most the NVLink bandwidth of a node's 8
 		// GPUs (8 × 900 GB/s), cross-node far less.
 		return [2]float64{0, 8 * 900 * 8}, true
+	case unitMiBPerSec:
+		// NVLink throughput: at most a B200's 1.8 TB/s per GPU.
+		return [2]float64{0, float64(gpus) * 1.8e12 / (1 << 20)}, true
+	case unitKWh:
+		// Energy over a range of up to a day at 1 kW per GPU.
+		return [2]float64{0, float64(gpus) * 24}, true
 	case unitBytes, unitBytesPerSec, unitSeconds, unitPerSecond, unitReqPerSec, unitCount:
 		return [2]float64{0, 1e15}, true
 	}

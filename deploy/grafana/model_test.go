@@ -28,6 +28,8 @@ type variable struct {
 	Type       string `json:"type"`
 	Name       string `json:"name"`
 	Multi      bool   `json:"multi"`
+	IncludeAll bool   `json:"includeAll"`
+	AllValue   string `json:"allValue"`
 	Definition string `json:"definition"`
 	Query      any    `json:"query"`
 }

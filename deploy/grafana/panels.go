@@ -9,6 +9,7 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/heatmap"
 	"github.com/grafana/grafana-foundation-sdk/go/prometheus"
 	"github.com/grafana/grafana-foundation-sdk/go/stat"
+	"github.com/grafana/grafana-foundation-sdk/go/table"
 	"github.com/grafana/grafana-foundation-sdk/go/timeseries"
 )
 
@@ -24,12 +25,41 @@ const (
 	unitMebibytes   = "decmbytes" // DCGM reports framebuffer in MiB
 	unitBytes       = "bytes"
 	unitBytesPerSec = "Bps"
-	unitGbitsPerSec = "Gbits" // nccl-tests' bus bandwidth
+	unitMiBPerSec   = "MiBs"   // DCGM's NVLink throughput
+	unitKWh         = "kwatth" // energy: DCGM counts mJ
+	unitGbitsPerSec = "Gbits"  // nccl-tests' bus bandwidth
 	unitSeconds     = "s"
 	unitPerSecond   = "cps"   // events per second
 	unitReqPerSec   = "reqps" // requests per second
 	unitCount       = "none"
 )
+
+// gpuLevel reduces DCGM series to one per GPU, as the rule pack does
+// (`max without (instance, pod, namespace, container)`: a GPU shared by
+// pods is exported once per pod, the exporter's address changes when it
+// restarts) and MIG-safe: a GPU in MIG mode is exported once per GPU
+// instance (GPU_I_PROFILE, GPU_I_ID) with the GPU's own temperature, power,
+// clocks and counters, which must count once.
+func gpuLevel(expr string) string {
+	return "max without (instance, pod, namespace, container, GPU_I_ID, GPU_I_PROFILE) (" + expr + ")"
+}
+
+// instanceLevel reduces DCGM series to one per GPU or MIG instance: for
+// the fields an instance has of its own (framebuffer, profiling).
+func instanceLevel(expr string) string {
+	return "max without (instance, pod, namespace, container) (" + expr + ")"
+}
+
+// link is a drill-down from a panel's series to another dashboard, with
+// the time range and the named variables set from the series' labels
+// (vars: variable=label value expression, e.g. "Hostname=${__field.labels.Hostname}").
+func link(title, uid string, vars ...string) cog.Builder[dashboard.DashboardLink] {
+	url := "/d/" + uid + "?${__url_time_range}&var-cluster=${cluster}"
+	for _, v := range vars {
+		url += "&var-" + v
+	}
+	return dashboard.NewDashboardLinkBuilder(title).Type(dashboard.DashboardLinkTypeLink).Url(url)
+}
 
 // ds is the data source every panel and variable uses: the dashboard's
 // ${datasource} variable, provisioned as gpustore.
@@ -73,6 +103,14 @@ func timeSeries(title, desc, unit string, targets ...*prometheus.DataqueryBuilde
 	return p
 }
 
+// tablePanel lists the series of an instant query with their labels.
+func tablePanel(title, desc, unit string, t *prometheus.DataqueryBuilder) *table.PanelBuilder {
+	return table.NewPanelBuilder().Title(title).Description(desc).Unit(unit).Datasource(ds).
+		Span(12).Height(8).
+		Footer(common.NewTableFooterOptionsBuilder().Show(false).Reducer([]string{"sum"})).
+		WithTarget(t.Instant().Format(prometheus.PromQueryFormatTable).RefId("A"))
+}
+
 func statPanel(title, desc, unit string, t *prometheus.DataqueryBuilder) *stat.PanelBuilder {
 	return stat.NewPanelBuilder().Title(title).Description(desc).Unit(unit).Datasource(ds).
 		Span(4).Height(5).GraphMode(common.BigValueGraphModeArea).
@@ -80,19 +118,32 @@ func statPanel(title, desc, unit string, t *prometheus.DataqueryBuilder) *stat.P
 		WithTarget(t.RefId("A"))
 }
 
+// gaugePanel shows one value on a dial from min to max; max <= min leaves
+// the range to Grafana (from the data), for totals that grow with the
+// selection.
 func gaugePanel(title, desc, unit string, min, max float64, t *prometheus.DataqueryBuilder) *gauge.PanelBuilder {
-	return gauge.NewPanelBuilder().Title(title).Description(desc).Unit(unit).Datasource(ds).
-		Span(4).Height(5).Min(min).Max(max).ShowThresholdMarkers(true).
+	p := gauge.NewPanelBuilder().Title(title).Description(desc).Unit(unit).Datasource(ds).
+		Span(4).Height(5).Min(min).ShowThresholdMarkers(true).
 		ReduceOptions(common.NewReduceDataOptionsBuilder().Calcs([]string{"lastNotNull"})).
 		WithTarget(t.RefId("A"))
+	if max > min {
+		p = p.Max(max)
+	}
+	return p
 }
 
+// barGauge shows one bar per series from min to max (max <= min: from the
+// data).
 func barGauge(title, desc, unit string, min, max float64, t *prometheus.DataqueryBuilder) *bargauge.PanelBuilder {
-	return bargauge.NewPanelBuilder().Title(title).Description(desc).Unit(unit).Datasource(ds).
-		Span(12).Height(8).Min(min).Max(max).DisplayMode(common.BarGaugeDisplayModeGradient).
+	p := bargauge.NewPanelBuilder().Title(title).Description(desc).Unit(unit).Datasource(ds).
+		Span(12).Height(8).Min(min).DisplayMode(common.BarGaugeDisplayModeGradient).
 		Orientation(common.VizOrientationHorizontal).
 		ReduceOptions(common.NewReduceDataOptionsBuilder().Calcs([]string{"lastNotNull"})).
 		WithTarget(t.RefId("A"))
+	if max > min {
+		p = p.Max(max)
+	}
+	return p
 }
 
 // rowsHeatmap shows one row per series (for example the 8 GPUs of a node)

@@ -191,8 +191,8 @@ func downsampleChecks(r string) []downsampleCheck {
 		{"count_over_time(DCGM_FI_DEV_GPU_UTIL[" + r + "])", "", 0, ""},
 		{"avg_over_time(DCGM_FI_DEV_POWER_USAGE[" + r + "])", "", 1e-9, ""},
 		{"rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[" + r + "])", "", 1e-6, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"},
-		{"increase(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL[" + r + "])", "", 1e-6, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"},
-		{"resets(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL[" + r + "])", "", 0, ""},
+		{"increase(node_network_transmit_bytes_total[" + r + "])", "", 1e-6, "node_network_transmit_bytes_total"},
+		{"resets(node_network_transmit_bytes_total[" + r + "])", "", 0, ""},
 		{"max by (Hostname) (DCGM_FI_DEV_GPU_TEMP)", "max by (Hostname) (avg_over_time(DCGM_FI_DEV_GPU_TEMP[" + r + "]))", 1e-9, ""},
 		{"avg(DCGM_FI_DEV_GPU_UTIL)", "avg(avg_over_time(DCGM_FI_DEV_GPU_UTIL[" + r + "]))", 1e-9, ""},
 	}

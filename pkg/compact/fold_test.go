@@ -26,8 +26,8 @@ func foldChecks(r string) []downsampleCheck {
 		{"sum by (" + gpu + ") (sum_over_time(DCGM_FI_DEV_POWER_USAGE[" + r + "]))", "", 1e-9, ""},
 		{"sum by (" + gpu + ") (count_over_time(DCGM_FI_DEV_GPU_UTIL[" + r + "]))", "", 0, ""},
 		{"rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[" + r + "])", "", 1e-6, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"},
-		{"increase(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL[" + r + "])", "", 1e-6, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"},
-		{"resets(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL[" + r + "])", "", 0, ""},
+		{"increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[" + r + "])", "", 1e-6, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"},
+		{"resets(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[" + r + "])", "", 0, ""},
 	}
 }
 
@@ -42,7 +42,7 @@ func TestFoldedDownsamplingAnswersLikeRaw(t *testing.T) {
 	bkt := openBucket(t, store)
 	sl := downsampleSlice()
 	sl.Metrics = []string{"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE",
-		"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"}
+		"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "node_network_transmit_bytes_total"}
 	upload(t, bkt, "fold", nil, sl.write(t, t.TempDir())...)
 	qa, qurl := startQuery(t, store.bucket())
 	if err := qa.BucketStore.Sync(context.Background()); err != nil {

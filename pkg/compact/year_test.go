@@ -37,7 +37,7 @@ func yearSlice() simSlice {
 		Metrics: []string{
 			"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_FB_USED",
 			"DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
-			"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+			"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "node_network_transmit_bytes_total",
 			"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "kube_job_status_active",
 		},
 	}
@@ -115,7 +115,7 @@ func yearPlainChecks(t *testing.T, r string) []downsampleCheck {
 func yearRangeChecks(r string) []downsampleCheck {
 	return []downsampleCheck{
 		{"rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[" + r + "])", "", 1e-6, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"},
-		{"increase(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL[" + r + "])", "", 1e-6, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"},
+		{"increase(node_network_transmit_bytes_total[" + r + "])", "", 1e-6, "node_network_transmit_bytes_total"},
 		{"max_over_time(DCGM_FI_DEV_GPU_TEMP[" + r + "])", "", 0, ""},
 		{"avg_over_time(DCGM_FI_DEV_POWER_USAGE[" + r + "])", "", 1e-9, ""},
 	}

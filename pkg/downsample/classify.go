@@ -30,7 +30,6 @@ type TypeLookup func(family string) (typ model.MetricType, ok bool)
 var dcgmCounters = map[string]bool{
 	"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION":          true,
 	"DCGM_FI_DEV_PCIE_REPLAY_COUNTER":               true,
-	"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL":            true,
 	"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS":       true,
 	"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS":         true,
 	"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL":                 true,
@@ -56,6 +55,17 @@ var dcgmCounters = map[string]bool{
 	"DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS":       true,
 	"DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS":       true,
 	"DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN_NS": true,
+}
+
+// dcgmGaugeValued are dcgm-exporter fields that its CSVs type as counters
+// (so their metadata says counter) whose values are gauges: NVLINK_BANDWIDTH_TOTAL
+// is DCGM's throughput over its last two readings in MiB/s
+// (DcgmCacheManager's NVLink bandwidth read), not a byte count, and falls
+// as often as it rises. Downsampled as a counter every fall would be a
+// "reset" kept with its neighbour; as a gauge its windows keep min, max and
+// mean, which is what its panels read.
+var dcgmGaugeValued = map[string]bool{
+	"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": true,
 }
 
 // familySuffixes end the names of a histogram's, summary's or counter's
@@ -87,8 +97,12 @@ func TypesOf(names []string, lookup TypeLookup) block.Types {
 // Classify decides how the series named name is downsampled: from its
 // family's metadata first (a histogram's or summary's _bucket/_count/_sum
 // series are counters, a summary's quantile series are gauges), then from
-// the name. hasQuantile says whether the series has a "quantile" label.
+// the name. The few fields whose metadata misstates their values
+// (dcgmGaugeValued) are decided by name first. hasQuantile says whether the series has a "quantile" label.
 func Classify(name string, hasQuantile bool, lookup TypeLookup) Kind {
+	if dcgmGaugeValued[name] {
+		return Gauge
+	}
 	if lookup != nil {
 		if typ, ok := lookup(name); ok {
 			switch typ {

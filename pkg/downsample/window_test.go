@@ -126,7 +126,7 @@ func TestClassify(t *testing.T) {
 		{"DCGM_FI_DEV_GPU_UTIL", false, Gauge},
 		{"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", false, Counter},
 		{"DCGM_FI_DEV_PCIE_REPLAY_COUNTER", false, Counter},
-		{"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", false, Counter},
+		{"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", false, Gauge}, // typed counter, valued in MiB/s
 		{"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", false, Counter},
 		{"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", false, Counter},
 		{"DCGM_FI_DEV_FB_TOTAL", false, Gauge},
@@ -163,6 +163,12 @@ func TestClassify(t *testing.T) {
 	gauge := func(string) (model.MetricType, bool) { return model.MetricTypeGauge, true }
 	if Classify("DCGM_FI_DEV_POWER_VIOLATION", false, gauge) != Gauge {
 		t.Error("a DCGM counter field sent with metadata type gauge is not a gauge")
+	}
+	// dcgm-exporter's CSV types the NVLink bandwidth as a counter; its
+	// values are MiB/s, so it is a gauge whatever its metadata says.
+	counter := func(string) (model.MetricType, bool) { return model.MetricTypeCounter, true }
+	if Classify("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", false, counter) != Gauge {
+		t.Error("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL sent with metadata type counter is not a gauge")
 	}
 }
 

@@ -89,6 +89,9 @@ type simFlags struct {
 	logLevel     string
 	logFormat    string
 	targetLabels bool
+	gpuModel     string
+	recoveryName string
+	xidWindow    time.Duration
 }
 
 func (f *simFlags) register(fs *flag.FlagSet, targetLabelsDefault bool) {
@@ -99,9 +102,12 @@ func (f *simFlags) register(fs *flag.FlagSet, targetLabelsDefault bool) {
 	fs.StringVar(&f.epoch, "sim.epoch", gpusim.DefaultEpoch.Format(time.RFC3339), "Epoch (RFC 3339) that counters and job windows are anchored to. Replicas and reruns must share it.")
 	fs.Float64Var(&f.xidsPerYear, "sim.xids-per-gpu-year", 0.02, "Background Xid events per GPU per year (negative: none). The Xid gauge keeps its last code.")
 	fs.IntVar(&f.nodeCPUs, "sim.node-cpus", gpusim.HGXNodeCPUs, "Logical CPUs per node reported by node_cpu_seconds_total (8 modes each); the default is an 8-GPU HGX H100 server's (2 × 56 cores with SMT).")
+	fs.StringVar(&f.gpuModel, "sim.gpu-model", gpusim.ModelH100, "GPU model: "+gpusim.ModelH100+" (NVLink4) or "+gpusim.ModelB200+" (NVLink5: DCGM_FI_DEV_NVLINK_COUNT_* fields instead of the CRC/replay/recovery counters).")
+	fs.StringVar(&f.recoveryName, "dcgm.recovery-action-field", gpusim.RecoveryActionFieldDCGM45, "Name of DCGM field 1523 as the counters CSV gives it: "+gpusim.RecoveryActionFieldDCGM45+" (DCGM <= 4.5, dcgm-exporter 4.8.2) or "+gpusim.RecoveryActionFieldDCGM46+" (DCGM >= 4.6).")
+	fs.DurationVar(&f.xidWindow, "dcgm.xid-count-window-size", 5*time.Minute, "Window of DCGM_EXP_XID_ERRORS_COUNT (dcgm-exporter's --xid-count-window-size).")
 	fs.BoolVar(&f.targetLabels, "sim.target-labels", targetLabelsDefault, "Add job/instance labels and \"up\" series, as the scraping Prometheus would (on for write/backfill, off for serve).")
-	fs.StringVar(&f.faultsFile, "faults.file", "", "YAML fault schedule (see README: faults: [{at, duration, kind, node, gpu, code}]).")
-	fs.Var(&f.faults, "fault", "A fault, repeatable: kind=<"+kindList()+">,at=10m,duration=5m,node=gpu-node-003,gpu=2[,code=79]. \"at\" is relative to the start of the run.")
+	fs.StringVar(&f.faultsFile, "faults.file", "", "YAML fault schedule (see README: faults: [{at, duration, kind, node, gpu, code, every}]).")
+	fs.Var(&f.faults, "fault", "A fault, repeatable: kind=<"+kindList()+">,at=10m,duration=5m,node=gpu-node-003,gpu=2[,code=79][,every=1m]. \"at\" is relative to the start of the run.")
 	fs.StringVar(&f.logLevel, "log.level", "info", "Log level: debug, info, warn, error.")
 	fs.StringVar(&f.logFormat, "log.format", "logfmt", "Log format: logfmt or json.")
 }
@@ -137,6 +143,7 @@ func (f *simFlags) config(origin time.Time) (gpusim.Config, error) {
 	cfg := gpusim.Config{
 		Name: f.name, Nodes: f.nodes, GPUsPerNode: f.gpus, Seed: f.seed, Epoch: epoch,
 		FaultOrigin: origin, TargetLabels: f.targetLabels, XidsPerGPUYear: f.xidsPerYear, NodeCPUs: f.nodeCPUs,
+		GPUModel: f.gpuModel, RecoveryActionField: f.recoveryName, XIDCountWindow: f.xidWindow,
 	}
 	if f.faultsFile != "" {
 		data, err := os.ReadFile(f.faultsFile)
@@ -535,6 +542,9 @@ func replicaLoop(ctx context.Context, log *slog.Logger, r *replicaRun, offset ti
 		}
 		buf = r.cluster.AppendSamples(buf[:0], t, rep)
 		r.series.Store(int64(len(buf)))
+		// As the Prometheus it plays: a staleness marker for each series
+		// that vanished since the last scrape.
+		buf = r.cluster.AppendStaleMarkers(buf, t, rep)
 		if err := r.sender.Send(ctx, buf); err != nil {
 			return err
 		}
@@ -557,8 +567,8 @@ func metadataFamilies(withUp bool) []*gpusim.MetricDesc {
 }
 
 func cmdCatalogue(w io.Writer) {
-	fmt.Fprintf(w, "%-46s %-9s %-18s %s\n", "NAME", "TYPE", "SOURCE", "HELP")
+	fmt.Fprintf(w, "%-58s %-9s %-18s %s\n", "NAME", "TYPE", "SOURCE", "HELP")
 	for _, d := range gpusim.Catalogue {
-		fmt.Fprintf(w, "%-46s %-9s %-18s %s\n", d.Name, d.Type, d.Source, d.Help)
+		fmt.Fprintf(w, "%-58s %-9s %-18s %s\n", d.Name, d.Type, d.Source, d.Help)
 	}
 }

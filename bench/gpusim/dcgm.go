@@ -1,0 +1,336 @@
+package gpusim
+
+import "math"
+
+// gpuValues is one GPU's state at one instant, as dcgm-exporter reports it.
+type gpuValues struct {
+	sm, memTemp, temp, power, energy  float64
+	util, memCopy, gr, tensor, dram   float64
+	pcieTx, pcieRx, fbUsed, nvlink    float64
+	reasons                           int
+	remapFail, remapPending, recovery float64
+	corrRows, uncorrRows              float64
+	ctr                               gpuCounters
+	nvl5SymbolBER, nvl5EffectiveBER   float64
+	fbTotal, fbReserved               float64
+	noUtil                            bool // MIG mode: NVML has no utilisation
+}
+
+// NVML's encoding of a link's bit error rate (mantissa << 8 | exponent):
+// 0xFFF (15e-255) is the floor a healthy link reports; a CRC burst shows a
+// symbol BER of 5e-6 and an effective (post-FEC) BER of 2e-9.
+const (
+	berHealthy        = 15<<8 | 255
+	berBurstSymbol    = 5<<8 | 6
+	berBurstEffective = 2<<8 | 9
+)
+
+// gpuLabelState records what shapes a GPU's label sets at s (its last Xid,
+// whether it is gone, MIG mode, the codes in the Xid count window) and
+// returns a hash of it for the node's series key.
+func (c *Cluster) gpuLabelState(n *node, gi int, s float64) uint64 {
+	n.xidCode[gi] = c.xidAt(n, gi, s)
+	n.gone[gi] = c.gpuGoneAt(n.idx, gi, s)
+	n.mig[gi] = c.gpuFaultActive(FaultMIG, n.idx, gi, s)
+	n.xidWin[gi] = c.xidWindow(n.xidWin[gi][:0], n, gi, s)
+	h := uint64(n.xidCode[gi]) << 2
+	if n.gone[gi] {
+		h |= 1
+	}
+	if n.mig[gi] {
+		h |= 2
+	}
+	for _, x := range n.xidWin[gi] {
+		h = h2(h, uint64(x.code))
+	}
+	return h
+}
+
+func (c *Cluster) emitGPU(e *emitter, n *node, gi int, st *nodeStep, s float64, tms int64) {
+	gp := &n.gpus[gi]
+	if e.build {
+		e.base = append(e.base[:0], gp.labels...)
+		for i := range e.base {
+			switch {
+			case n.upgraded && e.base[i].Name == "Hostname":
+				e.base[i].Name = "hostname"
+			case n.newDriver && e.base[i].Name == "DCGM_FI_DRIVER_VERSION":
+				e.base[i].Value = UpgradedDriverVersion
+			}
+		}
+		if st.job != nil && !n.mig[gi] {
+			e.base = append(e.base, Label{"pod", st.job.pods[st.local]}, Label{"namespace", "training"}, Label{"container", "pytorch"})
+		}
+	}
+	e.setTarget("dcgm-exporter", n.instDCGM)
+	v := c.gpuValuesAt(n, gi, st, s, tms)
+	if !n.mig[gi] {
+		c.emitDCGM(e, n, gi, &v)
+		return
+	}
+	// MIG mode: dcgm-exporter monitors the GPU instances instead of the GPU
+	// (its default --devices f), each labelled GPU_I_PROFILE and GPU_I_ID.
+	// DCGM answers GPU-level fields for an instance with its GPU's value;
+	// framebuffer and profiling fields are the instance's own.
+	nBase := len(e.base)
+	u := func(i uint64) float64 { return unit(h4(c.seed, saltNoise, gp.id, uint64(tms)*64+i)) }
+	for ii, inst := range c.hw.mig {
+		if e.build {
+			e.base = append(e.base[:nBase], Label{"GPU_I_PROFILE", inst.profile}, Label{"GPU_I_ID", inst.id})
+		}
+		iv := v
+		load := 0.35 + 0.3*u(uint64(40+ii))
+		iv.gr, iv.tensor, iv.dram = round6(load), round6(0.4*load), round6(0.5*load)
+		iv.fbTotal, iv.fbReserved = inst.fb, 0
+		iv.fbUsed = math.Round(0.7 * inst.fb * (1 + 0.01*sym(h4(c.seed, saltNoise, gp.id, uint64(tms)*64+uint64(50+ii)))))
+		iv.pcieTx, iv.pcieRx = math.Round(float64(inst.slices)*(1e6+2e6*u(uint64(60+ii)))), math.Round(float64(inst.slices)*(4e6+8e6*u(uint64(70+ii))))
+		c.emitDCGM(e, n, gi, &iv)
+	}
+}
+
+// gpuValuesAt computes GPU gi of node n at s from its phase in the job's
+// step cycle, the faults that hold it and its counters.
+func (c *Cluster) gpuValuesAt(n *node, gi int, st *nodeStep, s float64, tms int64) gpuValues {
+	gp := &n.gpus[gi]
+	hw := c.hw
+	nz := func(i uint64) float64 { return sym(h4(c.seed, saltNoise, gp.id, uint64(tms)*64+i)) }
+	u := func(i uint64) float64 { return unit(h4(c.seed, saltNoise, gp.id, uint64(tms)*64+i)) }
+	v := gpuValues{fbTotal: hw.fbTotal, fbReserved: hw.fbReserved, noUtil: n.mig[gi]}
+	c.phaseValues(&v, gp, st, nz, u)
+	if n.mig[gi] {
+		v.power = c.migPower(gp) * (1 + 0.02*nz(10))
+		v.sm = hw.boostSMClock - 15*math.Floor(10*u(4))
+		v.reasons = 0
+		v.nvlink = 0 // MIG has no peer-to-peer NVLink traffic
+	}
+	if c.gpuFaultActive(FaultThrottle, n.idx, gi, s) {
+		v.reasons |= throttlePowerBrakeMask
+		v.reasons &^= ThrottleSWPowerCap
+		v.sm = 1005 + 15*math.Floor(12*u(14))
+		v.power = math.Min(v.power, throttleShare*hw.pMax*(1+0.02*nz(15)))
+	}
+	if c.gpuFaultActive(FaultThrottleThermal, n.idx, gi, s) {
+		v.reasons |= throttleThermalMask
+		v.sm = math.Min(v.sm, 990+15*math.Floor(12*u(14)))
+	}
+	die := c.gpuTemp(n, gi, s)
+	mem := c.memTemp(n, gi, s, die)
+	if die >= hw.gpuMaxOpTemp || mem >= hw.memMaxOpTemp {
+		v.reasons |= ThrottleSWThermal
+		v.sm = math.Min(v.sm, 1590+15*math.Floor(8*u(17)))
+	}
+	v.temp = math.Round(die + 0.4*nz(16))
+	v.memTemp = math.Round(mem + 0.5*nz(18))
+	if st.job != nil && !n.mig[gi] {
+		fb := hw.fbTotal - hw.fbReserved
+		v.fbUsed = math.Min(fb, math.Round(st.job.fbFrac*fb*(1-math.Exp(-st.sinceJob/40))*(1+0.002*nz(19))))
+	}
+	v.energy = gp.e0 + 1000*(gp.pIdle*s+gp.scale*(hw.pMax-gp.pIdle)*st.inten+c.energyCorr(n, gi, s))
+	if s < 0 {
+		v.energy = gp.e0 + 1000*gp.pIdle*s
+	}
+	sbeSinceInstall, _ := gp.sbe.at(s) // remapped rows persist across resets
+	v.corrRows = gp.corrRows0 + math.Floor(sbeSinceInstall/100)
+	v.uncorrRows = c.dbeFaultEvents(n.idx, gi, s)
+	v.ctr = c.counters(n, gi, s, &st.jobSums)
+	if c.gpuFaultActive(FaultRowRemapFailure, n.idx, gi, s) {
+		v.remapFail = 1
+	}
+	if c.rowRemapPending(n.idx, gi, s) {
+		v.remapPending = 1
+	}
+	v.recovery = c.recoveryAction(n.idx, gi, s)
+	v.nvl5SymbolBER, v.nvl5EffectiveBER = berHealthy, berHealthy
+	if c.gpuFaultActive(FaultNVLinkCRCBurst, n.idx, gi, s) {
+		v.nvl5SymbolBER, v.nvl5EffectiveBER = berBurstSymbol, berBurstEffective
+	}
+	return v
+}
+
+// phaseValues sets the values the step cycle decides: utilisation, engine
+// activity, PCIe and NVLink traffic, power, SM clock and the power-cap bit.
+func (c *Cluster) phaseValues(v *gpuValues, gp *gpu, st *nodeStep, nz, u func(uint64) float64) {
+	hw := c.hw
+	ph := st.phase
+	if st.job == nil {
+		ph = phIdle
+	}
+	nvl := 0.0 // bytes/s over NVLink, TX+RX
+	switch ph {
+	case phIdle:
+		v.power = gp.pIdle * (1 + 0.02*nz(1))
+		v.sm = hw.idleSMClock
+		v.pcieTx, v.pcieRx = 1e4+4e4*u(2), 1e4+6e4*u(3)
+		v.reasons = ThrottleGPUIdle
+	case phCompute, phComm:
+		j := st.job
+		pc, pa, capped := c.computePower(gp, &j.jobSlot)
+		v.sm = hw.boostSMClock - 15*math.Floor(4*u(4))
+		rate := j.nvlRate * gp.nvlScale
+		if ph == phCompute {
+			v.util = 96 + math.Floor(5*u(5))
+			v.memCopy = 32 + 12*u(6)
+			v.gr = 0.93 + 0.06*u(7)
+			v.tensor = j.tensor * (1 + 0.04*nz(8))
+			v.dram = 0.32 + 0.18*u(9)
+			v.power = pc * (1 + 0.015*nz(10))
+			v.pcieRx, v.pcieTx = 2e8+4e8*u(11), 3e7+5e7*u(12)
+			nvl = 0.6 * rate // gradient buckets overlap the backward pass
+			if capped {
+				v.reasons |= ThrottleSWPowerCap
+				v.sm -= 120 + 60*u(13)
+			}
+		} else {
+			// The all-reduce: NCCL's kernels keep the GPU "utilised" as
+			// NVML counts it (a kernel is running) while the tensor pipes
+			// idle and NVLink carries the gradients.
+			v.util = 94 + math.Floor(7*u(5))
+			v.memCopy = 15 + 10*u(6)
+			v.gr = 0.85 + 0.1*u(7)
+			v.tensor = 0.01 + 0.03*u(8)
+			v.dram = 0.18 + 0.12*u(9)
+			v.power = pa * (1 + 0.02*nz(10))
+			v.pcieRx, v.pcieTx = 5e6+2e7*u(11), 5e6+2e7*u(12)
+			nvl = math.Min(0.8*hw.nvlinkMax, 2.5*rate)
+		}
+	case phCheckpoint:
+		v.util = 8 + math.Floor(12*u(5))
+		v.memCopy = 4 + 6*u(6)
+		v.gr = 0.08 + 0.1*u(7)
+		v.dram = 0.05 + 0.05*u(9)
+		v.power = (gp.pIdle + 60) * (1 + 0.03*nz(10))
+		v.sm = hw.boostSMClock
+		v.pcieTx, v.pcieRx = 1.5e9+1.5e9*u(12), 1e6+4e6*u(11) // weights and optimiser state to host
+	case phStall:
+		// A hung collective spins a kernel: 100% "utilisation", nothing done.
+		v.util = 100
+		v.gr = 0.99 + 0.01*u(7)
+		v.dram = 0.01 * u(9)
+		v.power = gp.stallPower() * (1 + 0.02*nz(10))
+		v.sm = hw.boostSMClock
+		v.pcieTx, v.pcieRx = 1e4+1e4*u(12), 1e4+1e4*u(11)
+	}
+	v.memCopy = math.Round(v.memCopy)
+	v.gr, v.tensor, v.dram = round6(v.gr), round6(v.tensor), round6(v.dram)
+	v.pcieTx, v.pcieRx = math.Round(v.pcieTx), math.Round(v.pcieRx)
+	// DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL is DCGM's throughput over its last
+	// two readings in MiB/s (DcgmCacheManager ReadAndCacheNvLinkBandwidth),
+	// not a byte counter, whatever type the exporter's CSV gives it.
+	v.nvlink = math.Round(nvl / (1 << 20) * (1 + 0.02*nz(20)))
+}
+
+// emitDCGM writes one GPU's (or GPU instance's) DCGM series, in catalogue
+// order within each family.
+func (c *Cluster) emitDCGM(e *emitter, n *node, gi int, v *gpuValues) {
+	e.add(FamSMClock, v.sm)
+	e.add(FamMemClock, c.hw.memClock)
+	e.add(FamMemoryTemp, v.memTemp)
+	e.add(FamGPUTemp, v.temp)
+	e.add(FamPowerUsage, math.Round(v.power*1000)/1000)
+	e.add(FamTotalEnergy, math.Floor(v.energy))
+	e.add(FamPCIeReplay, v.ctr.pcie)
+	if !v.noUtil {
+		e.add(FamGPUUtil, v.util)
+		e.add(FamMemCopyUtil, v.memCopy)
+		e.add(FamEncUtil, 0)
+		e.add(FamDecUtil, 0)
+	}
+	// dcgm-exporter >= 3.3.6 labels the gauge with the code and its text,
+	// so every code is a series of its own.
+	xid := n.xidCode[gi]
+	e.add(FamXIDErrors, float64(xid), Label{"err_code", itoa(xid)}, Label{"err_msg", xidMessage(xid)})
+	e.add(FamFBFree, v.fbTotal-v.fbUsed-v.fbReserved)
+	e.add(FamFBUsed, v.fbUsed)
+	e.add(FamFBReserved, v.fbReserved)
+	e.add(FamNVLinkBandwidth, v.nvlink)
+	e.add(FamVGPULicense, 0)
+	e.add(FamUncorrectableRemappedRows, v.uncorrRows)
+	e.add(FamCorrectableRemappedRows, v.corrRows)
+	e.add(FamRowRemapFailure, v.remapFail)
+	e.add(FamProfGREngineActive, v.gr)
+	e.add(FamProfPipeTensorActive, v.tensor)
+	e.add(FamProfDRAMActive, v.dram)
+	e.add(FamProfPCIeTxBytes, v.pcieTx)
+	e.add(FamProfPCIeRxBytes, v.pcieRx)
+	e.add(FamECCSBEVolTotal, v.ctr.sbe)
+	e.add(FamECCDBEVolTotal, v.ctr.dbe)
+	// An H100 remaps rows instead of retiring pages: the retired-page
+	// counters stay 0 (typed counter, as dcgm-exporter's CSV does).
+	e.add(FamRetiredSBE, 0)
+	e.add(FamRetiredDBE, 0)
+	e.add(FamClockThrottleReasons, float64(v.reasons))
+	e.add(FamFBTotal, v.fbTotal)
+	e.add(FamGPUMaxOpTemp, c.hw.gpuMaxOpTemp)
+	e.add(FamMemMaxOpTemp, c.hw.memMaxOpTemp)
+	c.emitXidCount(e, n, gi)
+	e.add(c.famRecov, v.recovery)
+	e.add(FamRowRemapPending, v.remapPending)
+	e.add(FamClockEventSWPowerCapNS, v.ctr.nsPowerCap)
+	e.add(FamClockEventSyncBoostNS, 0)
+	e.add(FamClockEventSWThermalNS, v.ctr.nsSWThermal)
+	e.add(FamClockEventHWThermalNS, v.ctr.nsHWThermal)
+	e.add(FamClockEventHWPowerBrakeNS, v.ctr.nsPowerBrake)
+	if !c.hw.nvlink5 {
+		e.add(FamNVLinkCRCFlitErrors, v.ctr.crcFlit)
+		e.add(FamNVLinkCRCDataErrors, v.ctr.crcData)
+		e.add(FamNVLinkReplayErrors, v.ctr.replay)
+		e.add(FamNVLinkRecoveryErrors, v.ctr.recov)
+		return
+	}
+	e.add(FamNVL5RxErrors, v.ctr.nvl5Rx)
+	e.add(FamNVL5RxSymbolErrors, v.ctr.nvl5Sym)
+	e.add(FamNVL5RxMalformedPacketErrors, 0)
+	e.add(FamNVL5RxBufferOverrunErrors, 0)
+	e.add(FamNVL5RxRemoteErrors, 0)
+	e.add(FamNVL5RxGeneralErrors, 0)
+	e.add(FamNVL5LocalLinkIntegrityErrors, 0)
+	e.add(FamNVL5EffectiveErrors, v.ctr.nvl5Effective)
+	e.add(FamNVL5SymbolBER, v.nvl5SymbolBER)
+	e.add(FamNVL5EffectiveBER, v.nvl5EffectiveBER)
+	e.add(FamNVL5LinkRecoveryEvents, v.ctr.nvl5Recovery)
+	e.add(FamNVL5LinkRecoverySuccessful, 0)
+	e.add(FamNVL5LinkRecoveryFailed, v.ctr.nvl5Recovery)
+	e.add(FamNVLinkECCDataErrors, 0)
+}
+
+// emitXidCount writes DCGM_EXP_XID_ERRORS_COUNT as xid_collector.go does:
+// a series per code seen in the window with its count, or, with none, one
+// series without xid at 0. Every series carries window_size_in_ms.
+func (c *Cluster) emitXidCount(e *emitter, n *node, gi int) {
+	w := Label{"window_size_in_ms", c.xidWinLabel}
+	if len(n.xidWin[gi]) == 0 {
+		e.add(FamXIDErrorsCount, 0, w)
+		return
+	}
+	for _, x := range n.xidWin[gi] {
+		e.add(FamXIDErrorsCount, float64(x.n), w, Label{"xid", itoa(x.code)})
+	}
+}
+
+// DCGMFamilies returns the DCGM families this cluster emits for a GPU not
+// in MIG mode, in emission order.
+func (c *Cluster) DCGMFamilies() []*MetricDesc {
+	var out []*MetricDesc
+	for i := range Catalogue {
+		d := &Catalogue[i]
+		if d.Source != SourceDCGM || !c.emitsFamily(d.ID) {
+			continue
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// emitsFamily reports whether a GPU of this cluster (not in MIG mode) has a
+// series of DCGM family f.
+func (c *Cluster) emitsFamily(f int) bool {
+	switch {
+	case f == FamGetGPURecoveryAction || f == FamGPURecoveryAction:
+		return f == c.famRecov
+	case f >= FamNVL5RxErrors && f <= FamNVLinkECCDataErrors:
+		return c.hw.nvlink5
+	case f == FamNVLinkCRCFlitErrors || (f >= FamNVLinkCRCDataErrors && f <= FamNVLinkRecoveryErrors):
+		return !c.hw.nvlink5
+	}
+	return true
+}
