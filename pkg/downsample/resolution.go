@@ -81,6 +81,69 @@ func MaxResolution(ctx context.Context, h *storage.SelectHints) int64 {
 	return ResRaw
 }
 
+// Fit is how the windows of a resolution sit in the ranges a select is
+// evaluated over (WindowFit).
+type Fit uint8
+
+const (
+	// Fits: every range the select is evaluated over is whole windows (its
+	// evaluation times, less any offset, are window ends and its range is a
+	// multiple of the resolution), so the functions that are exact over
+	// windows answer as over raw data. Plain selectors always fit: they read
+	// the window before each evaluation time by design.
+	Fits Fit = iota
+	// FitsNearly: the ranges end on window ends but are not a whole number
+	// of windows (Grafana's $__rate_interval, the step plus a scrape
+	// interval) and span at least MinNearlyWindows windows: only the window
+	// that straddles each range's start is read whole rather than in part.
+	FitsNearly
+	// FitsNot: evaluation times fall inside windows (a step or start that is
+	// not a multiple of the resolution, an offset that is not), or are not
+	// known from the hints (a query with subqueries): the windows at both
+	// ends of every range straddle it, and a range no longer than a window
+	// holds none whole (rate(x[5m]) over 5m data at a 27m step read 90 % low).
+	FitsNot
+)
+
+// MinNearlyWindows is the fewest windows a range that FitsNearly spans: the
+// window read whole at its start is at most a quarter of it.
+const MinNearlyWindows = 4
+
+// WindowFit says how the windows of resolution res sit in the ranges of a
+// select with hints h. The engine evaluates a range function's select at
+// Start + Range - 1 + k·Step (k ≥ 0, up to End; Start and End already less
+// the offset), over the left-open range of Range before each time; at the
+// steps only when the query says so (WithSelectsAtSteps), otherwise only a
+// select with a single evaluation time (an instant query, @) is known.
+func WindowFit(ctx context.Context, h *storage.SelectHints, res int64) Fit {
+	if res == ResRaw || h == nil || h.Range == 0 {
+		return Fits
+	}
+	first := h.Start + h.Range - 1
+	single := first == h.End
+	if !single && (h.Step <= 0 || !SelectsAtSteps(ctx) || h.Step%res != 0) {
+		return FitsNot
+	}
+	if floorMod(first, res) != 0 {
+		return FitsNot
+	}
+	switch {
+	case h.Range%res == 0:
+		return Fits
+	case h.Range >= MinNearlyWindows*res:
+		return FitsNearly
+	}
+	return FitsNot
+}
+
+func floorMod(a, b int64) int64 {
+	m := a % b
+	if m < 0 {
+		m += b
+	}
+	return m
+}
+
 type localFromKey struct{}
 
 // WithLocalFrom says that from time t on the query's raw data is also
