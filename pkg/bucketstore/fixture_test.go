@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql"
+	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/prometheus/prometheus/util/annotations"
@@ -48,6 +49,8 @@ type dsBucket struct {
 	// localFrom, when set, is where queries say the receiver's local TSDB
 	// serves raw data from (downsample.WithLocalFrom).
 	localFrom int64
+	// types is the tenant's metric metadata the downsampler classifies by.
+	types downsample.TypeLookup
 }
 
 func newDSBucket(t testing.TB) *dsBucket {
@@ -151,7 +154,7 @@ func (d *dsBucket) downsample(res, mint, maxt int64, fold *downsample.Fold, sour
 	}
 	out := filepath.Join(d.dir, "ds")
 	cfg := downsample.Config{SourceResolution: from, Resolution: res, Mint: mint, Maxt: maxt, Dir: out,
-		Tenant: d.tenant, Sources: srcIDs, Fold: fold, Folded: folded}
+		Tenant: d.tenant, Sources: srcIDs, Fold: fold, Folded: folded, Types: d.types}
 	id, _, err := downsample.Downsample(context.Background(), readers, cfg)
 	if err != nil || id == (ulid.ULID{}) {
 		d.t.Fatalf("downsample to %s: %v (%s)", downsample.ResolutionName(res), err, id)
@@ -300,16 +303,30 @@ func (d *dsBucket) query(s *Store, res int64, q string, start, end, step int64) 
 	return out
 }
 
-// diff lists how got differs from want beyond the relative tolerance rel
-// (at most max lines), and how many points were compared.
-func diff(want, got answer, rel float64, max int) ([]string, int) {
-	var out []string
-	n := 0
-	note := func(format string, args ...any) {
-		if len(out) < max {
-			out = append(out, fmt.Sprintf(format, args...))
-		}
+// mismatch is a point where two answers differ.
+type mismatch struct {
+	series    string
+	at        int64
+	want, got float64
+	wantOK    bool // want has the point
+	gotOK     bool
+}
+
+func (m mismatch) String() string {
+	switch {
+	case !m.gotOK:
+		return fmt.Sprintf("%s at %s: want %v, got nothing", m.series, fmtTime(m.at), m.want)
+	case !m.wantOK:
+		return fmt.Sprintf("%s at %s: want nothing, got %v", m.series, fmtTime(m.at), m.got)
 	}
+	return fmt.Sprintf("%s at %s: want %v, got %v (%+.3g %%)", m.series, fmtTime(m.at), m.want, m.got, 100*(m.got-m.want)/m.want)
+}
+
+// mismatches lists the points where got differs from want beyond the
+// relative tolerance rel, and how many points want has.
+func mismatches(want, got answer, rel float64) ([]mismatch, int) {
+	var out []mismatch
+	n := 0
 	keys := map[string]bool{}
 	for k := range want.points {
 		keys[k] = true
@@ -319,21 +336,31 @@ func diff(want, got answer, rel float64, max int) ([]string, int) {
 	}
 	for _, k := range slices.Sorted(mapKeys(keys)) {
 		w, g := want.points[k], got.points[k]
-		for ts, wv := range w {
+		for _, ts := range slices.Sorted(mapKeys(w)) {
 			n++
-			gv, ok := g[ts]
-			switch {
-			case !ok:
-				note("%s at %s: want %v, got nothing", k, fmtTime(ts), wv)
-			case !closeTo(wv, gv, rel):
-				note("%s at %s: want %v, got %v (%+.3g %%)", k, fmtTime(ts), wv, gv, 100*(gv-wv)/wv)
+			wv := w[ts]
+			if gv, ok := g[ts]; !ok || !closeTo(wv, gv, rel) {
+				out = append(out, mismatch{series: k, at: ts, want: wv, got: gv, wantOK: true, gotOK: ok})
 			}
 		}
-		for ts, gv := range g {
+		for _, ts := range slices.Sorted(mapKeys(g)) {
 			if _, ok := w[ts]; !ok {
-				note("%s at %s: want nothing, got %v", k, fmtTime(ts), gv)
+				out = append(out, mismatch{series: k, at: ts, got: g[ts], gotOK: true})
 			}
 		}
+	}
+	return out, n
+}
+
+// diff is mismatches as text, at most max lines.
+func diff(want, got answer, rel float64, max int) ([]string, int) {
+	ms, n := mismatches(want, got, rel)
+	var out []string
+	for _, m := range ms[:min(len(ms), max)] {
+		out = append(out, m.String())
+	}
+	if len(ms) > max {
+		out = append(out, fmt.Sprintf("(%d more)", len(ms)-max))
 	}
 	return out, n
 }
@@ -356,6 +383,10 @@ func closeTo(a, b, rel float64) bool {
 }
 
 func fmtTime(ms int64) string { return time.UnixMilli(ms).UTC().Format("15:04:05.000") }
+
+func parseLabels(s string) (labels.Labels, error) {
+	return parser.NewParser(parser.Options{}).ParseMetric(s)
+}
 
 // gpuSeries returns the series of a small GPU node as dcgm-exporter labels
 // them, scraped every interval over [from, to): an energy counter (mJ,

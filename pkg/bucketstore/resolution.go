@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"math"
 	"slices"
 	"strings"
 	"time"
@@ -19,10 +18,10 @@ import (
 // A segment is a time range of a Select read at one resolution, from one
 // group's blocks (blocks with the same external labels: one receiver's, or
 // several sharing them). Its range [from, to) is in raw time, the time a
-// point stands for: a downsampled point stored at t stands for raw time t+1
-// (downsample's window.go), so a block of resolution R over [A, B) holds raw
-// time [A+1, B+1), and a raw sample on the edge of a downsampled block is
-// read once, from one side.
+// point stands for and is read at: a downsampled point stored at t stands
+// for raw time t+1 (downsample's window.go), so a block of resolution R
+// over [A, B) holds raw time [A+1, B+1), and a raw sample on the edge of a
+// downsampled block is read once, from one side.
 type segment struct {
 	res      int64
 	from, to int64
@@ -77,17 +76,13 @@ func newPlanner(ctx context.Context, h *storage.SelectHints, maxRes int64, force
 		fit: func(res int64) downsample.Fit { return downsample.WindowFit(ctx, h, res) }}
 }
 
-// plan splits the stored time [mint, maxt] of a select into segments of
-// raw time, per group: coverage is judged per group, so a group whose hours
-// are downsampled never hides another's raw series, and per block
-// (segment.blocks). The raw time read ends a millisecond past maxt: a
-// downsampled point stored at maxt stands for raw time maxt+1 and is in
-// the select's range, whether the select ends there or goes on (the
-// engine reads no raw sample past maxt).
+// plan splits the time [mint, maxt] of a select into segments, per group:
+// coverage is judged per group, so a group whose hours are downsampled
+// never hides another's raw series, and per block (segment.blocks).
 func (p planner) plan(bs []*bucketBlock, mint, maxt int64) []segment {
-	end := maxt + 2 // half-open
-	if end < maxt { // maxt is near math.MaxInt64
-		end = math.MaxInt64
+	end := maxt + 1 // half-open
+	if end < maxt { // maxt is math.MaxInt64
+		end = maxt
 	}
 	var keys []string
 	groups := map[string][]*bucketBlock{}

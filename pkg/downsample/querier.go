@@ -310,6 +310,9 @@ func (j *joinSet) Next() bool {
 	if j.fill > 0 {
 		j.cur = filledSeries{Series: j.cur, res: j.fill, from: j.from, to: j.to}
 	}
+	if kept {
+		j.cur = rawTimeSeries{j.cur}
+	}
 	return true
 }
 
