@@ -239,7 +239,19 @@ var testEngine = promql.NewEngine(promql.EngineOpts{MaxSamples: 50_000_000, Time
 // its labels and whether its selects are evaluated at the steps only).
 func (d *dsBucket) query(s *Store, res int64, q string, start, end, step int64) answer {
 	d.t.Helper()
-	ctx := downsample.WithMaxSourceResolution(context.Background(), res)
+	qb := storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
+		if q := s.Querier(d.tenant, mint, maxt, nil); q != nil {
+			return q, nil
+		}
+		return storage.NoopQuerier(), nil
+	})
+	return d.queryOn(context.Background(), qb, res, q, start, end, step)
+}
+
+// queryOn is query over any queryable.
+func (d *dsBucket) queryOn(ctx context.Context, qb storage.Queryable, res int64, q string, start, end, step int64) answer {
+	d.t.Helper()
+	ctx = downsample.WithMaxSourceResolution(ctx, res)
 	pq, err := downsample.Prepare(q)
 	if err != nil {
 		d.t.Fatalf("%s: %v", q, err)
@@ -251,12 +263,6 @@ func (d *dsBucket) query(s *Store, res int64, q string, start, end, step int64) 
 	if d.localFrom != 0 {
 		ctx = downsample.WithLocalFrom(ctx, d.localFrom)
 	}
-	qb := storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
-		if q := s.Querier(d.tenant, mint, maxt, nil); q != nil {
-			return q, nil
-		}
-		return storage.NoopQuerier(), nil
-	})
 	var qry promql.Query
 	if step > 0 {
 		qry, err = testEngine.NewRangeQuery(ctx, qb, nil, pq.Query, time.UnixMilli(start), time.UnixMilli(end), time.Duration(step)*time.Millisecond)

@@ -293,6 +293,34 @@ func describe(segs []segment) string {
 	return fmt.Sprintf("gpustore: served from downsampled blocks: %v", parts)
 }
 
+// describeFolded is the info annotation of a select that names folded
+// labels and reads downsampled data folded over them (raw data has expired
+// there): its series there do not carry the labels.
+func describeFolded(segs []segment, named []string) string {
+	var parts []string
+	for _, s := range segs {
+		if s.res == block.ResolutionRaw {
+			continue
+		}
+		var folded []string
+		for _, b := range s.blocks {
+			for _, l := range b.meta.GPUStore.Downsample.FoldedLabels {
+				if slices.Contains(named, l) && !slices.Contains(folded, l) {
+					folded = append(folded, l)
+				}
+			}
+		}
+		if len(folded) > 0 {
+			parts = append(parts, fmt.Sprintf("%v in %s data for %s–%s", folded, downsample.ResolutionName(s.res),
+				time.UnixMilli(s.from).UTC().Format(time.RFC3339), time.UnixMilli(s.to).UTC().Format(time.RFC3339)))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("gpustore: the query names labels that downsampling folded away where only downsampled data is left (its series there do not carry them): %v", parts)
+}
+
 // stepWindows are the times a range function's select reads when it is
 // evaluated at its hints' steps (downsample.WithSelectsAtSteps): the
 // windows [start + k·step, start + k·step + rng] for k ≥ 0 while the window

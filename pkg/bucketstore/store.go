@@ -506,19 +506,31 @@ func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt, f
 	return seriesset.NewMergeQuerier(qs, mergeSpans), nil
 }
 
-// Select reads each segment of the hinted range (planner.plan) from its
-// blocks and merges them.
-func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
+// plan is the segments a select reads (planner.plan), and the folded
+// labels it names (a matcher, its grouping, the query: then it reads raw
+// data where there is any).
+func (q *querier) plan(ctx context.Context, hints *storage.SelectHints, ms []*labels.Matcher) (segs []segment, named []string) {
 	mint, maxt := hintRange(q.mint, q.maxt, hints)
 	var forcedRaw []span
 	if from, ok := downsample.LocalFrom(ctx); ok { // the local TSDB serves it raw
 		forcedRaw = []span{{from, math.MaxInt64}}
 	}
 	maxRes := downsample.MaxResolution(ctx, hints)
-	if maxRes != block.ResolutionRaw && downsample.NamesFolded(ctx, foldedLabels(q.blocks, mint, maxt), hints, ms) {
+	for _, l := range foldedLabels(q.blocks, mint, maxt) {
+		if downsample.NamesFolded(ctx, []string{l}, hints, ms) {
+			named = append(named, l)
+		}
+	}
+	if len(named) > 0 {
 		maxRes = block.ResolutionRaw // where raw has expired, the folded data still answers
 	}
-	segs := newPlanner(ctx, hints, maxRes, forcedRaw).plan(q.blocks, mint, maxt)
+	return newPlanner(ctx, hints, maxRes, forcedRaw).plan(q.blocks, mint, maxt), named
+}
+
+// Select reads each segment of the hinted range (plan) from its blocks and
+// merges them.
+func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
+	segs, named := q.plan(ctx, hints, ms)
 	ctx = withNeededWindows(ctx, sparseWindows(ctx, hints))
 	sets := make([]storage.SeriesSet, 0, len(segs))
 	for _, sg := range segs {
@@ -540,9 +552,75 @@ func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.Se
 		set = seriesset.NewMergeSeriesSet(sets, seriesset.ChainedSeriesMerge)
 	}
 	if info := describe(segs); info != "" {
-		return withInfo{SeriesSet: set, info: info}
+		set = withInfo{SeriesSet: set, info: info}
+	}
+	if info := describeFolded(segs, named); info != "" {
+		set = withInfo{SeriesSet: set, info: info}
 	}
 	return set
+}
+
+// Folding says how the downsampled data a select reads was folded: the
+// folded labels of the downsampled blocks its plan reads, and the metrics
+// whose series those blocks folded (the metrics the select's matchers
+// name there of which no series carries a folded label). A select that
+// names a folded label reads raw data where there is any and is not folded
+// (its answer says where the labels are gone: describeFolded).
+func (q *querier) Folding(ctx context.Context, hints *storage.SelectHints, ms ...*labels.Matcher) (downsample.Folding, error) {
+	var f downsample.Folding
+	mint, maxt := hintRange(q.mint, q.maxt, hints)
+	if len(foldedLabels(q.blocks, mint, maxt)) == 0 {
+		return f, nil
+	}
+	segs, named := q.plan(ctx, hints, ms)
+	if len(named) > 0 {
+		return f, nil
+	}
+	ms = downsample.WithoutView(ms)
+	for _, sg := range segs {
+		for _, b := range sg.blocks {
+			if len(b.meta.GPUStore.Downsample.FoldedLabels) == 0 || b.meta.GPUStore.Downsample.Resolution == block.ResolutionRaw {
+				continue
+			}
+			g, err := q.folding(ctx, b, ms)
+			if err != nil {
+				return f, err
+			}
+			f.Merge(g)
+		}
+	}
+	return f, nil
+}
+
+// folding is Folding for one downsampled block.
+func (q *querier) folding(ctx context.Context, b *bucketBlock, ms []*labels.Matcher) (downsample.Folding, error) {
+	f := downsample.Folding{Labels: b.meta.GPUStore.Downsample.FoldedLabels}
+	if _, err := q.selected(ctx, []*bucketBlock{b}, b.meta.MinTime, b.meta.MaxTime-1); err != nil {
+		return f, err
+	}
+	bq, err := tsdb.NewBlockQuerier(newView(ctx, b, b.meta.MinTime, b.meta.MaxTime-1), b.meta.MinTime, b.meta.MaxTime-1)
+	if err != nil {
+		return f, err
+	}
+	defer bq.Close()
+	names, _, err := bq.LabelValues(ctx, labels.MetricName, nil, ms...)
+	if err != nil {
+		return f, err
+	}
+	f.Metrics = map[string]bool{}
+	for _, n := range names {
+		f.Metrics[n] = true
+	}
+	for _, l := range f.Labels {
+		with, _, err := bq.LabelValues(ctx, labels.MetricName, nil, append(slices.Clip(ms), labels.MustNewMatcher(labels.MatchRegexp, l, ".+"))...)
+		if err != nil {
+			return f, err
+		}
+		for _, n := range with {
+			delete(f.Metrics, n) // a series keeps the label: not folded
+		}
+	}
+	return f, nil
 }
 
 // resolutionsOf lists the resolutions of blocks, coarsest first.
