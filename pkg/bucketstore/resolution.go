@@ -87,7 +87,7 @@ func (p planner) plan(bs []*bucketBlock, mint, maxt int64) []segment {
 	var keys []string
 	groups := map[string][]*bucketBlock{}
 	for _, b := range bs {
-		k := groupKey(b.meta)
+		k := b.group
 		if groups[k] == nil {
 			keys = append(keys, k)
 		}
