@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/model"
+
 	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/downsample"
 )
@@ -60,7 +62,70 @@ func TestRangeFunctionsOffTheWindowGrid(t *testing.T) {
 			t.Errorf("%s at a %s step from %s: differs from raw without saying it is approximate (infos %q):\n%s",
 				c.q, fmtDur(c.step), fmtTime(c.start), got.infos(), strings.Join(bad, "\n"))
 		}
+		if !got.hasInfo("served from downsampled blocks") {
+			t.Errorf("%s at a %s step from %s: read raw; the windows fit once moved (infos %q)", c.q, fmtDur(c.step), fmtTime(c.start), got.infos())
+		}
+		// Each step read at 5m or 1h is raw's answer at the last window end
+		// at or before it (less the offset), moved to it.
+		if got.hasInfo("evaluated at the last window end") {
+			checkShifted(t, d, s, c.q, c.start, end, c.step, c.rel, got)
+		}
 	}
+}
+
+// checkShifted requires each point of got to equal raw's at its own time
+// or at the last 5m or 1h window end before it (the offset taken off).
+func checkShifted(t *testing.T, d *dsBucket, s *Store, q string, start, end, step int64, rel float64, got answer) {
+	t.Helper()
+	off := int64(0)
+	if i := strings.Index(q, " offset "); i >= 0 {
+		dur, err := model.ParseDuration(strings.TrimRight(q[i+len(" offset "):], ")"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		off = time.Duration(dur).Milliseconds()
+	}
+	atWindowEnds := 0
+	for at := start; at <= end; at += step {
+		var wants []answer
+		for _, res := range []int64{0, downsample.Res5m, downsample.Res1h} {
+			e := at
+			if res > 0 {
+				e -= ((at-off)%res + res) % res
+			}
+			wants = append(wants, d.query(s, block.ResolutionRaw, q, e, e, 0))
+		}
+		for k, g := range got.points {
+			v, ok := g[at]
+			if !ok {
+				continue
+			}
+			match := -1
+			for i, w := range wants {
+				if wv, ok := w.points[k]; ok && closeTo(wv[lastKey(wv)], v, rel) {
+					match = i
+					break
+				}
+			}
+			switch match {
+			case -1:
+				t.Errorf("%s at %s: %s is %v, raw's neither there nor at the last window end before", q, fmtTime(at), k, v)
+			case 1, 2:
+				atWindowEnds++
+			}
+		}
+	}
+	if atWindowEnds == 0 {
+		t.Errorf("%s: no step was moved", q)
+	}
+}
+
+func lastKey(m map[int64]float64) int64 {
+	var k int64
+	for t := range m {
+		k = t
+	}
+	return k
 }
 
 func fmtDur(ms int64) string { return (time.Duration(ms) * time.Millisecond).String() }

@@ -1,6 +1,7 @@
 package bucketstore
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -33,6 +34,10 @@ type segment struct {
 	// approx says why res's windows do not fit the select's ranges ("":
 	// they do; downsample.WindowFit).
 	approx string
+	// shift, for a resolution whose windows fit the ranges only moved
+	// (downsample.FitsShifted), moves each evaluation's points to it; it
+	// applies to every block the segment reads.
+	shift *downsample.StepShift
 }
 
 // span is a half-open time range.
@@ -69,11 +74,24 @@ type planner struct {
 	// forcedRaw is raw time read raw: the receiver's local TSDB serves it
 	// (downsample.WithLocalFrom).
 	forcedRaw []span
+	hints     *storage.SelectHints
 }
 
 func newPlanner(ctx context.Context, h *storage.SelectHints, maxRes int64, forcedRaw []span) planner {
-	return planner{maxRes: maxRes, forcedRaw: forcedRaw,
+	return planner{maxRes: maxRes, forcedRaw: forcedRaw, hints: h,
 		fit: func(res int64) downsample.Fit { return downsample.WindowFit(ctx, h, res) }}
+}
+
+// lead is how much earlier than the select's range a plan begins: a
+// window, when a resolution's windows fit the ranges only moved (the range
+// of the first evaluation ends at the window end before it).
+func (p planner) lead() int64 {
+	for _, r := range []int64{downsample.Res1h, downsample.Res5m} {
+		if p.fit(r) == downsample.FitsShifted {
+			return r
+		}
+	}
+	return 0
 }
 
 // plan splits the time [mint, maxt] of a select into segments, per group:
@@ -84,6 +102,7 @@ func (p planner) plan(bs []*bucketBlock, mint, maxt int64) []segment {
 	if end < maxt { // maxt is math.MaxInt64
 		end = maxt
 	}
+	mint -= p.lead()
 	var keys []string
 	groups := map[string][]*bucketBlock{}
 	for _, b := range bs {
@@ -123,14 +142,21 @@ func (p planner) planGroup(g []*bucketBlock, from, to int64) []segment {
 	cuts = slices.Compact(cuts)
 	var segs []segment
 	for i := 0; i+1 < len(cuts); i++ {
-		res, approx := p.choose(g, span{cuts[i], cuts[i+1]})
-		if n := len(segs); n > 0 && segs[n-1].res == res && segs[n-1].approx == approx {
+		res, fit := p.choose(g, span{cuts[i], cuts[i+1]})
+		if n := len(segs); n > 0 && segs[n-1].res == res {
 			segs[n-1].to = cuts[i+1]
 			continue
 		}
-		segs = append(segs, segment{res: res, from: cuts[i], to: cuts[i+1], approx: approx, group: g})
+		sg := segment{res: res, from: cuts[i], to: cuts[i+1], group: g}
+		if fit != downsample.Fits {
+			sg.approx = downsample.GridReason(fit)
+		}
+		if fit == downsample.FitsShifted {
+			sg.shift = downsample.NewStepShift(p.hints, res)
+		}
+		segs = append(segs, sg)
 	}
-	segs = snap(segs)
+	segs = p.snap(g, segs)
 	for i := range segs {
 		segs[i].blocks = blocksOf(g, segs[i])
 	}
@@ -139,15 +165,14 @@ func (p planner) planGroup(g []*bucketBlock, from, to int64) []segment {
 
 // choose picks the resolution of a time range: the coarsest at most maxRes
 // that a block of the group covers and whose windows fit the select's
-// ranges (downsample.Fits, or FitsNearly); else the finest coarser one that
-// fits (raw past its retention, an exact answer from 5m data); else the
-// finest covering one, approximate (and said so); raw where the local TSDB
-// serves the range, or where no block covers it (raw reads what there is).
-func (p planner) choose(g []*bucketBlock, s span) (res int64, approx string) {
-	for _, f := range p.forcedRaw {
-		if f.overlaps(s) {
-			return block.ResolutionRaw, ""
-		}
+// ranges (downsample.Fits, FitsNearly or FitsShifted); else the finest
+// coarser one that fits (raw past its retention, an exact answer from 5m
+// data); else the finest covering one, approximate (and said so); raw where
+// the local TSDB serves the range, or where no block covers it (raw reads
+// what there is). It returns how the chosen resolution fits.
+func (p planner) choose(g []*bucketBlock, s span) (res int64, fit downsample.Fit) {
+	if p.forced(s) {
+		return block.ResolutionRaw, downsample.Fits
 	}
 	var have []int64
 	for _, b := range g {
@@ -156,11 +181,11 @@ func (p planner) choose(g []*bucketBlock, s span) (res int64, approx string) {
 		}
 	}
 	if len(have) == 0 {
-		return block.ResolutionRaw, ""
+		return block.ResolutionRaw, downsample.Fits
 	}
 	slices.Sort(have)
 	have = slices.Compact(have)
-	fits := func(r int64) bool { f := p.fit(r); return f == downsample.Fits || f == downsample.FitsNearly }
+	fits := func(r int64) bool { return p.fit(r) != downsample.FitsNot }
 	res = -1
 	for _, r := range have { // ascending: the last that qualifies is the coarsest
 		if r <= p.maxRes && fits(r) {
@@ -175,10 +200,12 @@ func (p planner) choose(g []*bucketBlock, s span) (res int64, approx string) {
 	if res < 0 {
 		res = have[0]
 	}
-	if f := p.fit(res); f != downsample.Fits {
-		approx = downsample.GridReason(f)
-	}
-	return res, approx
+	return res, p.fit(res)
+}
+
+// forced says whether the local TSDB serves part of s.
+func (p planner) forced(s span) bool {
+	return slices.ContainsFunc(p.forcedRaw, s.overlaps)
 }
 
 // snap moves each boundary between two segments onto the window grid of
@@ -186,11 +213,16 @@ func (p planner) choose(g []*bucketBlock, s span) (res int64, approx string) {
 // window to the finer side, so that no window is read in part: a
 // downsampled segment that ended inside a window would hold the whole
 // window's aggregate while the finer side read some of the same samples
-// (the local TSDB's oldest time, a receiver's lookback, are anywhere).
-// Segments left empty are dropped.
-func snap(segs []segment) []segment {
+// (the local TSDB's oldest time, a receiver's lookback, are anywhere). A
+// boundary beside a moved segment (segment.shift) goes between two
+// evaluations instead (snapBetween). Segments left empty are dropped.
+func (p planner) snap(g []*bucketBlock, segs []segment) []segment {
 	for i := 1; i < len(segs); i++ {
 		l, r := &segs[i-1], &segs[i]
+		if l.shift != nil || r.shift != nil {
+			p.snapBetween(g, l, r)
+			continue
+		}
 		res := max(l.res, r.res)
 		off := downsampleGridOffset(r.from, res)
 		if res == block.ResolutionRaw || off == 0 {
@@ -204,6 +236,50 @@ func snap(segs []segment) []segment {
 		l.to, r.from = b, b
 	}
 	return slices.DeleteFunc(segs, func(s segment) bool { return s.from >= s.to })
+}
+
+// snapBetween moves the boundary between l and r, one of them moved
+// (segment.shift), out of the span of the evaluation it falls in (the
+// range it reads and the one it is moved to), so that each evaluation
+// reads one side: the evaluation goes to the side whose blocks cover its
+// span, the left first (raw data there, typically), never into the local
+// TSDB's range from a downsampled side.
+func (p planner) snapBetween(g []*bucketBlock, l, r *segment) {
+	shift := l.shift
+	if r.shift != nil && (shift == nil || r.res > l.res) {
+		shift = r.shift
+	}
+	from, to, ok := shift.Straddled(r.from)
+	if !ok {
+		return
+	}
+	takes := func(s *segment, sp span) bool {
+		return coveredBy(g, s.res, sp) && (s.res == block.ResolutionRaw || !p.forced(sp))
+	}
+	switch {
+	case to <= r.to && takes(l, span{r.from, to}):
+		l.to, r.from = to, to
+	case from >= l.from && takes(r, span{from, r.from}):
+		l.to, r.from = from, from
+	}
+}
+
+// coveredBy says whether the group's blocks of res cover sp together.
+func coveredBy(g []*bucketBlock, res int64, sp span) bool {
+	var cs []span
+	for _, b := range g {
+		if b.meta.GPUStore.Downsample.Resolution == res {
+			cs = append(cs, covered(b.meta))
+		}
+	}
+	slices.SortFunc(cs, func(a, b span) int { return cmp.Compare(a.from, b.from) })
+	at := sp.from
+	for _, c := range cs {
+		if c.from <= at && c.to > at {
+			at = c.to
+		}
+	}
+	return at >= sp.to
 }
 
 // downsampleGridOffset is how far raw time t is past the start of the
@@ -331,12 +407,13 @@ func describeFolded(segs []segment, named []string) string {
 type stepWindows struct{ start, end, step, rng int64 }
 
 // sparseWindows returns the windows of a select, or nil when it reads its
-// whole range (no step, no range, or steps no longer than the range).
-func sparseWindows(ctx context.Context, h *storage.SelectHints) *stepWindows {
+// whole range (no step, no range, or steps no longer than the range); each
+// window begins lead earlier (a moved range: segment.shift).
+func sparseWindows(ctx context.Context, h *storage.SelectHints, lead int64) *stepWindows {
 	if h == nil || h.Range <= 0 || h.Step <= h.Range || !downsample.SelectsAtSteps(ctx) {
 		return nil
 	}
-	return &stepWindows{start: h.Start - 1, end: h.End, step: h.Step, rng: h.Range + 1}
+	return &stepWindows{start: h.Start - 1 - lead, end: h.End, step: h.Step, rng: h.Range + 1 + lead}
 }
 
 // overlaps says whether [mint, maxt] meets a window.

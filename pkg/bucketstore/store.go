@@ -531,7 +531,13 @@ func (q *querier) plan(ctx context.Context, hints *storage.SelectHints, ms []*la
 // merges them.
 func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
 	segs, named := q.plan(ctx, hints, ms)
-	ctx = withNeededWindows(ctx, sparseWindows(ctx, hints))
+	lead := int64(0) // moved ranges begin up to a window earlier
+	for _, sg := range segs {
+		if sg.shift != nil {
+			lead = max(lead, sg.res)
+		}
+	}
+	ctx = withNeededWindows(ctx, sparseWindows(ctx, hints, lead))
 	sets := make([]storage.SeriesSet, 0, len(segs))
 	for _, sg := range segs {
 		for _, res := range resolutionsOf(sg.blocks) {
@@ -684,7 +690,11 @@ func (q *querier) selectSegment(ctx context.Context, sg segment, res int64, hint
 		h = &c
 	}
 	// Always sorted: blocks' series come sorted anyway, and merging needs it.
-	return m.Select(ctx, true, h, ms...), nil
+	set := m.Select(ctx, true, h, ms...)
+	if sg.shift != nil {
+		set = downsample.ShiftSeries(set, sg.shift)
+	}
+	return set, nil
 }
 
 // foldedLabels lists the labels folded in the downsampled blocks that

@@ -96,8 +96,11 @@ func Approximation(why string) error {
 // GridReason is why a select whose ranges the windows of its resolution do
 // not fit (WindowFit) is approximate when read downsampled.
 func GridReason(f Fit) string {
-	if f == FitsNearly {
+	switch f {
+	case FitsNearly:
 		return "the range is not a multiple of the resolution: the window at each range's start is read whole"
+	case FitsShifted:
+		return "each step is evaluated at the last window end at or before it (a step, start or offset that is not a multiple of the resolution), at most a window early"
 	}
 	return "the windows straddle the ranges evaluated (a step, start, offset or range that is not a multiple of the resolution, or a subquery)"
 }
