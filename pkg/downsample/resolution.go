@@ -127,17 +127,20 @@ func WindowFit(ctx context.Context, h *storage.SelectHints, res int64) Fit {
 		return Fits
 	}
 	first := h.Start + h.Range - 1
-	single := first == h.End
-	if !single && (h.Step <= 0 || !SelectsAtSteps(ctx)) {
+	// A range query's select is judged by its step even when it has one
+	// evaluation (a query frontend's piece), so that every piece of a split
+	// query reads its steps as the whole query does.
+	steps := h.Step > 0 && SelectsAtSteps(ctx)
+	if !steps && first != h.End {
 		return FitsNot
 	}
-	onGrid := floorMod(first, res) == 0 && (single || h.Step%res == 0)
+	onGrid := floorMod(first, res) == 0 && (!steps || h.Step%res == 0)
 	switch {
 	case onGrid && h.Range%res == 0:
 		return Fits
 	case onGrid && h.Range >= MinNearlyWindows*res:
 		return FitsNearly
-	case !onGrid && h.Range%res == 0 && (single || h.Step >= h.Range+res):
+	case !onGrid && h.Range%res == 0 && (!steps || h.Step >= h.Range+res):
 		return FitsShifted
 	}
 	return FitsNot

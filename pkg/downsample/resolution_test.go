@@ -102,6 +102,7 @@ func TestWindowFit(t *testing.T) {
 		{"start +2m30s", at, h(t0+150_000, Res5m, 30*60_000, 10), Res5m, FitsShifted},
 		{"steps too close to move", at, h(t0+150_000, Res5m, 7*60_000, 10), Res5m, FitsNot},
 		{"one evaluation off the grid", context.Background(), h(t0+1, Res1h, 0, 0), Res1h, FitsShifted},
+		{"a range query's one step, judged by its step", at, h(t0, 30*60_000, 27*60_000, 0), Res5m, FitsNot},
 		{"times unknown (subquery)", context.Background(), h(t0, Res5m, 30*60_000, 10), Res5m, FitsNot},
 		{"raw", at, h(t0+1, 7_000, 13_000, 10), ResRaw, Fits},
 	} {
