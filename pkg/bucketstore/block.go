@@ -24,6 +24,7 @@ import (
 type bucketBlock struct {
 	meta     *block.Meta
 	tenant   string
+	group    string // its compaction group within the tenant (groupKey)
 	cache    *PageCache
 	index    object
 	segments []object
@@ -52,7 +53,7 @@ type headerLoad struct {
 }
 
 func newBucketBlock(bkt objstore.BucketReader, cache *PageCache, readahead int64, meta *block.Meta) (*bucketBlock, error) {
-	b := &bucketBlock{meta: meta, tenant: meta.GPUStore.Tenant, cache: cache, readahead: readahead}
+	b := &bucketBlock{meta: meta, tenant: meta.GPUStore.Tenant, group: groupKey(meta), cache: cache, readahead: readahead}
 	b.index = object{bkt: bkt, name: block.ObjectName(b.tenant, meta.ULID, block.IndexFilename), size: meta.Size(block.IndexFilename)}
 	for _, rel := range meta.ChunkSegments() {
 		b.segments = append(b.segments, object{bkt: bkt, name: block.ObjectName(b.tenant, meta.ULID, rel), size: meta.Size(rel)})

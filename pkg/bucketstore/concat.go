@@ -24,14 +24,19 @@ import (
 // they overlap (blocks not compacted yet, out-of-order data, replicas).
 
 // spanQuerier is a block's querier whose series carry [lo, hi], the
-// inclusive range it reads (the TSDB's block querier returns no sample
-// outside it).
+// inclusive range it reads: its selects' hints are narrowed to it (the
+// TSDB's block querier reads the hinted range rather than its own).
 type spanQuerier struct {
 	storage.Querier
 	lo, hi int64
 }
 
 func (q spanQuerier) Select(ctx context.Context, sorted bool, h *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
+	if h != nil && (h.Start < q.lo || h.End > q.hi) {
+		c := *h
+		c.Start, c.End = max(c.Start, q.lo), min(c.End, q.hi)
+		h = &c
+	}
 	return spanSet{SeriesSet: q.Querier.Select(ctx, sorted, h, ms...), lo: q.lo, hi: q.hi}
 }
 

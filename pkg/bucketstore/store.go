@@ -466,8 +466,10 @@ type querier struct{ base }
 
 // open returns a querier over blocks (of one resolution) for [mint, maxt],
 // through the view of their resolution; downsampled plain selectors return
-// points in [from, to] (mint and maxt may be a window beyond, see Select).
-func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt, from, to int64) (storage.Querier, error) {
+// points in [from, to] (mint and maxt may be a window beyond, see
+// selectSegment), and approx says why downsampled answers are approximate
+// (downsample.Blocks.Approximate).
+func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt, from, to int64, approx string) (storage.Querier, error) {
 	bs, err := q.selected(ctx, blocks, mint, maxt)
 	if err != nil {
 		return nil, err
@@ -486,7 +488,7 @@ func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt, f
 		if res := b.meta.GPUStore.Downsample.Resolution; res == block.ResolutionRaw {
 			bv = downsample.NewRawQuerier(bq)
 		} else {
-			ds := downsample.Blocks{Querier: bq, Resolution: res, Lo: lo, Hi: hi, From: from, To: to}
+			ds := downsample.Blocks{Querier: bq, Resolution: res, Lo: lo, Hi: hi, From: from, To: to, Approximate: approx}
 			// Counter pairs are read up to a window past hi (downsample's pairs.go).
 			if _, wide := q.readRange(b, mint, maxt+min(res-1, math.MaxInt64-maxt)); wide > hi {
 				if ds.Pairs, err = tsdb.NewBlockQuerier(newView(ctx, b, lo, wide), lo, wide); err != nil {
@@ -504,59 +506,47 @@ func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt, f
 	return seriesset.NewMergeQuerier(qs, mergeSpans), nil
 }
 
-// Select reads each segment of the hinted range (plan) from its blocks,
-// with hints narrowed to the segment (the TSDB's block querier reads the
-// hinted range), and merges them. A plain selector's downsampled segment
-// is read from one window earlier to one window later: the window before
-// is what it shows until the segment's first window ends, the window after
-// lets the fill repeat the last window up to the segment's end (a range
-// ending inside a 1h window, e.g. a query frontend's day piece).
-func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
+// plan is the segments a select reads (planner.plan), and the folded
+// labels it names (a matcher, its grouping, the query: then it reads raw
+// data where there is any).
+func (q *querier) plan(ctx context.Context, hints *storage.SelectHints, ms []*labels.Matcher) (segs []segment, named []string) {
 	mint, maxt := hintRange(q.mint, q.maxt, hints)
 	var forcedRaw []span
 	if from, ok := downsample.LocalFrom(ctx); ok { // the local TSDB serves it raw
 		forcedRaw = []span{{from, math.MaxInt64}}
 	}
 	maxRes := downsample.MaxResolution(ctx, hints)
-	if maxRes != block.ResolutionRaw && downsample.NamesFolded(ctx, foldedLabels(q.blocks, mint, maxt), hints, ms) {
+	for _, l := range foldedLabels(q.blocks, mint, maxt) {
+		if downsample.NamesFolded(ctx, []string{l}, hints, ms) {
+			named = append(named, l)
+		}
+	}
+	if len(named) > 0 {
 		maxRes = block.ResolutionRaw // where raw has expired, the folded data still answers
 	}
-	segs := plan(q.blocks, mint, maxt, maxRes, forcedRaw)
-	ctx = withNeededWindows(ctx, sparseWindows(ctx, hints))
+	return newPlanner(ctx, hints, maxRes, forcedRaw).plan(q.blocks, mint, maxt), named
+}
+
+// Select reads each segment of the hinted range (plan) from its blocks and
+// merges them.
+func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
+	segs, named := q.plan(ctx, hints, ms)
+	lead := int64(0) // moved ranges begin up to a window earlier
+	for _, sg := range segs {
+		if sg.shift != nil {
+			lead = max(lead, sg.res)
+		}
+	}
+	ctx = withNeededWindows(ctx, sparseWindows(ctx, hints, lead))
 	sets := make([]storage.SeriesSet, 0, len(segs))
 	for _, sg := range segs {
-		if len(sg.blocks) == 0 {
-			continue
-		}
-		from, to := sg.from, sg.to-1
-		readFrom, readTo := from, to
-		if sg.res != block.ResolutionRaw && hints != nil && hints.Range == 0 {
-			readFrom, readTo = from-sg.res, to+sg.res
-		}
-		blocks := sg.blocks
-		if readFrom < from {
-			for _, b := range q.blocks { // the blocks holding the windows before and after, if others
-				if b.meta.GPUStore.Downsample.Resolution == sg.res && b.meta.MinTime <= readTo && b.meta.MaxTime > readFrom && !slices.Contains(blocks, b) {
-					blocks = append(slices.Clip(blocks), b)
-				}
+		for _, res := range resolutionsOf(sg.blocks) {
+			set, err := q.selectSegment(ctx, sg, res, hints, ms)
+			if err != nil {
+				return storage.ErrSeriesSet(err)
 			}
+			sets = append(sets, set)
 		}
-		m, err := q.open(ctx, blocks, readFrom, readTo, from, to)
-		if err != nil {
-			return storage.ErrSeriesSet(err)
-		}
-		q.track(m.Close)
-		if sg.res != block.ResolutionRaw {
-			q.s.m.downsampledSelects.WithLabelValues(downsample.ResolutionName(sg.res)).Inc()
-		}
-		var h *storage.SelectHints
-		if hints != nil {
-			c := *hints
-			c.Start, c.End = readFrom, readTo
-			h = &c
-		}
-		// Always sorted: blocks' series come sorted anyway, and merging needs it.
-		sets = append(sets, m.Select(ctx, true, h, ms...))
 	}
 	var set storage.SeriesSet
 	switch len(sets) {
@@ -568,9 +558,143 @@ func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.Se
 		set = seriesset.NewMergeSeriesSet(sets, seriesset.ChainedSeriesMerge)
 	}
 	if info := describe(segs); info != "" {
-		return withInfo{SeriesSet: set, info: info}
+		set = withInfo{SeriesSet: set, info: info}
+	}
+	if info := describeFolded(segs, named); info != "" {
+		set = withInfo{SeriesSet: set, info: info}
 	}
 	return set
+}
+
+// Folding says how the downsampled data a select reads was folded: the
+// folded labels of the downsampled blocks its plan reads, and the metrics
+// whose series those blocks folded (the metrics the select's matchers
+// name there of which no series carries a folded label). A select that
+// names a folded label reads raw data where there is any and is not folded
+// (its answer says where the labels are gone: describeFolded).
+func (q *querier) Folding(ctx context.Context, hints *storage.SelectHints, ms ...*labels.Matcher) (downsample.Folding, error) {
+	var f downsample.Folding
+	mint, maxt := hintRange(q.mint, q.maxt, hints)
+	if len(foldedLabels(q.blocks, mint, maxt)) == 0 {
+		return f, nil
+	}
+	segs, named := q.plan(ctx, hints, ms)
+	if len(named) > 0 {
+		return f, nil
+	}
+	ms = downsample.WithoutView(ms)
+	for _, sg := range segs {
+		for _, b := range sg.blocks {
+			if len(b.meta.GPUStore.Downsample.FoldedLabels) == 0 || b.meta.GPUStore.Downsample.Resolution == block.ResolutionRaw {
+				continue
+			}
+			g, err := q.folding(ctx, b, ms)
+			if err != nil {
+				return f, err
+			}
+			f.Merge(g)
+		}
+	}
+	return f, nil
+}
+
+// folding is Folding for one downsampled block.
+func (q *querier) folding(ctx context.Context, b *bucketBlock, ms []*labels.Matcher) (downsample.Folding, error) {
+	f := downsample.Folding{Labels: b.meta.GPUStore.Downsample.FoldedLabels}
+	if _, err := q.selected(ctx, []*bucketBlock{b}, b.meta.MinTime, b.meta.MaxTime-1); err != nil {
+		return f, err
+	}
+	bq, err := tsdb.NewBlockQuerier(newView(ctx, b, b.meta.MinTime, b.meta.MaxTime-1), b.meta.MinTime, b.meta.MaxTime-1)
+	if err != nil {
+		return f, err
+	}
+	defer bq.Close()
+	names, _, err := bq.LabelValues(ctx, labels.MetricName, nil, ms...)
+	if err != nil {
+		return f, err
+	}
+	f.Metrics = map[string]bool{}
+	for _, n := range names {
+		f.Metrics[n] = true
+	}
+	for _, l := range f.Labels {
+		with, _, err := bq.LabelValues(ctx, labels.MetricName, nil, append(slices.Clip(ms), labels.MustNewMatcher(labels.MatchRegexp, l, ".+"))...)
+		if err != nil {
+			return f, err
+		}
+		for _, n := range with {
+			delete(f.Metrics, n) // a series keeps the label: not folded
+		}
+	}
+	return f, nil
+}
+
+// resolutionsOf lists the resolutions of blocks, coarsest first.
+func resolutionsOf(bs []*bucketBlock) []int64 {
+	var out []int64
+	for _, b := range bs {
+		if r := b.meta.GPUStore.Downsample.Resolution; !slices.Contains(out, r) {
+			out = append(out, r)
+		}
+	}
+	slices.Sort(out)
+	slices.Reverse(out)
+	return out
+}
+
+// selectSegment selects from a segment's blocks of resolution res over the
+// segment's raw time, with hints narrowed to it (the TSDB's block querier
+// reads the hinted range). A downsampled block's points are stored 1 ms
+// before the raw time they stand for. A plain selector's downsampled
+// blocks are read from one window earlier to one window later: the window
+// before is what it shows until the segment's first window ends, the
+// window after lets the fill repeat the last window up to the segment's
+// end (a range ending inside a 1h window, e.g. a query frontend's day
+// piece).
+func (q *querier) selectSegment(ctx context.Context, sg segment, res int64, hints *storage.SelectHints, ms []*labels.Matcher) (storage.SeriesSet, error) {
+	from, to := sg.from, sg.to-1
+	if res != block.ResolutionRaw {
+		from, to = from-1, to-1
+	}
+	readFrom, readTo := from, to
+	var blocks []*bucketBlock
+	for _, b := range sg.blocks {
+		if b.meta.GPUStore.Downsample.Resolution == res {
+			blocks = append(blocks, b)
+		}
+	}
+	if res != block.ResolutionRaw && hints != nil && hints.Range == 0 {
+		readFrom, readTo = from-res, to+res
+		for _, b := range sg.group { // the blocks holding the windows before and after, if others
+			if b.meta.GPUStore.Downsample.Resolution == res && b.meta.MinTime <= readTo && b.meta.MaxTime > readFrom && !slices.Contains(blocks, b) {
+				blocks = append(slices.Clip(blocks), b)
+			}
+		}
+	}
+	approx := ""
+	if res == sg.res {
+		approx = sg.approx
+	}
+	m, err := q.open(ctx, blocks, readFrom, readTo, from, to, approx)
+	if err != nil {
+		return nil, err
+	}
+	q.track(m.Close)
+	if res != block.ResolutionRaw {
+		q.s.m.downsampledSelects.WithLabelValues(downsample.ResolutionName(res)).Inc()
+	}
+	var h *storage.SelectHints
+	if hints != nil {
+		c := *hints
+		c.Start, c.End = readFrom, readTo
+		h = &c
+	}
+	// Always sorted: blocks' series come sorted anyway, and merging needs it.
+	set := m.Select(ctx, true, h, ms...)
+	if sg.shift != nil {
+		set = downsample.ShiftSeries(set, sg.shift)
+	}
+	return set, nil
 }
 
 // foldedLabels lists the labels folded in the downsampled blocks that
@@ -601,7 +725,7 @@ func (w withInfo) Warnings() annotations.Annotations {
 }
 
 func (q *querier) LabelValues(ctx context.Context, name string, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	m, err := q.open(ctx, q.blocks, q.mint, q.maxt, q.mint, q.maxt)
+	m, err := q.open(ctx, q.blocks, q.mint, q.maxt, q.mint, q.maxt, "")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -610,7 +734,7 @@ func (q *querier) LabelValues(ctx context.Context, name string, hints *storage.L
 }
 
 func (q *querier) LabelNames(ctx context.Context, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	m, err := q.open(ctx, q.blocks, q.mint, q.maxt, q.mint, q.maxt)
+	m, err := q.open(ctx, q.blocks, q.mint, q.maxt, q.mint, q.maxt, "")
 	if err != nil {
 		return nil, nil, err
 	}

@@ -136,6 +136,9 @@ type querier struct {
 	res      int64 // the blocks' resolution, for plain selectors' fill (0: no fill)
 	from, to int64 // plain selectors' points outside are read but not returned
 	lo, hi   int64 // the range Querier reads, to which pairs are cut
+	// approx, when set, is why every answer read here is approximate (the
+	// windows do not fit the select's ranges: GridReason).
+	approx string
 }
 
 func (q *querier) Close() error {
@@ -190,7 +193,8 @@ func (q *querier) Select(ctx context.Context, _ bool, hints *storage.SelectHints
 		// 5m points already tile the default 5m lookback; 1h points do not.
 		fill = q.res
 	}
-	return &joinSet{view: view, aggrs: aggrs, sets: sets, fill: fill, from: q.from, to: q.to, lo: lo, hi: hi}
+	return &joinSet{view: view, explicit: ok, hints: hints, approx: q.approx,
+		aggrs: aggrs, sets: sets, fill: fill, from: q.from, to: q.to, lo: lo, hi: hi}
 }
 
 // pairRange returns the range a select reads (the TSDB's block querier
@@ -240,6 +244,13 @@ type joinSet struct {
 	view  View
 	aggrs []string
 	sets  []storage.SeriesSet
+	// What the annotation of an approximate answer needs: the select's
+	// hints, whether its view was explicit (Rewrite), and the planner's
+	// reason when the windows do not fit the ranges.
+	hints    *storage.SelectHints
+	explicit bool
+	approx   string
+	info     error // the approximation, once a series is read approximately
 
 	started bool
 	heads   []storage.Series
@@ -291,9 +302,16 @@ func (j *joinSet) Next() bool {
 			j.advance(i)
 		}
 	}
-	j.cur = buildSeries(j.view, base, comps, j.lo, j.hi)
+	var kept bool
+	j.cur, kept = buildSeries(j.view, base, comps, j.lo, j.hi)
+	if j.info == nil {
+		j.info = j.approximation(kept)
+	}
 	if j.fill > 0 {
 		j.cur = filledSeries{Series: j.cur, res: j.fill, from: j.from, to: j.to}
+	}
+	if kept {
+		j.cur = rawTimeSeries{j.cur}
 	}
 	return true
 }
@@ -304,27 +322,42 @@ func (j *joinSet) Warnings() annotations.Annotations {
 	for _, s := range j.sets {
 		j.warns.Merge(s.Warnings())
 	}
+	if j.info != nil {
+		j.warns.Add(j.info)
+	}
 	return j.warns
 }
 
-// buildSeries reads one series' aggregates through view (pairs cut to [lo, hi]).
-func buildSeries(view View, base labels.Labels, comps map[string]storage.Series, lo, hi int64) storage.Series {
+// approximation is the annotation of a series read here whose answer is
+// not raw's (kept: it is read from kept samples), or nil.
+func (j *joinSet) approximation(kept bool) error {
+	switch {
+	case j.approx != "":
+		return Approximation(j.approx)
+	case !exactRead(j.hints, j.view, j.explicit, kept):
+		return Approximation(whyApproximate(j.hints, j.view, j.explicit, kept))
+	}
+	return nil
+}
+
+// buildSeries reads one series' aggregates through view (pairs cut to [lo,
+// hi]); kept says the series is read from kept samples (a counter's, or
+// native histograms) rather than gauge aggregates.
+func buildSeries(view View, base labels.Labels, comps map[string]storage.Series, lo, hi int64) (s storage.Series, kept bool) {
 	counter := counterSeries(base, comps, lo, hi)
-	var s storage.Series
 	switch view {
 	case ViewCounter:
 		if counter != nil {
-			s = counter
-		} else {
-			s = gaugeSeries(ViewAvg, base, comps)
+			return counter, true
 		}
+		s = gaugeSeries(ViewAvg, base, comps)
 	case ViewCount:
 		if s = gaugeSeries(view, base, comps); s == nil && counter != nil {
-			s = onesSeries{base, counter}
+			return onesSeries{base, counter}, true
 		}
 	default:
 		if s = gaugeSeries(view, base, comps); s == nil && counter != nil {
-			s = counter
+			return counter, true
 		}
 	}
 	if s == nil {
@@ -332,11 +365,11 @@ func buildSeries(view View, base labels.Labels, comps map[string]storage.Series,
 		// whatever there is rather than hide the series.
 		for _, a := range []string{AggrSum, AggrCount, AggrMin, AggrMax} {
 			if c := comps[a]; c != nil {
-				return relabeled{base, c}
+				return relabeled{base, c}, false
 			}
 		}
 	}
-	return s
+	return s, false
 }
 
 // counterSeries reads a counter's kept samples: its pairs (cut to [lo, hi])
@@ -573,11 +606,16 @@ type Blocks struct {
 	// window (fill.go), from From to To (the caller reads one window before
 	// and one after, which fill the start and the end).
 	From, To int64
+	// Approximate, when set, is why the windows do not fit the ranges of
+	// the selects (GridReason): every answer read here then carries an info
+	// annotation saying it is approximate. Otherwise only the answers that
+	// exactRead finds approximate do.
+	Approximate string
 }
 
 // NewQuerier is NewQueryable's querier over one resolution's blocks.
 func NewQuerier(b Blocks) storage.Querier {
-	return &querier{Querier: b.Querier, pairs: b.Pairs, res: b.Resolution, from: b.From, to: b.To, lo: b.Lo, hi: b.Hi}
+	return &querier{Querier: b.Querier, pairs: b.Pairs, res: b.Resolution, from: b.From, to: b.To, lo: b.Lo, hi: b.Hi, approx: b.Approximate}
 }
 
 // NewRawQuerier is NewRawQueryable's querier over one querier of raw data.

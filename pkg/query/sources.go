@@ -79,6 +79,44 @@ func (q localFromQuerier) Select(ctx context.Context, sortSeries bool, hints *st
 	return q.Querier.Select(ctx, sortSeries, hints, ms...)
 }
 
+// Folding is the inner querier's (downsample.FoldingQuerier), with the
+// same local range as its selects.
+func (q localFromQuerier) Folding(ctx context.Context, hints *storage.SelectHints, ms ...*labels.Matcher) (downsample.Folding, error) {
+	fq, ok := q.Querier.(downsample.FoldingQuerier)
+	if !ok {
+		return downsample.Folding{}, nil
+	}
+	if q.from != math.MaxInt64 {
+		ctx = downsample.WithLocalFrom(ctx, q.from)
+	}
+	return fq.Folding(ctx, hints, ms...)
+}
+
+// foldingQuerier folds the raw series a select reads (the local TSDB's,
+// the receivers', the bucket's raw blocks) as the downsampled data read
+// beside them was folded (downsample.FoldSeries), so that one series per
+// GPU runs through the whole range instead of the folded series up to where
+// raw data begins and per-pod series after it.
+type foldingQuerier struct {
+	storage.Querier
+	folders []downsample.FoldingQuerier
+}
+
+func (q foldingQuerier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
+	var f downsample.Folding
+	for _, fq := range q.folders {
+		g, err := fq.Folding(ctx, hints, ms...)
+		if err != nil {
+			return storage.ErrSeriesSet(err)
+		}
+		f.Merge(g)
+	}
+	if f.Empty() {
+		return q.Querier.Select(ctx, sortSeries, hints, ms...)
+	}
+	return downsample.FoldSeries(q.Querier.Select(ctx, true, hints, ms...), f)
+}
+
 // receiversFrom is the oldest time the bucket is read raw from because the
 // ring's receivers hold that range raw; math.MaxInt64 without receivers.
 func (q TenantQueryable) receiversFrom() int64 {
@@ -124,18 +162,29 @@ func (q TenantQueryable) openQuerier(tenantID string, mint, maxt int64) (storage
 			localFrom = min(localFrom, q.receiversFrom())
 		}
 	}
+	var folders []downsample.FoldingQuerier
 	for _, src := range q.Sources {
 		if sq := src.Querier(tenantID, mint, maxt, local); sq != nil {
-			qs = append(qs, localFromQuerier{Querier: sq, from: localFrom})
+			lq := localFromQuerier{Querier: sq, from: localFrom}
+			qs = append(qs, lq)
+			if _, ok := sq.(downsample.FoldingQuerier); ok {
+				folders = append(folders, lq)
+			}
 		}
 	}
+	var merged storage.Querier
 	switch len(qs) {
 	case 0:
 		return storage.NoopQuerier(), nil
 	case 1:
-		return qs[0], nil
+		merged = qs[0]
+	default:
+		merged = seriesset.NewMergeQuerier(qs, seriesset.ChainedSeriesMerge)
 	}
-	return seriesset.NewMergeQuerier(qs, seriesset.ChainedSeriesMerge), nil
+	if len(folders) > 0 {
+		return foldingQuerier{Querier: merged, folders: folders}, nil
+	}
+	return merged, nil
 }
 
 // openChunkQuerier is openQuerier for chunk queries.
