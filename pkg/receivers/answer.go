@@ -1,11 +1,13 @@
 package receivers
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"slices"
+	"sync"
 	"unsafe"
 
 	"github.com/prometheus/prometheus/config"
@@ -20,6 +22,7 @@ import (
 // bytes and encoded labels point into the answer's frames (arena).
 type answer struct {
 	series []answerSeries
+	chunks []wireChunk // every series' chunks, one after the other
 }
 
 // answerSeries is one series of an answer.
@@ -71,13 +74,23 @@ const (
 
 var errMalformed = errors.New("malformed remote-read answer")
 
+var bodyReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, answerBufferSize) }}
+
 // readChunkedAnswer reads a streamed remote-read answer
 // (STREAMED_XOR_CHUNKS) whole. The receiver sends its series sorted, each
 // in one or more consecutive frames (a series with many chunks is split),
 // which are joined here. Frames are copied into an arena, and the series
 // point into it: nothing is decoded but the protobuf's framing.
 func readChunkedAnswer(body io.Reader) (*answer, error) {
-	cr := remote.NewChunkedReader(body, config.DefaultChunkedReadLimit, nil)
+	// Read the connection in large pieces, not the chunked reader's 4 KiB
+	// (see answerBufferSize).
+	br := bodyReaders.Get().(*bufio.Reader)
+	br.Reset(body)
+	defer func() {
+		br.Reset(nil)
+		bodyReaders.Put(br)
+	}()
+	cr := remote.NewChunkedReader(br, config.DefaultChunkedReadLimit, nil)
 	var (
 		a     answer
 		arena arena
@@ -102,10 +115,14 @@ func (a *answer) addFrame(b []byte) error {
 		if num != fieldChunkedSeries {
 			return nil // query_index: one query per request
 		}
-		s, err := decodeSeries(v, true)
+		from := len(a.chunks)
+		s, err := decodeSeries(v, &a.chunks)
 		if err != nil {
 			return err
 		}
+		// Series share the answer's chunk slice; each its own part, capped,
+		// so an append to one never writes into the next.
+		s.chunks = a.chunks[from:len(a.chunks):len(a.chunks)]
 		if n := len(a.series); n > 0 && bytes.Equal(a.series[n-1].pb, s.pb) {
 			a.series[n-1].chunks = append(a.series[n-1].chunks, s.chunks...)
 			return nil
@@ -128,7 +145,7 @@ func readSamplesAnswer(body []byte, b *labelDecoder) (*answer, error) {
 			if num != fieldTimeseries {
 				return nil
 			}
-			s, err := decodeSeries(v, false)
+			s, err := decodeSeries(v, nil)
 			if err != nil {
 				return err
 			}
@@ -148,8 +165,8 @@ func readSamplesAnswer(body []byte, b *labelDecoder) (*answer, error) {
 
 // decodeSeries decodes a ChunkedSeries (or a TimeSeries, whose labels are
 // the same field; its samples are not read) into its label bytes and,
-// with chunks, its chunks.
-func decodeSeries(b []byte, chunks bool) (answerSeries, error) {
+// with chunks, appends its chunks there.
+func decodeSeries(b []byte, chunks *[]wireChunk) (answerSeries, error) {
 	var s answerSeries
 	start, end := -1, -1
 	for off := 0; off < len(b); {
@@ -167,13 +184,13 @@ func decodeSeries(b []byte, chunks bool) (answerSeries, error) {
 				start = off
 			}
 			end = off + n + m
-		case num == fieldSeriesChunks && chunks && typ == protowire.BytesType:
+		case num == fieldSeriesChunks && chunks != nil && typ == protowire.BytesType:
 			v, _ := protowire.ConsumeBytes(b[off+n:])
 			c, err := decodeChunk(v)
 			if err != nil {
 				return s, err
 			}
-			s.chunks = append(s.chunks, c)
+			*chunks = append(*chunks, c)
 		}
 		off += n + m
 	}

@@ -6,11 +6,13 @@
 package receivers
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/grafana/dskit/user"
 	"github.com/oklog/ulid/v2"
@@ -156,9 +158,52 @@ func readHandler(q storage.SampleAndChunkQueryable, tenants tenancy.Config, logg
 	return query.ReadWholeBody(query.MaxReadRequestBytes, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if id, ok := requestTenant(w, r, tenants); ok {
 			ctx := context.WithValue(user.InjectOrgID(r.Context(), id), answerHeaderKey{}, w.Header())
-			h.ServeHTTP(w, r.WithContext(ctx))
+			bw := newBufferedAnswer(w)
+			h.ServeHTTP(bw, r.WithContext(ctx))
+			// Not deferred: a handler that panics to abort a broken
+			// stream (http.ErrAbortHandler) must not end it cleanly.
+			bw.Flush()
+			bw.release()
 		}
 	}))
+}
+
+// answerBufferSize is how much of a streamed answer is written at once.
+// Go's server writes a response through a buffer of 2-4 KiB, each write
+// a system call and an HTTP chunk that the querier reads with another:
+// frames are one series each, a few hundred bytes.
+const answerBufferSize = 64 << 10
+
+var answerBuffers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, answerBufferSize) }}
+
+// bufferedAnswer is a response written through a large buffer.
+type bufferedAnswer struct {
+	http.ResponseWriter
+	buf *bufio.Writer
+}
+
+func newBufferedAnswer(w http.ResponseWriter) *bufferedAnswer {
+	buf := answerBuffers.Get().(*bufio.Writer)
+	buf.Reset(w)
+	return &bufferedAnswer{ResponseWriter: w, buf: buf}
+}
+
+func (b *bufferedAnswer) Write(p []byte) (int, error) { return b.buf.Write(p) }
+
+// Flush implements http.Flusher (the streamed answer needs one).
+func (b *bufferedAnswer) Flush() {
+	if b.buf == nil || b.buf.Flush() != nil {
+		return
+	}
+	if f, ok := b.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (b *bufferedAnswer) release() {
+	b.buf.Reset(nil)
+	answerBuffers.Put(b.buf)
+	b.buf = nil
 }
 
 // requestTenant returns the request's tenant (tenancy.FromRequest), or
