@@ -3,10 +3,12 @@ package receivers
 import (
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +24,7 @@ import (
 	"github.com/grafana/dskit/user"
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/value"
@@ -135,6 +138,33 @@ func TestRingAnswersLikeSingleNode(t *testing.T) {
 		}
 	}
 	compare(60, "every receiver up")
+
+	// Through the query API, whose engine runs range queries of many steps
+	// as slices in parallel: the slices read the receivers once, and the
+	// JSON answers are the single node's byte for byte.
+	frontAPI := newAPI(t, query.Options{DBs: newManager(t), Receivers: src, ReceiversLookback: 24 * time.Hour, Sources: []query.Source{spy}})
+	refAPI := newAPI(t, query.Options{DBs: single})
+	for i := range 20 {
+		r := model.Duration(time.Duration(1+rng.IntN(20)) * time.Minute).String()
+		q := randomQuery{expr: strings.ReplaceAll(queryShapes[rng.IntN(len(queryShapes))], "$r", r), stepMilli: 15_000}
+		q.start, q.end = w.t0+rng.Int64N(10*60_000), end-rng.Int64N(10*60_000) // at least 120 steps: sliced
+		asked := testutil.ToFloat64(src.requests.WithLabelValues("ok"))
+		got, want := frontAPI.rangeQuery(t, q), refAPI.rangeQuery(t, q)
+		if got != want {
+			t.Fatalf("query API: %s differs from the single node's\nring:\n%s\nsingle node:\n%s", q, got, want)
+		}
+		if i == 0 {
+			q.expr = `avg(DCGM_FI_DEV_GPU_UTIL)`
+			asked = testutil.ToFloat64(src.requests.WithLabelValues("ok"))
+			frontAPI.rangeQuery(t, q)
+			if n := testutil.ToFloat64(src.requests.WithLabelValues("ok")) - asked; n != 3 {
+				t.Errorf("a sliced query with one selector asked %v receivers, want one read quorum (3)", n)
+			}
+		}
+	}
+	if n := frontAPI.sliced(t); n == 0 {
+		t.Error("no range query ran sliced")
+	}
 
 	// Every receiver has been read by now (each read leaves one of four
 	// out at random): the bucket reads none of the blocks they hold.
@@ -574,4 +604,68 @@ func rawChunks(t *testing.T, ctx context.Context, qa storage.ChunkQueryable, min
 		t.Fatal(err)
 	}
 	return b.String()
+}
+
+// queryAPI is the query HTTP API over a queryable's parts.
+type queryAPI struct {
+	srv *httptest.Server
+	reg *prometheus.Registry
+}
+
+func newAPI(t *testing.T, opts query.Options) *queryAPI {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	opts.Config, opts.Tenants, opts.Logger, opts.Registry = query.DefaultConfig(), tenancy.DefaultConfig(), quiet, reg
+	opts.Ready, opts.ActiveQueryDir = func() error { return nil }, t.TempDir()
+	api, err := query.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	api.RegisterRoutes(mux)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return &queryAPI{srv: srv, reg: reg}
+}
+
+// rangeQuery returns the API's answer to q as a range query, as sent.
+func (a *queryAPI) rangeQuery(t *testing.T, q randomQuery) string {
+	t.Helper()
+	form := url.Values{"query": {q.expr}, "start": {fmt.Sprint(float64(q.start) / 1000)}, "end": {fmt.Sprint(float64(q.end) / 1000)},
+		"step": {fmt.Sprint(float64(q.stepMilli) / 1000)}}
+	req, err := http.NewRequest(http.MethodPost, a.srv.URL+"/api/v1/query_range", strings.NewReader(form.Encode()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set(tenancy.OrgIDHeader, "team-a")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: %d %v %s", q, resp.StatusCode, err, body)
+	}
+	return string(body)
+}
+
+// sliced is how many range queries the API ran as slices.
+func (a *queryAPI) sliced(t *testing.T) float64 {
+	t.Helper()
+	n, err := testutil.GatherAndCount(a.reg, "gpustore_query_range_sliced_total")
+	if err != nil || n != 1 {
+		t.Fatalf("sliced counter: %d %v", n, err)
+	}
+	mfs, err := a.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "gpustore_query_range_sliced_total" {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
 }

@@ -203,18 +203,79 @@ func (q *querier) Select(ctx context.Context, _ bool, hints *storage.SelectHints
 }
 
 func (q *querier) selectSet(ctx context.Context, hints *storage.SelectHints, ms []*labels.Matcher) (*replicaSet, error) {
-	pq, err := remote.ToQuery(q.mint, q.maxt, ms, hints)
-	if err != nil {
-		return nil, err
-	}
 	seriesOnly := hints != nil && hints.Func == "series"
-	syms := labels.NewSymbolTable() // the select's labels share one
-	res, err := q.s.read(ctx, q.tenant, pq, seriesOnly, syms)
+	res, err := q.sharedRead(ctx, hints, ms, seriesOnly)
 	if err != nil {
 		return nil, err
 	}
 	query.ReportServedBlocks(ctx, res.served)
-	return newReplicaSet(res.answers, newLabelDecoder(syms), q.mint, q.maxt, res.warnings, q.s.count), nil
+	return newReplicaSet(res.answers, newLabelDecoder(res.syms), q.mint, q.maxt, res.warnings, q.s.count), nil
+}
+
+// sharedRead reads the select over [mint, maxt]; in a slice of a sliced
+// range query (query.SliceOf), once for every slice: over what the whole
+// query's select reads, which each slice's replicaSet cuts to its range.
+// A receiver's work for a select is mostly per series (its index, its
+// chunks' headers), which reading it per slice would repeat.
+func (q *querier) sharedRead(ctx context.Context, hints *storage.SelectHints, ms []*labels.Matcher, seriesOnly bool) (readResult, error) {
+	sl, ok := query.SliceOf(ctx)
+	if !ok || seriesOnly {
+		return q.read(ctx, q.mint, q.maxt, hints, ms, seriesOnly, false)
+	}
+	type shared struct {
+		res        readResult
+		mint, maxt int64
+	}
+	mint, maxt := sl.Widen(q.mint, q.maxt)
+	var wide *storage.SelectHints
+	key := fmt.Sprint(q.tenant, "\xff", ms)
+	if hints != nil {
+		h := *hints
+		h.Start, h.End = sl.Widen(h.Start, h.End)
+		wide = &h
+		key = fmt.Sprint(key, "\xff", h.Func, "\xff", h.Step, "\xff", h.Range, "\xff", h.Grouping, "\xff", h.By)
+	}
+	v, err := sl.Share(ctx, key, func() (any, error) {
+		res, err := q.read(ctx, mint, maxt, wide, ms, false, true)
+		return shared{res, mint, maxt}, err
+	})
+	if err != nil {
+		return readResult{}, err
+	}
+	if sh := v.(shared); sh.mint <= q.mint && sh.maxt >= q.maxt {
+		return sh.res, nil
+	}
+	// Another slice's read does not cover this one's range (a subquery's
+	// steps align differently): read it alone.
+	return q.read(ctx, q.mint, q.maxt, hints, ms, false, false)
+}
+
+// read reads the select over [mint, maxt] from a read quorum. Answers
+// shared by several replicaSets have every label decoded at once: a
+// replicaSet otherwise decodes them as it goes, writing to the answers.
+func (q *querier) read(ctx context.Context, mint, maxt int64, hints *storage.SelectHints, ms []*labels.Matcher, seriesOnly, shared bool) (readResult, error) {
+	pq, err := remote.ToQuery(mint, maxt, ms, hints)
+	if err != nil {
+		return readResult{}, err
+	}
+	syms := labels.NewSymbolTable() // the select's labels share one
+	res, err := q.s.read(ctx, q.tenant, pq, seriesOnly, syms)
+	if err != nil {
+		return readResult{}, err
+	}
+	res.syms = syms
+	if shared {
+		dec := newLabelDecoder(syms)
+		for _, a := range res.answers {
+			for i := range a.series {
+				dec.labelsOf(&a.series[i])
+			}
+		}
+		if dec.err != nil {
+			return readResult{}, dec.err
+		}
+	}
+	return res, nil
 }
 
 // count adds one select's replica statistics to the metrics.
@@ -306,6 +367,7 @@ type readResult struct {
 	// and those the receivers left out last reported (their samples are
 	// on the receivers read, as every other sample of theirs).
 	served []ulid.ULID
+	syms   *labels.SymbolTable // the answers' labels'
 }
 
 // read sends pq to a read quorum of the receivers (see Source), never to
