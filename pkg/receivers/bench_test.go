@@ -8,16 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/grafana/dskit/kv/consul"
-	"github.com/grafana/dskit/ring"
-	"github.com/grafana/dskit/services"
 	"github.com/grafana/dskit/user"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
 
-	"github.com/gpustore/gpustore/internal/logging"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
@@ -95,14 +91,7 @@ func benchRing(b *testing.B, miss float64) ([]*tenantdb.Manager, *Source, int64,
 	}
 	dbs := make([]*tenantdb.Manager, 3)
 	for i := range dbs {
-		cfg := tenantdb.DefaultConfig()
-		cfg.Dir = b.TempDir()
-		m, err := tenantdb.NewManager(cfg, quiet, prometheus.NewRegistry())
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = m.Close() })
-		dbs[i] = m
+		dbs[i] = newManager(b)
 	}
 	for s := range steps {
 		ts := t0 + int64(s)*15_000
@@ -129,29 +118,13 @@ func benchRing(b *testing.B, miss float64) ([]*tenantdb.Manager, *Source, int64,
 			}
 		}
 	}
-	kit := logging.GoKit(quiet)
-	store, closer := consul.NewInMemoryClient(ring.GetCodec(), kit, prometheus.NewRegistry())
-	b.Cleanup(func() { _ = closer.Close() })
-	err := store.CAS(context.Background(), "receiver", func(any) (any, bool, error) {
-		d := ring.NewDesc()
-		for i, m := range dbs {
-			srv := httptest.NewServer(ReadHandler(m, tenancy.DefaultConfig(), quiet, prometheus.NewRegistry()))
-			b.Cleanup(srv.Close)
-			d.AddIngester(fmt.Sprintf("r%d", i), srv.Listener.Addr().String(), "", []uint32{uint32(i) + 1}, ring.ACTIVE, time.Now(), false, time.Time{}, nil)
-		}
-		return d, true, nil
-	})
-	if err != nil {
-		b.Fatal(err)
+	rg, store := startRing(b, 3)
+	for i, m := range dbs {
+		srv := httptest.NewServer(ReadHandler(m, tenancy.DefaultConfig(), quiet, prometheus.NewRegistry()))
+		b.Cleanup(srv.Close)
+		addToRing(b, store, fmt.Sprintf("r%d", i), srv.Listener.Addr().String(), []uint32{uint32(i) + 1})
 	}
-	rg, err := ring.NewWithStoreClientAndStrategy(ring.Config{HeartbeatTimeout: time.Hour, ReplicationFactor: 3}, "receiver", "receiver", store, ring.NewDefaultReplicationStrategy(), prometheus.NewRegistry(), kit)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := services.StartAndAwaitRunning(context.Background(), rg); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), rg) })
+	waitRing(b, rg, len(dbs))
 	src, err := NewSource(SourceConfig{Timeout: time.Minute}, rg, quiet, prometheus.NewRegistry())
 	if err != nil {
 		b.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/grafana/dskit/kv"
 	"github.com/grafana/dskit/kv/consul"
 	"github.com/grafana/dskit/ring"
 	"github.com/grafana/dskit/services"
@@ -93,7 +94,7 @@ func (r *receiver) answered() map[string]int {
 	return out
 }
 
-func newManager(t *testing.T) *tenantdb.Manager {
+func newManager(t testing.TB) *tenantdb.Manager {
 	t.Helper()
 	cfg := tenantdb.DefaultConfig()
 	cfg.Dir = t.TempDir()
@@ -205,31 +206,61 @@ func newCluster(t *testing.T) *cluster {
 // in-memory KV store and starts a ring client on it.
 func newRing(t *testing.T, rf int, rs ...*receiver) *ring.Ring {
 	t.Helper()
+	rg, store := startRing(t, rf)
+	for i, r := range rs {
+		addToRing(t, store, r.id, r.addr(), []uint32{uint32(i)*1_000_000 + 1, uint32(i)*1_000_000 + 2})
+	}
+	waitRing(t, rg, len(rs))
+	return rg
+}
+
+// startRing starts a ring client with the replication factor over a KV
+// store of its own, empty.
+func startRing(tb testing.TB, rf int) (*ring.Ring, kv.Client) {
+	tb.Helper()
 	ctx := context.Background()
 	kit := logging.GoKit(quiet)
-	kv, closer := consul.NewInMemoryClient(ring.GetCodec(), kit, prometheus.NewRegistry())
-	t.Cleanup(func() { _ = closer.Close() })
-	err := kv.CAS(ctx, "receiver", func(any) (any, bool, error) {
-		d := ring.NewDesc()
-		for i, r := range rs {
-			tokens := []uint32{uint32(i)*1_000_000 + 1, uint32(i)*1_000_000 + 2}
-			d.AddIngester(r.id, r.addr(), "", tokens, ring.ACTIVE, time.Now(), false, time.Time{}, nil)
+	store, closer := consul.NewInMemoryClient(ring.GetCodec(), kit, prometheus.NewRegistry())
+	tb.Cleanup(func() { _ = closer.Close() })
+	cfg := ring.Config{HeartbeatTimeout: time.Hour, ReplicationFactor: rf}
+	rg, err := ring.NewWithStoreClientAndStrategy(cfg, "receiver", "receiver", store, ring.NewDefaultReplicationStrategy(), prometheus.NewRegistry(), kit)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := services.StartAndAwaitRunning(ctx, rg); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = services.StopAndAwaitTerminated(ctx, rg) })
+	return rg, store
+}
+
+// addToRing registers a receiver, ACTIVE, with the tokens.
+func addToRing(tb testing.TB, store kv.Client, id, addr string, tokens []uint32) {
+	tb.Helper()
+	err := store.CAS(context.Background(), "receiver", func(in any) (any, bool, error) {
+		d, _ := in.(*ring.Desc)
+		if d == nil {
+			d = ring.NewDesc()
 		}
+		d.AddIngester(id, addr, "", tokens, ring.ACTIVE, time.Now(), false, time.Time{}, nil)
 		return d, true, nil
 	})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	cfg := ring.Config{HeartbeatTimeout: time.Hour, ReplicationFactor: rf}
-	rg, err := ring.NewWithStoreClientAndStrategy(cfg, "receiver", "receiver", kv, ring.NewDefaultReplicationStrategy(), prometheus.NewRegistry(), kit)
-	if err != nil {
-		t.Fatal(err)
+}
+
+// waitRing waits until the ring client lists n receivers (it learns the
+// KV store's changes by watching it).
+func waitRing(tb testing.TB, rg *ring.Ring, n int) {
+	tb.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for rg.InstancesCount() != n {
+		if time.Now().After(deadline) {
+			tb.Fatalf("the ring lists %d receivers, want %d", rg.InstancesCount(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
-	if err := services.StartAndAwaitRunning(ctx, rg); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(ctx, rg) })
-	return rg
 }
 
 func newSource(t *testing.T, r ring.ReadRing, self string) (*Source, *prometheus.Registry) {
@@ -310,7 +341,7 @@ func TestSelectMergesReplicas(t *testing.T) {
 	c := newCluster(t)
 	src, reg := newSource(t, c.ring, "")
 
-	const reads = 12 // DoUntilQuorum picks the receivers at random: all pairs
+	const reads = 30 // DoUntilQuorum picks the receivers at random: all pairs
 	for range reads {
 		got, ws, err := dump(ctx, src, "team-a", all)
 		if err != nil {

@@ -18,9 +18,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/grafana/dskit/kv"
-	"github.com/grafana/dskit/kv/consul"
 	"github.com/grafana/dskit/ring"
-	"github.com/grafana/dskit/services"
 	"github.com/grafana/dskit/user"
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,7 +33,6 @@ import (
 	"github.com/thanos-io/objstore"
 	"github.com/thanos-io/objstore/providers/filesystem"
 
-	"github.com/gpustore/gpustore/internal/logging"
 	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/query"
@@ -399,22 +396,11 @@ func shipAll(t *testing.T, bkt objstore.Bucket, tenant string, rs ...*receiver) 
 // the hash space (so that a receiver joining takes part of the series).
 func newSpreadRing(t *testing.T, rs ...*receiver) (*ring.Ring, kv.Client) {
 	t.Helper()
-	ctx := context.Background()
-	kit := logging.GoKit(quiet)
-	store, closer := consul.NewInMemoryClient(ring.GetCodec(), kit, prometheus.NewRegistry())
-	t.Cleanup(func() { _ = closer.Close() })
+	rg, store := startRing(t, 3)
 	for _, r := range rs {
 		register(t, store, r)
 	}
-	cfg := ring.Config{HeartbeatTimeout: time.Hour, ReplicationFactor: 3}
-	rg, err := ring.NewWithStoreClientAndStrategy(cfg, "receiver", "receiver", store, ring.NewDefaultReplicationStrategy(), prometheus.NewRegistry(), kit)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := services.StartAndAwaitRunning(ctx, rg); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(ctx, rg) })
+	waitRing(t, rg, len(rs))
 	return rg, store
 }
 
@@ -426,30 +412,14 @@ func register(t *testing.T, store kv.Client, r *receiver) {
 	for k := range tokens {
 		tokens[k] = uint32(k)<<29 + i<<27 + 12345
 	}
-	err := store.CAS(context.Background(), "receiver", func(in any) (any, bool, error) {
-		d, _ := in.(*ring.Desc)
-		if d == nil {
-			d = ring.NewDesc()
-		}
-		d.AddIngester(r.id, r.addr(), "", tokens, ring.ACTIVE, time.Now(), false, time.Time{}, nil)
-		return d, true, nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	addToRing(t, store, r.id, r.addr(), tokens)
 }
 
 // joinRing registers r and waits until the ring client lists n receivers.
 func joinRing(t *testing.T, store kv.Client, rg *ring.Ring, r *receiver, n int) {
 	t.Helper()
 	register(t, store, r)
-	deadline := time.Now().Add(10 * time.Second)
-	for rg.InstancesCount() != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("the ring lists %d receivers, want %d", rg.InstancesCount(), n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitRing(t, rg, n)
 }
 
 // excludedBlocks is the bucket store as a source, recording how many of
