@@ -12,7 +12,13 @@
 # CPU of every gpustore process together, and per query window the CPU
 # the front and every gpustore process spent per query (warm-up round
 # included) with the load average after it. ROUNDS (default 5) and
-# WINDOWS (default "1h 6h") change the query phase. Every process shares this
+# WINDOWS (default "1h 6h") change the query phase. RATE (samples/s, default
+# as fast as accepted) paces the write: written a few hundred times faster
+# than real time, a write acknowledged by a quorum is overtaken on the
+# slowest replica by the next one, which that replica stores out of order
+# or rejects as too old, so replicas differ far more than under live
+# traffic; at 100000 (14x real time) a series' samples arrive 0.4 s apart
+# and replicas stay alike. Every process shares this
 # machine's cores: compare topologies run here, not absolute throughput.
 set -euo pipefail
 topologies=${1:-"single 1:1 3:1 3:3 5:3"}
@@ -57,7 +63,7 @@ for topo in $topologies; do
 	echo "== $topo (load average $(cut -d' ' -f1-3 /proc/loadavg))"
 	c0=$(cpu)
 	"$work/loadgen" write -url "http://$front/api/v1/write" -cluster.nodes 32 -duration "${DURATION:-2h}" -end 2026-12-03T18:00:00Z \
-		-scrape.interval 15s -pid "${pids[-1]}" 2>&1 | tail -2
+		-scrape.interval 15s -rate "${RATE:-0}" -pid "${pids[-1]}" 2>&1 | tail -2
 	sleep 3
 	echo "every gpustore process: $(echo "$(cpu) - $c0" | bc) CPU-seconds"
 	front_pid=${pids[-1]}

@@ -105,6 +105,7 @@ func (s *replicaSet) finish() {
 }
 
 func (s *replicaSet) At() storage.Series                { return s.cur }
+func (s *replicaSet) current() *ringSeries              { return s.cur }
 func (s *replicaSet) Err() error                        { return s.err }
 func (s *replicaSet) Warnings() annotations.Annotations { return s.ws }
 
@@ -245,11 +246,42 @@ func (s *ringSeries) Iterator(it chunkenc.Iterator) chunkenc.Iterator {
 	return ci
 }
 
-// chunkSet is a replicaSet as chunk series (remote read through this
-// process).
-type chunkSet struct{ *replicaSet }
+// ringSeriesSet is a set of series read from the receivers.
+type ringSeriesSet interface {
+	storage.SeriesSet
+	current() *ringSeries
+}
 
-func (s chunkSet) At() storage.ChunkSeries { return ringChunkSeries{s.cur} }
+// sliceSet is a slice's part of a select merged for every slice of a
+// sliced range query: the series cut to the slice's range.
+type sliceSet struct {
+	m          *mergedSelect
+	i          int
+	cur        *ringSeries
+	mint, maxt int64
+}
+
+func (s *sliceSet) Next() bool {
+	s.i++
+	if s.i >= len(s.m.series) {
+		return false
+	}
+	c := *s.m.series[s.i]
+	c.mint, c.maxt = s.mint, s.maxt
+	s.cur = &c
+	return true
+}
+
+func (s *sliceSet) At() storage.Series                { return s.cur }
+func (s *sliceSet) current() *ringSeries              { return s.cur }
+func (*sliceSet) Err() error                          { return nil }
+func (s *sliceSet) Warnings() annotations.Annotations { return s.m.warnings }
+
+// chunkSet is a set of series read from the receivers as chunk series
+// (remote read through this process).
+type chunkSet struct{ ringSeriesSet }
+
+func (s chunkSet) At() storage.ChunkSeries { return ringChunkSeries{s.current()} }
 
 type ringChunkSeries struct{ s *ringSeries }
 

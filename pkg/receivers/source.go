@@ -202,9 +202,11 @@ func (q *querier) Select(ctx context.Context, _ bool, hints *storage.SelectHints
 	return set
 }
 
-func (q *querier) selectSet(ctx context.Context, hints *storage.SelectHints, ms []*labels.Matcher) (*replicaSet, error) {
-	seriesOnly := hints != nil && hints.Func == "series"
-	res, err := q.sharedRead(ctx, hints, ms, seriesOnly)
+func (q *querier) selectSet(ctx context.Context, hints *storage.SelectHints, ms []*labels.Matcher) (ringSeriesSet, error) {
+	if sl, ok := query.SliceOf(ctx); ok && (hints == nil || hints.Func != "series") {
+		return q.sharedSelect(ctx, sl, hints, ms)
+	}
+	res, err := q.read(ctx, q.mint, q.maxt, hints, ms)
 	if err != nil {
 		return nil, err
 	}
@@ -212,20 +214,21 @@ func (q *querier) selectSet(ctx context.Context, hints *storage.SelectHints, ms 
 	return newReplicaSet(res.answers, newLabelDecoder(res.syms), q.mint, q.maxt, res.warnings, q.s.count), nil
 }
 
-// sharedRead reads the select over [mint, maxt]; in a slice of a sliced
-// range query (query.SliceOf), once for every slice: over what the whole
-// query's select reads, which each slice's replicaSet cuts to its range.
-// A receiver's work for a select is mostly per series (its index, its
-// chunks' headers), which reading it per slice would repeat.
-func (q *querier) sharedRead(ctx context.Context, hints *storage.SelectHints, ms []*labels.Matcher, seriesOnly bool) (readResult, error) {
-	sl, ok := query.SliceOf(ctx)
-	if !ok || seriesOnly {
-		return q.read(ctx, q.mint, q.maxt, hints, ms, seriesOnly, false)
-	}
-	type shared struct {
-		res        readResult
-		mint, maxt int64
-	}
+// mergedSelect is a select read and merged once for all the slices of a
+// sliced range query, each of which cuts its own range.
+type mergedSelect struct {
+	series     []*ringSeries
+	served     []ulid.ULID
+	warnings   annotations.Annotations
+	mint, maxt int64
+}
+
+// sharedSelect reads the select in a slice of a sliced range query
+// (query.SliceOf): once for every slice, over what the whole query's
+// select reads, merged once. A receiver's work for a select is mostly per
+// series (its index, its chunks' headers), and so is the merge's (labels,
+// comparing replicas' chunks): per slice, both would be repeated.
+func (q *querier) sharedSelect(ctx context.Context, sl query.Slice, hints *storage.SelectHints, ms []*labels.Matcher) (ringSeriesSet, error) {
 	mint, maxt := sl.Widen(q.mint, q.maxt)
 	var wide *storage.SelectHints
 	key := fmt.Sprint(q.tenant, "\xff", ms)
@@ -236,46 +239,45 @@ func (q *querier) sharedRead(ctx context.Context, hints *storage.SelectHints, ms
 		key = fmt.Sprint(key, "\xff", h.Func, "\xff", h.Step, "\xff", h.Range, "\xff", h.Grouping, "\xff", h.By)
 	}
 	v, err := sl.Share(ctx, key, func() (any, error) {
-		res, err := q.read(ctx, mint, maxt, wide, ms, false, true)
-		return shared{res, mint, maxt}, err
+		res, err := q.read(ctx, mint, maxt, wide, ms)
+		if err != nil {
+			return nil, err
+		}
+		set := newReplicaSet(res.answers, newLabelDecoder(res.syms), mint, maxt, nil, q.s.count)
+		m := &mergedSelect{served: res.served, warnings: res.warnings, mint: mint, maxt: maxt}
+		for set.Next() {
+			m.series = append(m.series, set.cur)
+		}
+		return m, set.Err()
 	})
 	if err != nil {
-		return readResult{}, err
+		return nil, err
 	}
-	if sh := v.(shared); sh.mint <= q.mint && sh.maxt >= q.maxt {
-		return sh.res, nil
+	m := v.(*mergedSelect)
+	if m.mint > q.mint || m.maxt < q.maxt {
+		// Another slice's read does not cover this one's range (a
+		// subquery's steps align differently): read it alone.
+		res, err := q.read(ctx, q.mint, q.maxt, hints, ms)
+		if err != nil {
+			return nil, err
+		}
+		query.ReportServedBlocks(ctx, res.served)
+		return newReplicaSet(res.answers, newLabelDecoder(res.syms), q.mint, q.maxt, res.warnings, q.s.count), nil
 	}
-	// Another slice's read does not cover this one's range (a subquery's
-	// steps align differently): read it alone.
-	return q.read(ctx, q.mint, q.maxt, hints, ms, false, false)
+	query.ReportServedBlocks(ctx, m.served)
+	return &sliceSet{m: m, i: -1, mint: q.mint, maxt: q.maxt}, nil
 }
 
-// read reads the select over [mint, maxt] from a read quorum. Answers
-// shared by several replicaSets have every label decoded at once: a
-// replicaSet otherwise decodes them as it goes, writing to the answers.
-func (q *querier) read(ctx context.Context, mint, maxt int64, hints *storage.SelectHints, ms []*labels.Matcher, seriesOnly, shared bool) (readResult, error) {
+// read reads the select over [mint, maxt] from a read quorum.
+func (q *querier) read(ctx context.Context, mint, maxt int64, hints *storage.SelectHints, ms []*labels.Matcher) (readResult, error) {
 	pq, err := remote.ToQuery(mint, maxt, ms, hints)
 	if err != nil {
 		return readResult{}, err
 	}
 	syms := labels.NewSymbolTable() // the select's labels share one
-	res, err := q.s.read(ctx, q.tenant, pq, seriesOnly, syms)
-	if err != nil {
-		return readResult{}, err
-	}
+	res, err := q.s.read(ctx, q.tenant, pq, hints != nil && hints.Func == "series", syms)
 	res.syms = syms
-	if shared {
-		dec := newLabelDecoder(syms)
-		for _, a := range res.answers {
-			for i := range a.series {
-				dec.labelsOf(&a.series[i])
-			}
-		}
-		if dec.err != nil {
-			return readResult{}, dec.err
-		}
-	}
-	return res, nil
+	return res, err
 }
 
 // count adds one select's replica statistics to the metrics.
