@@ -13,11 +13,11 @@
 # the front and every gpustore process spent per query (warm-up round
 # included) with the load average after it. ROUNDS (default 5) and
 # WINDOWS (default "1h 6h") change the query phase. RATE (samples/s, default
-# as fast as accepted) paces the write: written a few hundred times faster
-# than real time, a write acknowledged by a quorum is overtaken on the
+# as fast as accepted) paces the write: written 100 times faster than real
+# time or more, a write acknowledged by a quorum is overtaken on the
 # slowest replica by the next one, which that replica stores out of order
 # or rejects as too old, so replicas differ far more than under live
-# traffic; at 100000 (14x real time) a series' samples arrive 0.4 s apart
+# traffic; at 100000 (38x real time) a series' samples arrive 0.4 s apart
 # and replicas stay alike. Every process shares this
 # machine's cores: compare topologies run here, not absolute throughput.
 set -euo pipefail
