@@ -9,10 +9,20 @@
 # accepted, then runs
 # bench/load's dashboard panels over 1 h and 6 h windows (results cache
 # off). Prints loadgen's lines, the front's CPU per million samples and the
-# CPU of every gpustore process together. Every process shares this
+# CPU of every gpustore process together, and per query window the CPU
+# the front and every gpustore process spent per query (warm-up round
+# included) with the load average after it. ROUNDS (default 5) and
+# WINDOWS (default "1h 6h") change the query phase. RATE (samples/s, default
+# as fast as accepted) paces the write: written 100 times faster than real
+# time or more, a write acknowledged by a quorum is overtaken on the
+# slowest replica by the next one, which that replica stores out of order
+# or rejects as too old, so replicas differ far more than under live
+# traffic; at 100000 (38x real time) a series' samples arrive 0.4 s apart
+# and replicas stay alike. Every process shares this
 # machine's cores: compare topologies run here, not absolute throughput.
 set -euo pipefail
 topologies=${1:-"single 1:1 3:1 3:3 5:3"}
+rounds=${ROUNDS:-5}
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
 go build -tags dedupelabels -o "$work/gpustore" "$root/cmd/gpustore"
@@ -20,9 +30,9 @@ go build -o "$work/loadgen" "$root/bench/cmd/loadgen"
 pids=()
 stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
 trap 'stop; rm -rf "$work"' EXIT
-cpu() { # utime+stime of every process started, in seconds
-	local t=0
-	for p in "${pids[@]}"; do t=$((t + $(awk '{print $14+$15}' /proc/$p/stat))); done
+cpu() { # utime+stime of the processes given (default: every process started), in seconds
+	local t=0 p
+	for p in "${@:-${pids[@]}}"; do t=$((t + $(awk '{print $14+$15}' /proc/$p/stat))); done
 	echo "scale=2; $t/$(getconf CLK_TCK)" | bc
 }
 front=127.0.0.1:19510
@@ -50,12 +60,20 @@ for topo in $topologies; do
 	if [ "$topo" != single ]; then
 		until [ "$(curl -s "http://$front/ring" | grep -o ACTIVE | wc -l)" -ge "$n" ]; do sleep 0.5; done
 	fi
-	echo "== $topo"
+	echo "== $topo (load average $(cut -d' ' -f1-3 /proc/loadavg))"
 	c0=$(cpu)
 	"$work/loadgen" write -url "http://$front/api/v1/write" -cluster.nodes 32 -duration "${DURATION:-2h}" -end 2026-12-03T18:00:00Z \
-		-scrape.interval 15s -pid "${pids[-1]}" 2>&1 | tail -2
+		-scrape.interval 15s -rate "${RATE:-0}" -pid "${pids[-1]}" 2>&1 | tail -2
 	sleep 3
 	echo "every gpustore process: $(echo "$(cpu) - $c0" | bc) CPU-seconds"
-	"$work/loadgen" query -url "http://$front" -end 2026-12-03T18:00:00Z -windows 1h,6h -rounds 5 2>&1 | tail -4
+	front_pid=${pids[-1]}
+	for w in ${WINDOWS:-1h 6h}; do
+		c0=$(cpu) f0=$(cpu "$front_pid")
+		"$work/loadgen" query -url "http://$front" -end 2026-12-03T18:00:00Z -windows "$w" -rounds "$rounds" 2>&1 | tail -3
+		# Every panel of every round, the warm-up round included, counts.
+		n=$((22 * (rounds + 1)))
+		echo "$w: front $(echo "scale=2; 1000*($(cpu "$front_pid") - $f0)/$n" | bc) CPU-ms/query," \
+			"every gpustore process $(echo "scale=2; 1000*($(cpu) - $c0)/$n" | bc) CPU-ms/query; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+	done
 	stop
 done

@@ -195,10 +195,14 @@ func (q *slicedQuery) Exec(ctx context.Context) *promql.Result {
 	total := timer.GetTimer(stats.ExecTotalTime).Start()
 
 	parts := make([]promql.Query, n)
+	pieces := make([]Slice, n) // in each slice's context, see SliceOf
+	shared := newSharedReads()
+	end := q.start.Add(time.Duration(q.steps-1) * q.step).UnixMilli()
 	for i := range n {
 		first, last := i*q.steps/n, (i+1)*q.steps/n-1
 		from := q.start.Add(time.Duration(first) * q.step)
 		to := q.start.Add(time.Duration(last) * q.step)
+		pieces[i] = Slice{From: from.UnixMilli(), To: to.UnixMilli(), Start: q.start.UnixMilli(), End: end, shared: shared}
 		p, err := q.e.Engine.NewRangeQuery(ctx, q.queryable, q.opts, q.qs, from, to, q.step)
 		if err != nil { // the whole query was built from the same string
 			for _, b := range parts[:i] {
@@ -222,7 +226,7 @@ func (q *slicedQuery) Exec(ctx context.Context) *promql.Result {
 	failed.Store(-1)
 	for i, p := range parts {
 		wg.Go(func() {
-			results[i] = p.Exec(ctx)
+			results[i] = p.Exec(withSlice(ctx, pieces[i]))
 			if results[i].Err != nil && failed.CompareAndSwap(-1, int64(i)) {
 				cancel() // the answer is an error: the other slices are not needed
 			}

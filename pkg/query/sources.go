@@ -2,13 +2,16 @@ package query
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/storage"
+	"github.com/prometheus/prometheus/util/annotations"
 
 	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/seriesset"
@@ -156,19 +159,31 @@ func (q TenantQueryable) openQuerier(tenantID string, mint, maxt int64) (storage
 		qs = append(qs, downsample.NewRawQuerier(dq))
 		local, localFrom = localBlocks(db), localMinTime(db)
 	}
+	var rq storage.Querier
 	if q.Receivers != nil {
-		if rq := q.Receivers.Querier(tenantID, mint, maxt, noLocalBlocks); rq != nil {
-			qs = append(qs, downsample.NewRawQuerier(rq))
+		if rq = q.Receivers.Querier(tenantID, mint, maxt, noLocalBlocks); rq != nil {
 			localFrom = min(localFrom, q.receiversFrom())
 		}
 	}
+	openSources := func(local func(ulid.ULID) bool) []storage.Querier {
+		var sqs []storage.Querier
+		for _, src := range q.Sources {
+			if sq := src.Querier(tenantID, mint, maxt, local); sq != nil {
+				sqs = append(sqs, localFromQuerier{Querier: sq, from: localFrom})
+			}
+		}
+		return sqs
+	}
 	var folders []downsample.FoldingQuerier
-	for _, src := range q.Sources {
-		if sq := src.Querier(tenantID, mint, maxt, local); sq != nil {
-			lq := localFromQuerier{Querier: sq, from: localFrom}
-			qs = append(qs, lq)
-			if _, ok := sq.(downsample.FoldingQuerier); ok {
-				folders = append(folders, lq)
+	if rq != nil {
+		r := &ringQuerier{receivers: downsample.NewRawQuerier(rq), local: local, open: openSources}
+		qs = append(qs, r)
+		folders = append(folders, r)
+	} else {
+		for _, sq := range openSources(local) {
+			qs = append(qs, sq)
+			if folds(sq) {
+				folders = append(folders, sq.(downsample.FoldingQuerier))
 			}
 		}
 	}
@@ -216,4 +231,155 @@ func (q TenantQueryable) openChunkQuerier(tenantID string, mint, maxt int64) (st
 		return qs[0], nil
 	}
 	return storage.NewMergeChunkQuerier(qs, nil, storage.NewCompactingChunkSeriesMerger(storage.ChainedSeriesMerge)), nil
+}
+
+// folds says whether sq (a source's, as openQuerier wraps it) can say how
+// the downsampled data it reads was folded.
+func folds(sq storage.Querier) bool {
+	lq, ok := sq.(localFromQuerier)
+	if ok {
+		_, ok = lq.Querier.(downsample.FoldingQuerier)
+	}
+	return ok
+}
+
+// ringQuerier reads the ring's receivers, then the sources (the bucket)
+// without the blocks the receivers answered from their own disks.
+//
+// Receivers ship each block they cut and keep it on disk for their local
+// retention, so for those hours the bucket holds a copy of what the
+// receivers answer: one per receiver that shipped it (until the compactor
+// merges them). Read beside the receivers' answers, every such copy is
+// merged again sample by sample. A receiver's streamed answer lists the
+// blocks it holds (receivers.LocalBlocksHeader), as of the moment its
+// querier opened, and the receivers' source reports them in the select's
+// context (ReportServedBlocks); the bucket's querier is opened after the
+// receivers answered, leaving them out as it leaves out the blocks of the
+// local TSDB. The receivers' select holds their answers whole before it
+// returns, so the report is complete by then; a wrapper that deferred it
+// would report nothing, and the bucket would read every block: more work,
+// never missing data.
+type ringQuerier struct {
+	receivers storage.Querier
+	local     func(ulid.ULID) bool
+	open      func(local func(ulid.ULID) bool) []storage.Querier
+
+	mtx     sync.Mutex // the engine may select from several goroutines
+	opened  []storage.Querier
+	folders []downsample.FoldingQuerier // the sources' that fold, opened on the first Folding
+}
+
+// Folding is the sources' (downsample.FoldingQuerier): how the downsampled
+// data the select reads was folded. The receivers hold raw data only. The
+// sources are opened for it once per querier, with every local block
+// left out (which blocks are read does not change how they were folded).
+func (q *ringQuerier) Folding(ctx context.Context, hints *storage.SelectHints, ms ...*labels.Matcher) (downsample.Folding, error) {
+	q.mtx.Lock()
+	if q.folders == nil {
+		q.folders = []downsample.FoldingQuerier{}
+		for _, sq := range q.open(q.local) {
+			q.opened = append(q.opened, sq)
+			if folds(sq) {
+				q.folders = append(q.folders, sq.(downsample.FoldingQuerier))
+			}
+		}
+	}
+	folders := q.folders
+	q.mtx.Unlock()
+	var f downsample.Folding
+	for _, fq := range folders {
+		g, err := fq.Folding(ctx, hints, ms...)
+		if err != nil {
+			return f, err
+		}
+		f.Merge(g)
+	}
+	return f, nil
+}
+
+func (q *ringQuerier) Select(ctx context.Context, _ bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
+	served := &servedBlocks{}
+	sets := []storage.SeriesSet{q.receivers.Select(context.WithValue(ctx, servedBlocksKey{}, served), true, hints, ms...)}
+	for _, sq := range q.sources(served.or(q.local)) {
+		sets = append(sets, sq.Select(ctx, true, hints, ms...))
+	}
+	return seriesset.NewMergeSeriesSet(sets, seriesset.ChainedSeriesMerge)
+}
+
+// sources opens the sources' queriers, to be closed with q.
+func (q *ringQuerier) sources(local func(ulid.ULID) bool) []storage.Querier {
+	qs := q.open(local)
+	q.mtx.Lock()
+	q.opened = append(q.opened, qs...)
+	q.mtx.Unlock()
+	return qs
+}
+
+// all is the receivers beside every block of the sources (label calls).
+func (q *ringQuerier) all() storage.Querier {
+	return seriesset.NewMergeQuerier(append([]storage.Querier{q.receivers}, q.sources(q.local)...), seriesset.ChainedSeriesMerge)
+}
+
+func (q *ringQuerier) LabelValues(ctx context.Context, name string, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	return q.all().LabelValues(ctx, name, hints, ms...)
+}
+
+func (q *ringQuerier) LabelNames(ctx context.Context, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	return q.all().LabelNames(ctx, hints, ms...)
+}
+
+func (q *ringQuerier) Close() error {
+	q.mtx.Lock()
+	defer q.mtx.Unlock()
+	errs := []error{q.receivers.Close()}
+	for _, sq := range q.opened {
+		errs = append(errs, sq.Close())
+	}
+	q.opened = nil
+	return errors.Join(errs...)
+}
+
+// servedBlocks are the bucket blocks whose samples one select already had
+// from the ring's receivers.
+type servedBlocks struct {
+	mtx sync.Mutex
+	ids map[ulid.ULID]struct{}
+}
+
+type servedBlocksKey struct{}
+
+// ReportServedBlocks tells the query path, during a select of the ring's
+// receivers, which bucket blocks their answer covers (see ringQuerier): the
+// blocks the receivers that answered hold on their disks, and those of
+// receivers left out of a read quorum, whose samples are on the receivers
+// read. It does nothing outside such a select.
+func ReportServedBlocks(ctx context.Context, ids []ulid.ULID) {
+	sb, ok := ctx.Value(servedBlocksKey{}).(*servedBlocks)
+	if !ok || len(ids) == 0 {
+		return
+	}
+	sb.mtx.Lock()
+	defer sb.mtx.Unlock()
+	if sb.ids == nil {
+		sb.ids = make(map[ulid.ULID]struct{}, len(ids))
+	}
+	for _, id := range ids {
+		sb.ids[id] = struct{}{}
+	}
+}
+
+// or is local extended by the served blocks.
+func (sb *servedBlocks) or(local func(ulid.ULID) bool) func(ulid.ULID) bool {
+	sb.mtx.Lock()
+	ids := sb.ids
+	sb.mtx.Unlock()
+	if len(ids) == 0 {
+		return local
+	}
+	return func(id ulid.ULID) bool {
+		if _, ok := ids[id]; ok {
+			return true
+		}
+		return local(id)
+	}
 }

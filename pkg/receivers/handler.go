@@ -1,17 +1,24 @@
 // Package receivers is the read side of scale-out (issue 15): every receiver
 // serves its own tenants' recent data over Prometheus' remote-read protocol
-// (ReadHandler), and a query process reads all receivers of the ring as one
-// query.Source (Source), merging the replicas of each series.
+// (ReadHandler), and a query process reads a read quorum of the ring's
+// receivers as one query.Source (Source), merging the replicas of each
+// series chunk by chunk.
 package receivers
 
 import (
+	"bufio"
+	"context"
 	"errors"
 	"log/slog"
 	"net/http"
+	"strings"
+	"sync"
 
 	"github.com/grafana/dskit/user"
+	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/prometheus/config"
+	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/storage/remote"
 
@@ -43,9 +50,96 @@ const (
 // X-Scope-OrgID, THANOS-TENANT, the identity's single tenant, the default
 // tenant) and is put into the request's context, where TenantQueryable
 // finds it.
+//
+// A streamed answer carries LocalBlocksHeader: the tenant's blocks on this
+// receiver's disk.
 func ReadHandler(dbs *tenantdb.Manager, tenants tenancy.Config, logger *slog.Logger, reg prometheus.Registerer) http.Handler {
-	return readHandler(query.TenantQueryable{DBs: dbs}, tenants, logger, reg)
+	return readHandler(receiverQueryable{query.TenantQueryable{DBs: dbs}, localBlocks(dbs)}, tenants, logger, reg)
 }
+
+// LocalBlocksHeader lists, in a receiver's streamed answer, the ULIDs of
+// the tenant's blocks on its disk (with the compaction sources of
+// compacted ones), comma-separated, as they were once its querier had
+// opened: the blocks it shipped to the bucket and still answers from
+// itself. The querying process does not read them from the bucket (see
+// query.ReportServedBlocks). A block deleted in between is not listed (the
+// bucket is read for it: more work, nothing lost); one cut from the head
+// in between is listed and its samples were in the head the querier read.
+const LocalBlocksHeader = "X-Gpustore-Local-Blocks"
+
+// localBlocks lists a tenant's blocks on this receiver's disk.
+func localBlocks(dbs *tenantdb.Manager) func(tenant string) []ulid.ULID {
+	return func(tenant string) []ulid.ULID {
+		db := dbs.Existing(tenant)
+		if db == nil {
+			return nil
+		}
+		var ids []ulid.ULID
+		for _, b := range db.Blocks() {
+			m := b.Meta()
+			ids = append(ids, m.ULID)
+			for _, src := range m.Compaction.Sources {
+				if src != m.ULID {
+					ids = append(ids, src)
+				}
+			}
+		}
+		return ids
+	}
+}
+
+// receiverQueryable is the queryable of a receiver's remote reads: its
+// chunk selects leave chunks whole and report the tenant's local blocks.
+type receiverQueryable struct {
+	storage.SampleAndChunkQueryable
+	blocks func(tenant string) []ulid.ULID
+}
+
+func (q receiverQueryable) ChunkQuerier(mint, maxt int64) (storage.ChunkQuerier, error) {
+	cq, err := q.SampleAndChunkQueryable.ChunkQuerier(mint, maxt)
+	if err != nil {
+		return nil, err
+	}
+	return receiverChunkQuerier{ChunkQuerier: cq, mint: mint, maxt: maxt, blocks: q.blocks}, nil
+}
+
+type receiverChunkQuerier struct {
+	storage.ChunkQuerier
+	mint, maxt int64
+	blocks     func(tenant string) []ulid.ULID
+}
+
+// Select asks the TSDB for whole chunks: trimmed to the range, a series'
+// first and last chunk would be decoded and encoded again here (most of a
+// receiver's work for a one-hour panel), and the querier cuts the samples
+// to the range as it decodes them anyway.
+//
+// It lists the tenant's local blocks into the answer's LocalBlocksHeader
+// (found in the context, see readHandler) after the inner select, which
+// opens the tenant's TSDB querier (query.TenantQueryable opens it on first
+// use), and before anything of the answer is written.
+func (q receiverChunkQuerier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.ChunkSeriesSet {
+	h := storage.SelectHints{Start: q.mint, End: q.maxt}
+	if hints != nil {
+		h = *hints
+	}
+	h.DisableTrimming = true
+	set := q.ChunkQuerier.Select(ctx, sortSeries, &h, ms...)
+	header, ok := ctx.Value(answerHeaderKey{}).(http.Header)
+	id, err := user.ExtractOrgID(ctx)
+	if ok && err == nil && q.blocks != nil {
+		ids := q.blocks(id)
+		s := make([]string, len(ids))
+		for i, id := range ids {
+			s[i] = id.String()
+		}
+		header.Set(LocalBlocksHeader, strings.Join(s, ","))
+	}
+	return set
+}
+
+// answerHeaderKey carries a read's answer header in its context.
+type answerHeaderKey struct{}
 
 // readHandler is ReadHandler over any queryable. The body is read before
 // the request waits for one of the readConcurrency slots, so a request
@@ -63,9 +157,53 @@ func readHandler(q storage.SampleAndChunkQueryable, tenants tenancy.Config, logg
 		readSampleLimit, readConcurrency, readMaxBytesInFrame)
 	return query.ReadWholeBody(query.MaxReadRequestBytes, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if id, ok := requestTenant(w, r, tenants); ok {
-			h.ServeHTTP(w, r.WithContext(user.InjectOrgID(r.Context(), id)))
+			ctx := context.WithValue(user.InjectOrgID(r.Context(), id), answerHeaderKey{}, w.Header())
+			bw := newBufferedAnswer(w)
+			h.ServeHTTP(bw, r.WithContext(ctx))
+			// Not deferred: a handler that panics to abort a broken
+			// stream (http.ErrAbortHandler) must not end it cleanly.
+			bw.Flush()
+			bw.release()
 		}
 	}))
+}
+
+// answerBufferSize is how much of a streamed answer is written at once.
+// Go's server writes a response through a buffer of 2-4 KiB, each write
+// a system call and an HTTP chunk that the querier reads with another:
+// frames are one series each, a few hundred bytes.
+const answerBufferSize = 64 << 10
+
+var answerBuffers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, answerBufferSize) }}
+
+// bufferedAnswer is a response written through a large buffer.
+type bufferedAnswer struct {
+	http.ResponseWriter
+	buf *bufio.Writer
+}
+
+func newBufferedAnswer(w http.ResponseWriter) *bufferedAnswer {
+	buf := answerBuffers.Get().(*bufio.Writer)
+	buf.Reset(w)
+	return &bufferedAnswer{ResponseWriter: w, buf: buf}
+}
+
+func (b *bufferedAnswer) Write(p []byte) (int, error) { return b.buf.Write(p) }
+
+// Flush implements http.Flusher (the streamed answer needs one).
+func (b *bufferedAnswer) Flush() {
+	if b.buf == nil || b.buf.Flush() != nil {
+		return
+	}
+	if f, ok := b.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (b *bufferedAnswer) release() {
+	b.buf.Reset(nil)
+	answerBuffers.Put(b.buf)
+	b.buf = nil
 }
 
 // requestTenant returns the request's tenant (tenancy.FromRequest), or

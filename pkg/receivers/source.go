@@ -1,24 +1,23 @@
 package receivers
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/golang/snappy"
 	"github.com/grafana/dskit/ring"
-	"github.com/grafana/dskit/user"
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	config_util "github.com/prometheus/common/config"
-	"github.com/prometheus/common/model"
-	"github.com/prometheus/prometheus/config"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/prometheus/prometheus/storage"
@@ -52,41 +51,50 @@ type SourceConfig struct {
 	MaxLookback time.Duration
 }
 
-// Source reads a tenant's data from every receiver of the ring, over remote
-// read (ReadHandler on each receiver). It implements query.Source.
+// Source reads a tenant's recent data from the ring's receivers, over
+// Prometheus' remote read with streamed chunks (ReadHandler on each
+// receiver). It implements query.Source.
 //
-// Each series lives on replication-factor receivers, so every read asks all
-// receivers the ring returns for reads and merges the answers: a series
-// that several receivers hold comes out once, with the union of their
-// samples (identical timestamps once). As many receivers as the ring
-// tolerates (its MaxErrors, or MaxUnavailableZones with zone awareness) may
-// fail: the answer, complete by the write quorum, carries a warning per
-// failed receiver; more failures fail the read, so a query never silently
-// answers with missing data.
+// A read asks a read quorum of the ring, not every receiver: all healthy
+// receivers but as many as the ring's MaxErrors tolerates (dskit's
+// ring.DoUntilQuorum with request minimisation; with RF 3 and 3 receivers,
+// 2 of them), and another one for each that fails. That answers
+// completely because every acknowledged sample was written to a write
+// quorum of the receivers then in its replica set (RF/2+1), more than the
+// receivers left out. It holds however the ring changed since: a receiver
+// that joined lately (tokens taken from others) or missed writes while it
+// was down holds less, but the samples it lacks are on at least one other
+// receiver that is read, since they still keep them (a leaving receiver
+// ships its data to the bucket first, which is read too). Reading each
+// series from a quorum of its current replica set only would not: after a
+// receiver joins, restarts with fresh tokens or leaves, a series' current
+// replicas need not be those that took its older samples (see
+// docs/ARCHITECTURE.md).
+//
+// Answers are held whole (a receiver that fails half-way must count as
+// failed before anything is merged), as encoded chunks, and merged per
+// series by replicaSet: chunks the replicas sent byte for byte are read
+// once, never decoded here; only chunks that differ are merged sample by
+// sample. More failures than MaxErrors fail the read, so a query never
+// silently answers with missing data; a tolerated failure is a warning.
 type Source struct {
 	cfg    SourceConfig
 	ring   ring.ReadRing
 	logger *slog.Logger
+	client *http.Client
 
-	mtx        sync.Mutex
-	clients    map[string]*instanceClients // by address
-	httpClient *http.Client                // plain requests (Tenants)
+	// served holds each receiver's local blocks per tenant as it last
+	// reported them (LocalBlocksHeader), for the reads that leave it out
+	// (see read).
+	mtx    sync.Mutex
+	served map[string]map[string][]ulid.ULID
 
 	requests  *prometheus.CounterVec
 	duration  prometheus.Histogram
 	tolerated prometheus.Counter
+	skipped   prometheus.Counter
 	replicas  struct{ identical, merged prometheus.Counter }
-}
-
-// instanceClients are the remote-read clients of one receiver.
-type instanceClients struct {
-	// samples asks for streamed XOR chunks (falling back to samples).
-	samples *remote.Client
-	// series asks for the SAMPLES response type only: with hints Func
-	// "series" a receiver's TSDB then answers the series without reading
-	// any chunk (its chunk querier, used for streamed chunks, ignores the
-	// hint and would send every sample).
-	series *remote.Client
+	chunks    struct{ identical, merged prometheus.Counter }
 }
 
 // NewSource returns the receivers of r as a query source.
@@ -115,14 +123,18 @@ func NewSource(cfg SourceConfig, r ring.ReadRing, logger *slog.Logger, reg prome
 	f := promauto.With(reg)
 	replicas := f.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpustore_receivers_read_series_replicas_total",
-		Help: "Answers of a series that several receivers held: read once as identical to another replica's chunks (identical), or merged sample by sample (merged).",
+		Help: "Answers of a series that several receivers sent: skipped whole as identical to another replica's chunks (identical), or of series some of whose chunks differed and were merged sample by sample (merged).",
+	}, []string{"how"})
+	chunks := f.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpustore_receivers_read_replica_chunks_total",
+		Help: "Chunks of series that several receivers sent: dropped undecoded as identical to another replica's (identical), or decoded and merged sample by sample because the replicas' chunks differed (merged).",
 	}, []string{"how"})
 	s := &Source{
-		cfg:        cfg,
-		ring:       r,
-		logger:     logger,
-		clients:    map[string]*instanceClients{},
-		httpClient: hc,
+		cfg:    cfg,
+		ring:   r,
+		logger: logger,
+		client: hc,
+		served: map[string]map[string][]ulid.ULID{},
 		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpustore_receivers_read_requests_total",
 			Help: "Remote reads sent to receivers, by status (ok, error).",
@@ -136,9 +148,15 @@ func NewSource(cfg SourceConfig, r ring.ReadRing, logger *slog.Logger, reg prome
 			Name: "gpustore_receivers_read_tolerated_failures_total",
 			Help: "Receivers that failed a read the ring's replication tolerates (answered with a warning).",
 		}),
+		skipped: f.NewCounter(prometheus.CounterOpts{
+			Name: "gpustore_receivers_read_skipped_total",
+			Help: "Healthy receivers a read did not ask because a read quorum of the ring answered.",
+		}),
 	}
 	s.replicas.identical = replicas.WithLabelValues("identical")
 	s.replicas.merged = replicas.WithLabelValues("merged")
+	s.chunks.identical = chunks.WithLabelValues("identical")
+	s.chunks.merged = chunks.WithLabelValues("merged")
 	return s, nil
 }
 
@@ -151,9 +169,9 @@ func (s *Source) Querier(tenant string, mint, maxt int64, _ func(ulid.ULID) bool
 	return &querier{s: s, tenant: tenant, mint: mint, maxt: maxt}
 }
 
-// ChunkQuerier implements query.Source. The remote-read client decodes the
-// receivers' chunks into samples (which the merge needs anyway), so the
-// merged series are encoded again.
+// ChunkQuerier implements query.Source: the series' chunks as the
+// receivers sent them, those that differed between replicas merged and
+// encoded again.
 func (s *Source) ChunkQuerier(tenant string, mint, maxt int64, _ func(ulid.ULID) bool) storage.ChunkQuerier {
 	if s.tooOld(maxt) {
 		return nil
@@ -171,30 +189,112 @@ type querier struct {
 	mint, maxt int64
 }
 
-// Select reads the matching series from every receiver and merges them.
-// hints Func "series" (Prometheus' series API) reads the series without
-// their samples.
+// Select reads the matching series from a read quorum of the receivers
+// and merges them; the set is sorted whatever the caller asked. hints
+// Func "series" (Prometheus' series API) reads the series without their
+// samples. The bucket blocks the answers cover are reported to the query
+// path (query.ReportServedBlocks).
 func (q *querier) Select(ctx context.Context, _ bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
-	pq, err := remote.ToQuery(q.mint, q.maxt, ms, hints)
+	set, err := q.selectSet(ctx, hints, ms)
 	if err != nil {
 		return storage.ErrSeriesSet(err)
 	}
-	sets, ws, err := q.s.read(ctx, q.tenant, pq, hints != nil && hints.Func == "series")
-	if err != nil {
-		return storage.ErrSeriesSet(err)
+	return set
+}
+
+func (q *querier) selectSet(ctx context.Context, hints *storage.SelectHints, ms []*labels.Matcher) (ringSeriesSet, error) {
+	if sl, ok := query.SliceOf(ctx); ok && (hints == nil || hints.Func != "series") {
+		return q.sharedSelect(ctx, sl, hints, ms)
 	}
-	// Every set is sorted (see fetch), so the merge is always possible and
-	// the result is sorted whatever the caller asked.
-	return warningSet{storage.NewMergeSeriesSet(sets, 0, q.s.mergeReplicas), ws}
+	res, err := q.read(ctx, q.mint, q.maxt, hints, ms)
+	if err != nil {
+		return nil, err
+	}
+	query.ReportServedBlocks(ctx, res.served)
+	return newReplicaSet(res.answers, newLabelDecoder(res.syms), q.mint, q.maxt, res.warnings, q.s.count), nil
+}
+
+// mergedSelect is a select read and merged once for all the slices of a
+// sliced range query, each of which cuts its own range.
+type mergedSelect struct {
+	series     []*ringSeries
+	served     []ulid.ULID
+	warnings   annotations.Annotations
+	mint, maxt int64
+}
+
+// sharedSelect reads the select in a slice of a sliced range query
+// (query.SliceOf): once for every slice, over what the whole query's
+// select reads, merged once. A receiver's work for a select is mostly per
+// series (its index, its chunks' headers), and so is the merge's (labels,
+// comparing replicas' chunks): per slice, both would be repeated.
+func (q *querier) sharedSelect(ctx context.Context, sl query.Slice, hints *storage.SelectHints, ms []*labels.Matcher) (ringSeriesSet, error) {
+	mint, maxt := sl.Widen(q.mint, q.maxt)
+	var wide *storage.SelectHints
+	key := fmt.Sprint(q.tenant, "\xff", ms)
+	if hints != nil {
+		h := *hints
+		h.Start, h.End = sl.Widen(h.Start, h.End)
+		wide = &h
+		key = fmt.Sprint(key, "\xff", h.Func, "\xff", h.Step, "\xff", h.Range, "\xff", h.Grouping, "\xff", h.By)
+	}
+	v, err := sl.Share(ctx, key, func() (any, error) {
+		res, err := q.read(ctx, mint, maxt, wide, ms)
+		if err != nil {
+			return nil, err
+		}
+		set := newReplicaSet(res.answers, newLabelDecoder(res.syms), mint, maxt, nil, q.s.count)
+		m := &mergedSelect{served: res.served, warnings: res.warnings, mint: mint, maxt: maxt}
+		for set.Next() {
+			m.series = append(m.series, set.cur)
+		}
+		return m, set.Err()
+	})
+	if err != nil {
+		return nil, err
+	}
+	m := v.(*mergedSelect)
+	if m.mint > q.mint || m.maxt < q.maxt {
+		// Another slice's read does not cover this one's range (a
+		// subquery's steps align differently): read it alone.
+		res, err := q.read(ctx, q.mint, q.maxt, hints, ms)
+		if err != nil {
+			return nil, err
+		}
+		query.ReportServedBlocks(ctx, res.served)
+		return newReplicaSet(res.answers, newLabelDecoder(res.syms), q.mint, q.maxt, res.warnings, q.s.count), nil
+	}
+	query.ReportServedBlocks(ctx, m.served)
+	return &sliceSet{m: m, i: -1, mint: q.mint, maxt: q.maxt}, nil
+}
+
+// read reads the select over [mint, maxt] from a read quorum.
+func (q *querier) read(ctx context.Context, mint, maxt int64, hints *storage.SelectHints, ms []*labels.Matcher) (readResult, error) {
+	pq, err := remote.ToQuery(mint, maxt, ms, hints)
+	if err != nil {
+		return readResult{}, err
+	}
+	syms := labels.NewSymbolTable() // the select's labels share one
+	res, err := q.s.read(ctx, q.tenant, pq, hints != nil && hints.Func == "series", syms)
+	res.syms = syms
+	return res, err
+}
+
+// count adds one select's replica statistics to the metrics.
+func (s *Source) count(st replicaStats) {
+	s.replicas.identical.Add(float64(st.identicalSeries))
+	s.replicas.merged.Add(float64(st.mergedSeries))
+	s.chunks.identical.Add(float64(st.identicalChunks))
+	s.chunks.merged.Add(float64(st.mergedChunks))
 }
 
 // LabelValues and LabelNames: remote read has no label API, so they select
 // the series the matchers match in [mint, maxt] with hints Func "series"
 // and collect their labels. Each receiver answers without reading samples,
 // but every matching series' label set crosses the network once per
-// replica: a label call without matchers lists every series of the tenant
-// on every receiver, far more work than a TSDB's index lookup. Receivers
-// hold only recent data, which bounds it.
+// replica read: a label call without matchers lists every series of the
+// tenant, far more work than a TSDB's index lookup. Receivers hold only
+// recent data, which bounds it.
 func (q *querier) LabelValues(ctx context.Context, name string, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
 	// Only series that have the label can contribute a value.
 	ms = append(slices.Clip(ms), labels.MustNewMatcher(labels.MatchNotEqual, name, ""))
@@ -236,8 +336,12 @@ func (*querier) Close() error { return nil }
 
 type chunkQuerier struct{ q *querier }
 
-func (c chunkQuerier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.ChunkSeriesSet {
-	return storage.NewSeriesSetToChunkSet(c.q.Select(ctx, sortSeries, hints, ms...))
+func (c chunkQuerier) Select(ctx context.Context, _ bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.ChunkSeriesSet {
+	set, err := c.q.selectSet(ctx, hints, ms)
+	if err != nil {
+		return storage.ErrChunkSeriesSet(err)
+	}
+	return chunkSet{set}
 }
 
 func (c chunkQuerier) LabelValues(ctx context.Context, name string, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
@@ -256,70 +360,124 @@ type failure struct {
 	err  error
 }
 
-// read sends pq to every receiver the ring returns for reads (but Self),
-// concurrently, and returns their answers, or an error when more of them
-// failed than the replication tolerates.
-func (s *Source) read(ctx context.Context, tenant string, pq *prompb.Query, seriesOnly bool) ([]storage.SeriesSet, annotations.Annotations, error) {
+// readResult is what a read quorum of the receivers answered.
+type readResult struct {
+	answers  []*answer
+	warnings annotations.Annotations
+	// served are the bucket blocks whose samples need not be read from
+	// the bucket: those the receivers that answered hold on their disks,
+	// and those the receivers left out last reported (their samples are
+	// on the receivers read, as every other sample of theirs).
+	served []ulid.ULID
+	syms   *labels.SymbolTable // the answers' labels'
+}
+
+// read sends pq to a read quorum of the receivers (see Source), never to
+// Self, whose data the caller reads from disk, and returns their answers,
+// or an error when more of them failed than the replication tolerates.
+func (s *Source) read(ctx context.Context, tenant string, pq *prompb.Query, seriesOnly bool, syms *labels.SymbolTable) (readResult, error) {
 	rs, err := s.ring.GetReplicationSetForOperation(ring.Read)
 	if err != nil {
-		return nil, nil, fmt.Errorf("receivers: ring: %w (%w)", err, query.ErrUnavailable)
+		return readResult{}, fmt.Errorf("receivers: ring: %w (%w)", err, query.ErrUnavailable)
 	}
 	if len(rs.Instances) == 0 {
-		return nil, nil, fmt.Errorf("receivers: no receiver in the ring (%w)", query.ErrUnavailable)
+		return readResult{}, fmt.Errorf("receivers: no receiver in the ring (%w)", query.ErrUnavailable)
 	}
-	s.pruneClients(rs.Instances)
-	ctx = user.InjectOrgID(ctx, tenant) // the tenant header, see tenantHeader
-
-	sets := make([]storage.SeriesSet, len(rs.Instances))
-	errs := make([]error, len(rs.Instances))
-	var wg sync.WaitGroup
-	for i, inst := range rs.Instances {
-		if s.cfg.Self != "" && inst.Id == s.cfg.Self {
-			continue // read from disk by the caller: an answer
+	s.forgetServed(rs.Instances)
+	// Self answers (from disk) without being asked: one fewer to ask,
+	// and as many may fail.
+	rs.Instances = slices.DeleteFunc(slices.Clone(rs.Instances), func(i ring.InstanceDesc) bool { return s.cfg.Self != "" && i.Id == s.cfg.Self })
+	if len(rs.Instances) == 0 {
+		return readResult{}, nil
+	}
+	body, err := readRequest(pq, seriesOnly)
+	if err != nil {
+		return readResult{}, err
+	}
+	var (
+		mtx    sync.Mutex
+		failed []failure
+	)
+	type fetched struct {
+		inst   string
+		answer *answer
+		blocks []ulid.ULID
+	}
+	got, err := ring.DoUntilQuorum(ctx, rs, ring.DoUntilQuorumConfig{MinimizeRequests: true},
+		func(ctx context.Context, inst *ring.InstanceDesc) (fetched, error) {
+			a, blocks, err := s.fetch(ctx, *inst, tenant, body, seriesOnly, syms)
+			if err != nil {
+				mtx.Lock()
+				failed = append(failed, failure{*inst, err})
+				mtx.Unlock()
+			}
+			return fetched{inst.Id, a, blocks}, err
+		}, func(fetched) {})
+	mtx.Lock()
+	defer mtx.Unlock()
+	if err != nil {
+		if ctx.Err() != nil || len(failed) == 0 {
+			return readResult{}, err
 		}
-		wg.Go(func() { sets[i], errs[i] = s.fetch(ctx, inst, pq, seriesOnly) })
+		return readResult{}, &readError{rs: rs, failed: failed}
 	}
-	wg.Wait()
-
-	var failed []failure
-	var answered []storage.SeriesSet
-	for i, inst := range rs.Instances {
-		if errs[i] != nil {
-			failed = append(failed, failure{inst, errs[i]})
-		} else if sets[i] != nil {
-			answered = append(answered, sets[i])
+	var res readResult
+	answered := map[string]bool{}
+	for _, f := range got {
+		answered[f.inst] = true
+		res.answers = append(res.answers, f.answer)
+		res.served = append(res.served, f.blocks...)
+		if !seriesOnly {
+			s.remember(f.inst, tenant, f.blocks)
 		}
 	}
-	if len(failed) == 0 {
-		return answered, nil, nil
+	for _, inst := range rs.Instances {
+		if !answered[inst.Id] && !slices.ContainsFunc(failed, func(f failure) bool { return f.inst.Id == inst.Id }) {
+			s.skipped.Inc()
+			res.served = append(res.served, s.lastServed(inst.Id, tenant)...)
+		}
 	}
-	if !tolerable(rs, failed) {
-		return nil, nil, &readError{rs: rs, failed: failed}
-	}
-	var ws annotations.Annotations
 	for _, f := range failed {
 		s.tolerated.Inc()
 		// Debug: a receiver that is down fails every read until the ring
 		// drops it; the counter and the query's warnings say it already.
 		s.logger.Debug("receiver unavailable for a read, answering from its replicas", "receiver", f.inst.Id, "addr", f.inst.Addr, "err", f.err)
-		ws.Add(fmt.Errorf("receiver %s (%s) unavailable: %w", f.inst.Id, f.inst.Addr, f.err))
+		res.warnings.Add(fmt.Errorf("receiver %s (%s) unavailable: %w", f.inst.Id, f.inst.Addr, f.err))
 	}
-	return answered, ws, nil
+	return res, nil
 }
 
-// tolerable says whether the data is complete despite the failed receivers:
-// the ring's read replication set says how many instances (or, with zone
-// awareness, zones) may fail while every sample acknowledged by a write
-// quorum is still on an instance that answered.
-func tolerable(rs ring.ReplicationSet, failed []failure) bool {
-	if !rs.ZoneAwarenessEnabled {
-		return len(failed) <= rs.MaxErrors
+// remember keeps the local blocks a receiver reported for a tenant, for
+// the reads that leave it out.
+func (s *Source) remember(inst, tenant string, blocks []ulid.ULID) {
+	s.mtx.Lock()
+	defer s.mtx.Unlock()
+	byTenant := s.served[inst]
+	if byTenant == nil {
+		byTenant = map[string][]ulid.ULID{}
+		s.served[inst] = byTenant
 	}
-	zones := map[string]struct{}{}
-	for _, f := range failed {
-		zones[f.inst.Zone] = struct{}{}
+	byTenant[tenant] = blocks
+}
+
+func (s *Source) lastServed(inst, tenant string) []ulid.ULID {
+	s.mtx.Lock()
+	defer s.mtx.Unlock()
+	return s.served[inst][tenant]
+}
+
+// forgetServed drops the blocks of receivers no longer in the ring.
+func (s *Source) forgetServed(insts []ring.InstanceDesc) {
+	s.mtx.Lock()
+	defer s.mtx.Unlock()
+	if len(s.served) <= len(insts) {
+		return
 	}
-	return len(zones) <= rs.MaxUnavailableZones
+	for id := range s.served {
+		if !slices.ContainsFunc(insts, func(i ring.InstanceDesc) bool { return i.Id == id }) {
+			delete(s.served, id)
+		}
+	}
 }
 
 // readError is a read that more receivers failed than the replication
@@ -358,27 +516,69 @@ func (e *readError) Unwrap() []error {
 	return errs
 }
 
-// fetch reads pq from one receiver, whole: a receiver that fails half-way
-// through its answer must count as failed before anything is merged, or
-// the merge would already have passed on part of its data. The buffered
-// answer is the receiver's encoded chunks (about 1-2 bytes a sample), which
+// readRequest encodes pq as a remote-read request body: streamed XOR
+// chunks, or for a series-only select the SAMPLES response type, for which
+// a receiver's TSDB answers the series without reading a chunk (its chunk
+// querier ignores the hint and would send every sample).
+func readRequest(pq *prompb.Query, seriesOnly bool) ([]byte, error) {
+	rt := prompb.ReadRequest_STREAMED_XOR_CHUNKS
+	if seriesOnly {
+		rt = prompb.ReadRequest_SAMPLES
+	}
+	req := &prompb.ReadRequest{Queries: []*prompb.Query{pq}, AcceptedResponseTypes: []prompb.ReadRequest_ResponseType{rt}}
+	b, err := req.Marshal()
+	if err != nil {
+		return nil, fmt.Errorf("receivers: encode read request: %w", err)
+	}
+	return snappy.Encode(nil, b), nil
+}
+
+// Limits of a series-only (SAMPLES) answer, which comes in one piece.
+const (
+	maxSamplesAnswerBytes   = 256 << 20
+	maxSamplesAnswerDecoded = 1 << 30
+)
+
+// fetch reads one receiver's answer whole, with the local blocks it
+// reported (LocalBlocksHeader): a receiver that fails half-way through its
+// answer must count as failed before anything is merged, or the merge
+// would already have passed on part of its data. The buffered answer is
+// the receiver's encoded chunks (about 1-2 bytes a sample), which
 // receivers' few recent hours keep small.
-func (s *Source) fetch(ctx context.Context, inst ring.InstanceDesc, pq *prompb.Query, seriesOnly bool) (storage.SeriesSet, error) {
+func (s *Source) fetch(ctx context.Context, inst ring.InstanceDesc, tenant string, body []byte, seriesOnly bool, syms *labels.SymbolTable) (*answer, []ulid.ULID, error) {
 	start := time.Now()
-	set, err := func() (storage.SeriesSet, error) {
-		c, err := s.clientsOf(inst)
+	a, blocks, err := func() (*answer, []ulid.ULID, error) {
+		ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.cfg.Scheme+"://"+inst.Addr+ReadPath, bytes.NewReader(body))
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		rc := c.samples
+		req.Header.Set("Content-Encoding", "snappy")
+		req.Header.Set("Content-Type", "application/x-protobuf")
+		req.Header.Set("X-Prometheus-Remote-Read-Version", "0.1.0")
+		req.Header.Set(tenancy.OrgIDHeader, tenant)
+		resp, err := s.client.Do(req)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+			return nil, nil, fmt.Errorf("receiver answered %s: %s", resp.Status, strings.TrimSpace(string(msg)))
+		}
 		if seriesOnly {
-			rc = c.series
+			a, err := readSamples(resp, syms)
+			return a, nil, err
 		}
-		ss, err := rc.Read(ctx, pq, true)
+		if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/x-streamed-protobuf; proto=prometheus.ChunkedReadResponse") {
+			return nil, nil, fmt.Errorf("receiver answered content type %q, not streamed chunks", ct)
+		}
+		a, err := readChunkedAnswer(resp.Body)
 		if err != nil {
-			return nil, err
+			return nil, nil, fmt.Errorf("read streamed answer: %w", err)
 		}
-		return drain(ss)
+		return a, parseBlocks(resp.Header.Get(LocalBlocksHeader)), nil
 	}()
 	s.duration.Observe(time.Since(start).Seconds())
 	status := "ok"
@@ -386,130 +586,46 @@ func (s *Source) fetch(ctx context.Context, inst ring.InstanceDesc, pq *prompb.Q
 		status = "error"
 	}
 	s.requests.WithLabelValues(status).Inc()
-	return set, err
+	return a, blocks, err
 }
 
-// drain reads ss into memory. A streamed answer splits a series with many
-// chunks over several frames, which arrive as consecutive series with the
-// same labels: they are joined here into one receivedSeries, as the merge
-// expects each series once per set.
-func drain(ss storage.SeriesSet) (storage.SeriesSet, error) {
-	var (
-		out []storage.Series
-		cur *receivedSeries
-	)
-	for ss.Next() {
-		s := ss.At()
-		lset := s.Labels()
-		if cur != nil && labels.Equal(cur.lset, lset) {
-			cur.parts = append(cur.parts, s)
-			continue
-		}
-		cur = &receivedSeries{lset: lset, parts: []storage.Series{s}}
-		out = append(out, cur)
-	}
-	if err := ss.Err(); err != nil {
-		return nil, err
-	}
-	return &listSet{series: out, i: -1, ws: ss.Warnings()}, nil
-}
-
-// clientsOf returns the cached clients of inst's address, creating them on
-// first use.
-func (s *Source) clientsOf(inst ring.InstanceDesc) (*instanceClients, error) {
-	s.mtx.Lock()
-	defer s.mtx.Unlock()
-	if c, ok := s.clients[inst.Addr]; ok {
-		return c, nil
-	}
-	u, err := url.Parse(s.cfg.Scheme + "://" + inst.Addr + ReadPath)
+// readSamples reads a SAMPLES answer (snappy-compressed ReadResponse).
+func readSamples(resp *http.Response, syms *labels.SymbolTable) (*answer, error) {
+	compressed, err := io.ReadAll(io.LimitReader(resp.Body, maxSamplesAnswerBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("receiver address %q: %w", inst.Addr, err)
+		return nil, fmt.Errorf("read answer: %w", err)
 	}
-	c := &instanceClients{}
-	if c.samples, err = s.newClient(inst.Id, u, nil); err != nil {
-		return nil, err
+	if len(compressed) > maxSamplesAnswerBytes {
+		return nil, fmt.Errorf("answer larger than %d bytes", maxSamplesAnswerBytes)
 	}
-	if c.series, err = s.newClient(inst.Id, u, []prompb.ReadRequest_ResponseType{prompb.ReadRequest_SAMPLES}); err != nil {
-		return nil, err
+	if n, err := snappy.DecodedLen(compressed); err != nil {
+		return nil, fmt.Errorf("answer: %w", err)
+	} else if n > maxSamplesAnswerDecoded {
+		return nil, fmt.Errorf("answer of %d bytes decoded, more than %d", n, maxSamplesAnswerDecoded)
 	}
-	s.clients[inst.Addr] = c
-	return c, nil
-}
-
-func (s *Source) newClient(name string, u *url.URL, types []prompb.ReadRequest_ResponseType) (*remote.Client, error) {
-	rc, err := remote.NewReadClient(name, &remote.ClientConfig{
-		URL:                   &config_util.URL{URL: u},
-		Timeout:               model.Duration(s.cfg.Timeout),
-		HTTPClientConfig:      s.cfg.Client,
-		ChunkedReadLimit:      config.DefaultChunkedReadLimit,
-		AcceptedResponseTypes: types, // nil: streamed chunks, else samples
-	})
+	b, err := snappy.Decode(nil, compressed)
 	if err != nil {
-		return nil, fmt.Errorf("remote-read client of %s: %w", u, err)
+		return nil, fmt.Errorf("answer: %w", err)
 	}
-	c, ok := rc.(*remote.Client)
-	if !ok {
-		return nil, fmt.Errorf("remote-read client of %s: unexpected type %T", u, rc)
+	dec := newLabelDecoder(syms)
+	a, err := readSamplesAnswer(b, dec)
+	if err == nil {
+		err = dec.err
 	}
-	// The client's headers are fixed at creation; the tenant is per read.
-	c.Client.Transport = tenantHeader{c.Client.Transport}
-	return c, nil
+	return a, err
 }
 
-// pruneClients drops the clients of addresses no longer in the ring (pods
-// that were replaced), so the cache does not grow with every address a
-// receiver ever had.
-func (s *Source) pruneClients(insts []ring.InstanceDesc) {
-	s.mtx.Lock()
-	defer s.mtx.Unlock()
-	if len(s.clients) <= len(insts) {
-		return // nothing to prune in the usual case
+// parseBlocks parses LocalBlocksHeader; a malformed entry is left out
+// (the bucket then reads that block too: more work, nothing lost).
+func parseBlocks(h string) []ulid.ULID {
+	if h == "" {
+		return nil
 	}
-	for addr, c := range s.clients {
-		if !slices.ContainsFunc(insts, func(i ring.InstanceDesc) bool { return i.Addr == addr }) {
-			c.samples.Client.CloseIdleConnections()
-			c.series.Client.CloseIdleConnections()
-			delete(s.clients, addr)
+	var out []ulid.ULID
+	for f := range strings.SplitSeq(h, ",") {
+		if id, err := ulid.ParseStrict(strings.TrimSpace(f)); err == nil {
+			out = append(out, id)
 		}
 	}
-}
-
-// tenantHeader sets X-Scope-OrgID to the tenant of the request's context.
-type tenantHeader struct{ next http.RoundTripper }
-
-func (t tenantHeader) RoundTrip(r *http.Request) (*http.Response, error) {
-	id, err := user.ExtractOrgID(r.Context())
-	if err != nil {
-		return nil, err
-	}
-	r = r.Clone(r.Context()) // a RoundTripper must not change its request
-	r.Header.Set(tenancy.OrgIDHeader, id)
-	return t.next.RoundTrip(r)
-}
-
-// listSet is a SeriesSet over series in memory.
-type listSet struct {
-	series []storage.Series
-	i      int
-	ws     annotations.Annotations
-}
-
-func (l *listSet) Next() bool                        { l.i++; return l.i < len(l.series) }
-func (l *listSet) At() storage.Series                { return l.series[l.i] }
-func (*listSet) Err() error                          { return nil }
-func (l *listSet) Warnings() annotations.Annotations { return l.ws }
-
-// warningSet adds the read's warnings (tolerated failures) to a set.
-type warningSet struct {
-	storage.SeriesSet
-	ws annotations.Annotations
-}
-
-func (w warningSet) Warnings() annotations.Annotations {
-	if len(w.ws) == 0 {
-		return w.SeriesSet.Warnings()
-	}
-	ws := annotations.New().Merge(w.ws)
-	return ws.Merge(w.SeriesSet.Warnings())
+	return out
 }

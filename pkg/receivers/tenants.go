@@ -117,7 +117,7 @@ func (s *Source) get(ctx context.Context, inst ring.InstanceDesc, path, tenant s
 	if tenant != "" {
 		req.Header.Set(tenancy.OrgIDHeader, tenant)
 	}
-	resp, err := s.httpClient.Do(req)
+	resp, err := s.client.Do(req)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,164 @@
+package receivers
+
+import (
+	"github.com/prometheus/prometheus/model/histogram"
+	"github.com/prometheus/prometheus/storage"
+	"github.com/prometheus/prometheus/tsdb/chunkenc"
+
+	"github.com/gpustore/gpustore/pkg/seriesset"
+)
+
+// chunksIterator reads a series' chunks one after the other (they are in
+// time order and do not overlap), decoding each only when it is reached:
+// a Seek skips whole chunks that end before its time, as the TSDB's own
+// iterators do. Samples outside [mint, maxt], the select's range, are
+// left out, as the TSDB's querier leaves them out.
+type chunksIterator struct {
+	chunks     []wireChunk
+	clusters   [][][]wireChunk
+	mint, maxt int64
+	i          int                // the current chunk
+	cur        chunkenc.Iterator  // over chunks[i]; nil before the first sample and at the end
+	vt         chunkenc.ValueType // of the current sample
+	err        error
+	// Decoders reused from chunk to chunk and series to series, one per
+	// encoding (a series' chunks may change encoding).
+	decoders [chunkenc.EncFloatHistogramST + 1]struct {
+		chunk chunkenc.Chunk
+		it    chunkenc.Iterator
+	}
+	merge chunkenc.Iterator // a cluster's, reused
+}
+
+func (it *chunksIterator) reset(s *ringSeries, mint, maxt int64) {
+	it.chunks, it.clusters, it.mint, it.maxt = s.chunks, s.clusters, mint, maxt
+	it.i, it.cur, it.vt, it.err = 0, nil, chunkenc.ValNone, nil
+}
+
+func (it *chunksIterator) Next() chunkenc.ValueType {
+	if it.cur != nil {
+		if vt := it.cur.Next(); vt != chunkenc.ValNone {
+			return it.within(vt)
+		}
+		if it.err = it.cur.Err(); it.err != nil {
+			return it.stop()
+		}
+		it.i++
+	} else if it.i > 0 || it.err != nil {
+		return chunkenc.ValNone // exhausted
+	}
+	return it.seekFrom(it.mint)
+}
+
+func (it *chunksIterator) Seek(t int64) chunkenc.ValueType {
+	if it.cur != nil {
+		if it.cur.AtT() >= t {
+			return it.vt
+		}
+		if it.chunks[it.i].maxT >= t {
+			if vt := it.cur.Seek(t); vt != chunkenc.ValNone {
+				return it.within(vt)
+			}
+			if it.err = it.cur.Err(); it.err != nil {
+				return it.stop()
+			}
+		}
+		it.i++
+	} else if it.i > 0 || it.err != nil {
+		return chunkenc.ValNone
+	}
+	return it.seekFrom(max(t, it.mint))
+}
+
+// seekFrom opens the chunks from it.i on and stops at the first sample at
+// or after t.
+func (it *chunksIterator) seekFrom(t int64) chunkenc.ValueType {
+	for ; it.i < len(it.chunks); it.i++ {
+		c := &it.chunks[it.i]
+		if c.maxT < t {
+			continue
+		}
+		if c.minT > it.maxt {
+			break
+		}
+		if it.cur, it.err = it.open(c); it.err != nil {
+			return it.stop()
+		}
+		var vt chunkenc.ValueType
+		if c.minT < t {
+			vt = it.cur.Seek(t)
+		} else {
+			vt = it.cur.Next()
+		}
+		if vt != chunkenc.ValNone {
+			return it.within(vt)
+		}
+		if it.err = it.cur.Err(); it.err != nil {
+			return it.stop()
+		}
+	}
+	return it.stop()
+}
+
+// open returns an iterator over c, reusing the decoder of its encoding;
+// over a cluster, the merge of its replicas' runs (one sample per
+// timestamp, as storage.ChainedSeriesMerge).
+func (it *chunksIterator) open(c *wireChunk) (chunkenc.Iterator, error) {
+	if c.cluster > 0 {
+		runs := it.clusters[c.cluster-1]
+		parts := make([]storage.Series, len(runs))
+		for i, r := range runs {
+			parts[i] = &ringSeries{chunks: r, mint: it.mint, maxt: it.maxt}
+		}
+		it.merge = seriesset.ChainSampleIterator(it.merge, parts)
+		return it.merge, nil
+	}
+	if int(c.enc) >= len(it.decoders) {
+		chk, err := chunkenc.FromData(c.enc, c.data)
+		if err != nil {
+			return nil, err
+		}
+		return chk.Iterator(nil), nil
+	}
+	d := &it.decoders[c.enc]
+	if d.chunk == nil {
+		chk, err := chunkenc.FromData(c.enc, c.data)
+		if err != nil {
+			return nil, err
+		}
+		d.chunk = chk
+	} else {
+		d.chunk.Reset(c.data)
+	}
+	d.it = d.chunk.Iterator(d.it)
+	return d.it, nil
+}
+
+// within returns vt unless the sample is past maxt, which ends the
+// iteration.
+func (it *chunksIterator) within(vt chunkenc.ValueType) chunkenc.ValueType {
+	if it.cur.AtT() > it.maxt {
+		return it.stop()
+	}
+	it.vt = vt
+	return vt
+}
+
+func (it *chunksIterator) stop() chunkenc.ValueType {
+	it.i, it.cur, it.vt = len(it.chunks)+1, nil, chunkenc.ValNone
+	return chunkenc.ValNone
+}
+
+func (it *chunksIterator) At() (int64, float64) { return it.cur.At() }
+
+func (it *chunksIterator) AtHistogram(h *histogram.Histogram) (int64, *histogram.Histogram) {
+	return it.cur.AtHistogram(h)
+}
+
+func (it *chunksIterator) AtFloatHistogram(fh *histogram.FloatHistogram) (int64, *histogram.FloatHistogram) {
+	return it.cur.AtFloatHistogram(fh)
+}
+
+func (it *chunksIterator) AtT() int64  { return it.cur.AtT() }
+func (it *chunksIterator) AtST() int64 { return it.cur.AtST() }
+func (it *chunksIterator) Err() error  { return it.err }
