@@ -103,7 +103,7 @@ func writeMark(ctx context.Context, bkt objstore.Bucket, name string, v any) err
 }
 
 func readMark(ctx context.Context, bkt objstore.BucketReader, name string, v any) (bool, error) {
-	rc, err := bkt.Get(ctx, name)
+	rc, err := ExpectMissing(bkt).Get(ctx, name)
 	if err != nil {
 		if bkt.IsObjNotFoundErr(err) {
 			return false, nil
