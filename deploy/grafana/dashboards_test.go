@@ -109,6 +109,12 @@ func TestDashboardsWellFormed(t *testing.T) {
 				t.Errorf("%s: panel title %q empty or repeated", name, p.Title)
 			}
 			titles[p.Title] = true
+			if p.Type == "row" { // a row heads the panels below it: a title, nothing to query
+				if len(p.Targets) > 0 {
+					t.Errorf("%s: row %q has queries", name, p.Title)
+				}
+				continue
+			}
 			if p.FieldConfig.Defaults.Unit == "" {
 				t.Errorf("%s: panel %q has no unit", name, p.Title)
 			} else if _, ok := unitRange(p.FieldConfig.Defaults.Unit, 1); !ok {
@@ -228,4 +234,37 @@ func unitRange(unit string, gpus int) ([2]float64, bool) {
 		return [2]float64{0, 1e15}, true
 	}
 	return [2]float64{}, false
+}
+
+// The operations dashboard has a row per component and the process'
+// resources, and selects gpustore's processes by its job and instance
+// variables: every query names both, no query names a job itself.
+func TestOperationsDashboardLayout(t *testing.T) {
+	d := committed(t)["gpustore-operations.json"]
+	var rows []string
+	for _, p := range d.Panels {
+		if p.Type == "row" {
+			rows = append(rows, p.Title)
+			continue
+		}
+		for _, tg := range p.Targets {
+			if !strings.Contains(tg.Expr, `job=~"$job", instance=~"$instance"`) {
+				t.Errorf("panel %q: %s does not select by $job and $instance", p.Title, tg.Expr)
+			}
+			if strings.Count(tg.Expr, "job=") != strings.Count(tg.Expr, `job=~"$job"`) {
+				t.Errorf("panel %q: %s names a job of its own", p.Title, tg.Expr)
+			}
+		}
+	}
+	want := []string{"Write path (distributor)", "Ring and replication", "Receiver: TSDB and shipper", "Object storage", "Querier", "Ruler", "Compactor", "Process resources"}
+	if !slices.Equal(rows, want) {
+		t.Errorf("rows %q, want %q", rows, want)
+	}
+	var vars []string
+	for _, v := range d.Templating.List {
+		vars = append(vars, v.Name)
+	}
+	if !slices.Equal(vars, []string{"datasource", "job", "instance"}) {
+		t.Errorf("variables %v, want datasource, job, instance", vars)
+	}
 }

@@ -3,8 +3,6 @@ package grafana
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"math"
 	"net"
 	"os"
@@ -23,8 +21,10 @@ import (
 	"github.com/prometheus/prometheus/promql/parser"
 
 	"github.com/gpustore/gpustore/bench/gpusim"
+	"github.com/gpustore/gpustore/internal/gpustoretest"
 	"github.com/gpustore/gpustore/internal/testbin"
 	"github.com/gpustore/gpustore/pkg/app"
+	"github.com/gpustore/gpustore/pkg/compact"
 )
 
 const (
@@ -34,39 +34,20 @@ const (
 	scrape     = 15 * time.Second
 )
 
-// afterFirstCompaction are the compactor's per-tenant metrics, exported once
-// it has made a pass over a tenant with blocks in the bucket: an hour of data
-// cuts no 2h block, so a panel reading only these may be empty here.
-var afterFirstCompaction = []string{"gpustore_compact_halted", "gpustore_compact_last_success_timestamp_seconds"}
+// notCompactedInTheTest are the metrics whose series appear with the
+// compactor's first compaction of a tenant: the hour the test loads, in 30m
+// blocks, holds no whole 2h range to compact (the passes, the bucket index
+// and downsampling do run), so a panel reading only these may be empty here.
+// TestOperationsPanelsReadRegisteredMetrics checks that gpustore registers
+// them.
+var notCompactedInTheTest = []string{"gpustore_compact_blocks_compacted_total"}
 
 func startGpustore(t *testing.T, mutate ...func(*app.Config)) string {
 	t.Helper()
-	cfg := app.DefaultConfig()
-	cfg.Server.ListenAddress = "127.0.0.1:0"
-	cfg.TSDB.Dir = t.TempDir()
 	// The shipper reports a tenant once it has looked at it: look often, so
 	// the operations dashboard's backlog panels have data within the test.
-	cfg.Shipper.Interval = model.Duration(time.Second)
-	for _, m := range mutate {
-		m(&cfg)
-	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	a, err := app.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := a.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := a.Stop(); err != nil {
-			t.Errorf("stop gpustore: %v", err)
-		}
-	})
+	often := func(c *app.Config) { c.Shipper.Interval = model.Duration(time.Second) }
+	a := gpustoretest.Start(t, append([]func(*app.Config){often}, mutate...)...)
 	return "http://" + a.Server.Addr().String()
 }
 
@@ -231,7 +212,23 @@ func TestPanelQueriesAgainstGpustore(t *testing.T) {
 	if testing.Short() {
 		t.Skip("loads an hour of a simulated cluster into gpustore")
 	}
-	base := startGpustore(t)
+	// The scale-out path in one process (distributor, receiver, querier and
+	// ruler on the ring), so that every row of the operations dashboard has
+	// data, with a real Alertmanager to notify; the GPU dashboards are read
+	// through it too.
+	// Blocks of 30 minutes, so that the hour loaded cuts blocks which the
+	// shipper uploads and the compactor passes over (compacting nothing,
+	// downsampling the finished one) within the test; the bucket store
+	// syncs every second.
+	am := gpustoretest.StartAlertmanager(t)
+	base := startGpustore(t, gpustoretest.Ring, func(c *app.Config) {
+		c.Rules.Alertmanager.URLs = []string{am}
+		c.Rules.TenantPollInterval = model.Duration(time.Second)
+		c.TSDB.BlockDuration = model.Duration(30 * time.Minute)
+		c.Compact.BlockRanges = compact.DurationList{model.Duration(30 * time.Minute), model.Duration(2 * time.Hour)}
+		c.Compact.Interval = model.Duration(time.Second)
+		c.BucketStore.SyncInterval = model.Duration(time.Second)
+	})
 	client, err := api.NewClient(api.Config{Address: base})
 	if err != nil {
 		t.Fatal(err)
@@ -364,8 +361,8 @@ func checkPanelQuery(t *testing.T, c v1.API, p panel, expr string, r v1.Range) {
 		points += len(s.Values)
 	}
 	if points == 0 {
-		if readsOnly(expr, afterFirstCompaction) {
-			t.Logf("%s: no data (the compactor has not made a pass yet)", what)
+		if readsOnly(expr, notCompactedInTheTest) {
+			t.Logf("%s: no data (nothing compacted yet)", what)
 			return
 		}
 		t.Errorf("%s: no data", what)
@@ -411,4 +408,74 @@ func readsOnly(expr string, names []string) bool {
 		}
 	}
 	return n > 0
+}
+
+// Every metric the operations dashboard reads (panels and variables) is one
+// a running gpustore with every role and the ring registers, or up (which
+// the scraping Prometheus makes): a misspelt or renamed metric fails here
+// even where the panel may be empty in the long test above.
+func TestOperationsPanelsReadRegisteredMetrics(t *testing.T) {
+	// The notifier exists with an Alertmanager to send to.
+	am := gpustoretest.StartAlertmanager(t)
+	a := gpustoretest.Start(t, gpustoretest.Ring, func(c *app.Config) {
+		c.Rules.Alertmanager.URLs = []string{am}
+		c.Rules.TenantPollInterval = model.Duration(100 * time.Millisecond)
+	})
+	// A tenant's TSDB, rule manager and notifier register their metrics
+	// when the tenant first writes: write one scrape of one node.
+	sim, err := gpusim.New(gpusim.Config{Name: simCluster, Nodes: 1, GPUsPerNode: 1, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snd, err := gpusim.NewSender(gpusim.SenderConfig{URL: "http://" + a.Server.Addr().String() + "/api/v1/write", Protocol: gpusim.ProtocolV2, MaxSamplesPerSend: 5000, Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := snd.Send(context.Background(), sim.AppendSamples(nil, time.Now(), gpusim.Replica{Name: "p0"})); err != nil {
+		t.Fatal(err)
+	}
+	var names map[string]bool
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if names = gpustoretest.MetricNames(a); names["prometheus_rule_evaluations_total"] && names["prometheus_notifications_sent_total"] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the tenant's rule manager did not start")
+		}
+	}
+	names["up"] = true
+	d := committed(t)["gpustore-operations.json"]
+	var exprs []string
+	for _, v := range d.Templating.List {
+		if sel, ok := labelValuesSelector(v.Definition); ok {
+			exprs = append(exprs, sel)
+		}
+	}
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			exprs = append(exprs, tg.Expr)
+		}
+	}
+	checked := 0
+	for _, expr := range exprs {
+		e, err := parser.NewParser(parser.Options{}).ParseExpr(fillVars(expr, nil))
+		if err != nil {
+			t.Errorf("%s: %v", expr, err)
+			continue
+		}
+		for _, sel := range parser.ExtractSelectors(e) {
+			for _, m := range sel {
+				if m.Name != model.MetricNameLabel {
+					continue
+				}
+				checked++
+				if !names[m.Value] {
+					t.Errorf("%s reads %s, which a running gpustore does not register", expr, m.Value)
+				}
+			}
+		}
+	}
+	if checked < 50 {
+		t.Fatalf("only %d metric selectors checked", checked)
+	}
 }

@@ -605,5 +605,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range []string{writeOK, writeRejected, writeNoQuorum} {
 		m.writes.WithLabelValues(r)
 	}
+	for _, s := range []string{"2xx", "4xx", "5xx", "error"} {
+		m.requests.WithLabelValues(s)
+	}
 	return m
 }

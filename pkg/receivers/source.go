@@ -139,6 +139,10 @@ func NewSource(cfg SourceConfig, r ring.ReadRing, logger *slog.Logger, reg prome
 	}
 	s.replicas.identical = replicas.WithLabelValues("identical")
 	s.replicas.merged = replicas.WithLabelValues("merged")
+	// Both statuses exist from the start, so a rate of errors is 0, not
+	// nothing, before the first failed read.
+	s.requests.WithLabelValues("ok")
+	s.requests.WithLabelValues("error")
 	return s, nil
 }
 
