@@ -59,7 +59,8 @@ dev-stack: build tools
 	$(GO) run ./deploy/devstack/cmd/devstack $(DEV_STACK_FLAGS)
 
 # Grafana dashboards: generated from deploy/grafana/*.go into
-# deploy/grafana/dashboards/*.json (a test fails while they are stale).
+# deploy/grafana/dashboards/*.json, and a picture of each one's layout into
+# docs/img/dashboards/*.png (a test fails while they are stale).
 dashboards:
 	$(GO) generate ./deploy/grafana
 
