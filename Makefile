@@ -32,7 +32,7 @@ UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./.
 # its concurrency: the lease's renewal and two compactors on one bucket.
 COMPACT_RACE_TESTS := TestLeaseExpiresAfterHolderDies|TestTwoCompactorsOneBucket|TestWorkingDirectoryBounded
 
-.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact bench-relabel bench-ring clean docker dashboards dev-stack
+.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact bench-relabel bench-ring clean docker dashboards docs dev-stack
 
 all: build
 
@@ -63,6 +63,12 @@ dev-stack: build tools
 # docs/img/dashboards/*.png (a test fails while they are stale).
 dashboards:
 	$(GO) generate ./deploy/grafana
+
+# The configuration reference (every flag and YAML key) in
+# docs/configuration.md: generated from the flags, the defaults and the
+# configuration structs' doc comments (a test fails while it is stale).
+docs:
+	$(GO) generate ./pkg/app/configref
 
 # gpustore on the embedded default (data in ./data, port 9201), fed by a
 # simulated 16-node (128-GPU) cluster in real time. Ctrl-C stops both.
