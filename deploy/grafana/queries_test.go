@@ -4,14 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -35,7 +32,7 @@ const (
 )
 
 // notCompactedInTheTest are the metrics whose series appear with the
-// compactor's first compaction of a tenant: the hour the test loads, in 30m
+// compactor's first compaction of a tenant: the hour the test loads, in 20m
 // blocks, holds no whole 2h range to compact (the passes, the bucket index
 // and downsampling do run), so a panel reading only these may be empty here.
 // TestOperationsPanelsReadRegisteredMetrics checks that gpustore registers
@@ -135,30 +132,9 @@ remote_write:
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	logf, err := os.Create(filepath.Join(dir, "prometheus.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
-		"--web.listen-address="+addr, "--log.level=warn")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("prometheus log:\n%.4000s", b)
-		}
+	gpustoretest.StartProcess(t, "prometheus", bin, dir, func(addr string) []string {
+		return []string{"--config.file=" + filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path=" + filepath.Join(dir, "data"),
+			"--web.listen-address=" + addr, "--log.level=warn"}
 	})
 	deadline := time.Now().Add(90 * time.Second)
 	for {
@@ -216,16 +192,20 @@ func TestPanelQueriesAgainstGpustore(t *testing.T) {
 	// ruler on the ring), so that every row of the operations dashboard has
 	// data, with a real Alertmanager to notify; the GPU dashboards are read
 	// through it too.
-	// Blocks of 30 minutes, so that the hour loaded cuts blocks which the
-	// shipper uploads and the compactor passes over (compacting nothing,
-	// downsampling the finished one) within the test; the bucket store
-	// syncs every second.
+	// Blocks of 20 minutes, so that the 65 minutes loaded cut at least two
+	// blocks (the head keeps 30), whatever the wall clock's alignment, which
+	// the shipper uploads and the compactor passes over (compacting nothing:
+	// no whole 2h range; downsampling the finished one) within the test. The
+	// head then takes samples only 10 minutes behind its newest: an
+	// out-of-order window lets the loader's two shards drift apart more. The
+	// bucket store syncs every second.
 	am := gpustoretest.StartAlertmanager(t)
 	base := startGpustore(t, gpustoretest.Ring, func(c *app.Config) {
 		c.Rules.Alertmanager.URLs = []string{am}
 		c.Rules.TenantPollInterval = model.Duration(time.Second)
-		c.TSDB.BlockDuration = model.Duration(30 * time.Minute)
-		c.Compact.BlockRanges = compact.DurationList{model.Duration(30 * time.Minute), model.Duration(2 * time.Hour)}
+		c.TSDB.BlockDuration = model.Duration(20 * time.Minute)
+		c.Compact.BlockRanges = compact.DurationList{model.Duration(20 * time.Minute), model.Duration(2 * time.Hour)}
+		c.Limits.Defaults.OutOfOrderWindow = model.Duration(time.Hour)
 		c.Compact.Interval = model.Duration(time.Second)
 		c.BucketStore.SyncInterval = model.Duration(time.Second)
 	})

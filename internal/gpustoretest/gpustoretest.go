@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -92,6 +93,38 @@ func descName(d *prometheus.Desc) string {
 	return name
 }
 
+// StartProcess runs a real server (bin) on a free loopback port until the
+// test ends: args are its arguments given that address. Its output goes to
+// name.log in dir, shown when the test fails. It returns the address.
+func StartProcess(t testing.TB, name, bin, dir string, args func(addr string) []string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	logf, err := os.Create(filepath.Join(dir, name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args(addr)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("%s log:\n%.4000s", name, b)
+		}
+	})
+	return addr
+}
+
 // StartAlertmanager runs the real Alertmanager (testbin: skipped without
 // it, failed under CI=true) on loopback, without a cluster port, with a
 // receiver that sends nowhere, and returns its URL; it stops with the test.
@@ -103,26 +136,9 @@ func StartAlertmanager(t testing.TB) string {
 	if err := os.WriteFile(cfg, []byte("route: {receiver: none}\nreceivers: [{name: none}]\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	logf, err := os.Create(filepath.Join(dir, "alertmanager.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "--config.file="+cfg, "--storage.path="+filepath.Join(dir, "data"),
-		"--web.listen-address="+addr, "--cluster.listen-address=", "--log.level=warn")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		logf.Close()
+	addr := StartProcess(t, "alertmanager", bin, dir, func(addr string) []string {
+		return []string{"--config.file=" + cfg, "--storage.path=" + filepath.Join(dir, "data"),
+			"--web.listen-address=" + addr, "--cluster.listen-address=", "--log.level=warn"}
 	})
 	url := "http://" + addr
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
@@ -134,8 +150,7 @@ func StartAlertmanager(t testing.TB) string {
 			}
 		}
 		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(logf.Name())
-			t.Fatalf("alertmanager not ready on %s: %v\n%s", addr, err, b)
+			t.Fatalf("alertmanager not ready on %s: %v", addr, err)
 		}
 	}
 }
