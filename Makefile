@@ -32,7 +32,7 @@ UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./.
 # its concurrency: the lease's renewal and two compactors on one bucket.
 COMPACT_RACE_TESTS := TestLeaseExpiresAfterHolderDies|TestTwoCompactorsOneBucket|TestWorkingDirectoryBounded
 
-.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact bench-relabel bench-ring clean docker dashboards manifests dev-stack
+.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact bench-relabel bench-ring clean docker dashboards manifests docs dev-stack
 
 all: build
 
@@ -79,7 +79,8 @@ dev-stack: build tools
 	$(GO) run ./deploy/devstack/cmd/devstack $(DEV_STACK_FLAGS)
 
 # Grafana dashboards: generated from deploy/grafana/*.go into
-# deploy/grafana/dashboards/*.json (a test fails while they are stale).
+# deploy/grafana/dashboards/*.json, and a picture of each one's layout into
+# docs/img/dashboards/*.png (a test fails while they are stale).
 dashboards:
 	$(GO) generate ./deploy/grafana
 
@@ -88,6 +89,12 @@ dashboards:
 # (a test fails while they are stale).
 manifests:
 	$(GO) generate ./deploy/kubernetes
+
+# The configuration reference (every flag and YAML key) in
+# docs/configuration.md: generated from the flags, the defaults and the
+# configuration structs' doc comments (a test fails while it is stale).
+docs:
+	$(GO) generate ./pkg/app/configref
 
 # gpustore on the embedded default (data in ./data, port 9201), fed by a
 # simulated 16-node (128-GPU) cluster in real time. Ctrl-C stops both.

@@ -25,6 +25,7 @@ require (
 	github.com/thanos-io/objstore v0.0.0-20250804093838-71d60dfee488
 	go.yaml.in/yaml/v2 v2.4.4
 	golang.org/x/crypto v0.58.0
+	golang.org/x/image v0.44.0
 	golang.org/x/sync v0.24.0
 	golang.org/x/time v0.16.0
 	google.golang.org/protobuf v1.36.12

@@ -25,7 +25,7 @@ func main() {
 
 func run(args []string) int {
 	fs := flag.NewFlagSet("gpustore", flag.ContinueOnError)
-	showVersion := fs.Bool("version", false, "Print the version and exit.")
+	showVersion := app.BindCommandFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: gpustore [flags]\n\nA Prometheus remote-write receiver and TSDB for GPU clusters.\nFlags (also settable in the YAML file given by -config.file):\n\n")
 		fs.PrintDefaults()

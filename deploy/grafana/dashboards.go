@@ -5,7 +5,7 @@
 // panel's query against gpustore loaded with simulated GPU-cluster data.
 package grafana
 
-//go:generate go run ./gen -out dashboards
+//go:generate go run ./gen -out dashboards -png ../../docs/img/dashboards
 
 import (
 	"encoding/json"

@@ -2,6 +2,9 @@ package grafana
 
 import (
 	"bytes"
+	"image"
+	"image/draw"
+	"image/png"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +14,8 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/cog/plugins"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
 	"github.com/prometheus/prometheus/promql/parser"
+
+	"github.com/gpustore/gpustore/deploy/grafana/render"
 )
 
 // The committed JSON is what the Go code generates: run `make dashboards`
@@ -109,6 +114,12 @@ func TestDashboardsWellFormed(t *testing.T) {
 				t.Errorf("%s: panel title %q empty or repeated", name, p.Title)
 			}
 			titles[p.Title] = true
+			if p.Type == "row" { // a row heads the panels below it: a title, nothing to query
+				if len(p.Targets) > 0 {
+					t.Errorf("%s: row %q has queries", name, p.Title)
+				}
+				continue
+			}
 			if p.FieldConfig.Defaults.Unit == "" {
 				t.Errorf("%s: panel %q has no unit", name, p.Title)
 			} else if _, ok := unitRange(p.FieldConfig.Defaults.Unit, 1); !ok {
@@ -235,4 +246,105 @@ func unitRange(unit string, gpus int) ([2]float64, bool) {
 		return [2]float64{0, 1e15}, true
 	}
 	return [2]float64{}, false
+}
+
+// The operations dashboard has a row per component and the process'
+// resources, and selects gpustore's processes by its job and instance
+// variables: every query names both, no query names a job itself.
+func TestOperationsDashboardLayout(t *testing.T) {
+	d := committed(t)["gpustore-operations.json"]
+	var rows []string
+	for _, p := range d.Panels {
+		if p.Type == "row" {
+			rows = append(rows, p.Title)
+			continue
+		}
+		for _, tg := range p.Targets {
+			if !strings.Contains(tg.Expr, `job=~"$job", instance=~"$instance"`) {
+				t.Errorf("panel %q: %s does not select by $job and $instance", p.Title, tg.Expr)
+			}
+			if strings.Count(tg.Expr, "job=") != strings.Count(tg.Expr, `job=~"$job"`) {
+				t.Errorf("panel %q: %s names a job of its own", p.Title, tg.Expr)
+			}
+		}
+	}
+	want := []string{"Write path (distributor)", "Ring and replication", "Receiver: TSDB and shipper", "Object storage", "Querier", "Ruler", "Compactor", "Process resources"}
+	if !slices.Equal(rows, want) {
+		t.Errorf("rows %q, want %q", rows, want)
+	}
+	var vars []string
+	for _, v := range d.Templating.List {
+		vars = append(vars, v.Name)
+	}
+	if !slices.Equal(vars, []string{"datasource", "job", "instance"}) {
+		t.Errorf("variables %v, want datasource, job, instance", vars)
+	}
+}
+
+// pictures is where `make dashboards` draws each dashboard's layout.
+const pictures = "../../docs/img/dashboards"
+
+// The committed pictures are what the renderer draws from the generated
+// JSON, pixel for pixel: run `make dashboards` after changing a dashboard.
+func TestDashboardPicturesUpToDate(t *testing.T) {
+	ds, err := Dashboards()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, d := range ds {
+		name := strings.TrimSuffix(d.File, ".json") + ".png"
+		want = append(want, name)
+		b, err := JSON(d.Board)
+		if err != nil {
+			t.Fatal(err)
+		}
+		drawn, err := render.Image(b)
+		if err != nil {
+			t.Fatalf("%s: %v", d.File, err)
+		}
+		f, err := os.Open(filepath.Join(pictures, name))
+		if err != nil {
+			t.Errorf("%s: %v (run `make dashboards`)", name, err)
+			continue
+		}
+		committed, err := png.Decode(f)
+		f.Close()
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		rgba := image.NewRGBA(committed.Bounds())
+		draw.Draw(rgba, rgba.Bounds(), committed, committed.Bounds().Min, draw.Src)
+		if rgba.Bounds() != drawn.Bounds() || !bytes.Equal(rgba.Pix, drawn.Pix) {
+			t.Errorf("%s/%s is stale: run `make dashboards` and commit the result", pictures, name)
+		}
+	}
+	files, _ := filepath.Glob(filepath.Join(pictures, "*.png"))
+	for _, f := range files {
+		if !slices.Contains(want, filepath.Base(f)) {
+			t.Errorf("%s is drawn from no dashboard: remove it", f)
+		}
+	}
+}
+
+// Every panel lies inside Grafana's 24 columns and no two panels overlap:
+// Grafana would push overlapping panels down, away from their rows.
+func TestDashboardGridsDoNotOverlap(t *testing.T) {
+	for name, d := range committed(t) {
+		var placed []image.Rectangle
+		for _, p := range d.Panels {
+			g := p.GridPos
+			r := image.Rect(g.X, g.Y, g.X+g.W, g.Y+g.H)
+			if g.W <= 0 || g.H <= 0 || g.X < 0 || g.X+g.W > 24 {
+				t.Errorf("%s: panel %q at %+v is outside the 24 columns or empty", name, p.Title, g)
+			}
+			for _, o := range placed {
+				if r.Overlaps(o) {
+					t.Errorf("%s: panel %q at %+v overlaps another at %v", name, p.Title, g, o)
+				}
+			}
+			placed = append(placed, r)
+		}
+	}
 }

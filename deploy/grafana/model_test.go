@@ -35,8 +35,14 @@ type variable struct {
 }
 
 type panel struct {
-	Type        string `json:"type"`
-	Title       string `json:"title"`
+	Type    string `json:"type"`
+	Title   string `json:"title"`
+	GridPos struct {
+		X int `json:"x"`
+		Y int `json:"y"`
+		W int `json:"w"`
+		H int `json:"h"`
+	} `json:"gridPos"`
 	Description string `json:"description"`
 	Datasource  struct {
 		Type string `json:"type"`

@@ -3,21 +3,16 @@ package grafana
 import (
 	"context"
 	"fmt"
-	"io"
 	"io/fs"
-	"log/slog"
 	"math"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,8 +24,10 @@ import (
 
 	"github.com/gpustore/gpustore/bench/gpusim"
 	rulepack "github.com/gpustore/gpustore/deploy/rules"
+	"github.com/gpustore/gpustore/internal/gpustoretest"
 	"github.com/gpustore/gpustore/internal/testbin"
 	"github.com/gpustore/gpustore/pkg/app"
+	"github.com/gpustore/gpustore/pkg/compact"
 )
 
 const (
@@ -46,43 +43,26 @@ const (
 	scrapeFor = 55 * time.Second
 )
 
-// afterFirstCompaction are the compactor's per-tenant metrics, exported once
-// it has made a pass over a tenant with blocks in the bucket: an hour of data
-// cuts no 2h block, so a panel reading only these may be empty here.
-var afterFirstCompaction = []string{"gpustore_compact_halted", "gpustore_compact_last_success_timestamp_seconds"}
+// notCompactedInTheTest are the metrics whose series appear with the
+// compactor's first compaction of a tenant: the hour the test loads, in 20m
+// blocks, holds no whole 2h range to compact (the passes, the bucket index
+// and downsampling do run), so a panel reading only these may be empty here.
+// TestOperationsPanelsReadRegisteredMetrics checks that gpustore registers
+// them.
+var notCompactedInTheTest = []string{"gpustore_compact_blocks_compacted_total"}
 
 func startGpustore(t *testing.T, mutate ...func(*app.Config)) string {
 	t.Helper()
-	cfg := app.DefaultConfig()
-	cfg.Server.ListenAddress = "127.0.0.1:0"
-	cfg.TSDB.Dir = t.TempDir()
 	// The shipper reports a tenant once it has looked at it: look often, so
 	// the operations dashboard's backlog panels have data within the test.
-	cfg.Shipper.Interval = model.Duration(time.Second)
 	// The GPU pack (on by default) records what the dashboards read
 	// (cluster:gpu_available:count, gpu:xid_errors:recent, ALERTS): find
 	// the tenants quickly.
-	cfg.Rules.TenantPollInterval = model.Duration(time.Second)
-	for _, m := range mutate {
-		m(&cfg)
+	often := func(c *app.Config) {
+		c.Shipper.Interval = model.Duration(time.Second)
+		c.Rules.TenantPollInterval = model.Duration(time.Second)
 	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	a, err := app.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := a.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := a.Stop(); err != nil {
-			t.Errorf("stop gpustore: %v", err)
-		}
-	})
+	a := gpustoretest.Start(t, append([]func(*app.Config){often}, mutate...)...)
 	return "http://" + a.Server.Addr().String()
 }
 
@@ -259,30 +239,9 @@ func startPrometheus(t *testing.T, bin, config string) {
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	logf, err := os.Create(filepath.Join(dir, "prometheus.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
-		"--web.listen-address="+addr, "--log.level=warn")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("prometheus log:\n%.4000s", b)
-		}
+	gpustoretest.StartProcess(t, "prometheus", bin, dir, func(addr string) []string {
+		return []string{"--config.file=" + filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path=" + filepath.Join(dir, "data"),
+			"--web.listen-address=" + addr, "--log.level=warn"}
 	})
 }
 
@@ -367,7 +326,26 @@ func TestPanelQueriesAgainstGpustore(t *testing.T) {
 	if testing.Short() {
 		t.Skip("loads simulated clusters into gpustore")
 	}
-	base := startGpustore(t)
+	// The scale-out path in one process (distributor, receiver, querier,
+	// ruler and compactor on the ring), so that every row of the operations
+	// dashboard has data, with a real Alertmanager to notify; the GPU
+	// dashboards are read through it too.
+	// Blocks of 20 minutes, so that the 65 minutes loaded cut at least two
+	// blocks (the head keeps 30), whatever the wall clock's alignment, which
+	// the shipper uploads and the compactor passes over (compacting nothing:
+	// no whole 2h range; downsampling the finished one) within the test. The
+	// head then takes samples only 10 minutes behind its newest: an
+	// out-of-order window lets the loader's two shards drift apart more. The
+	// bucket store syncs every second.
+	am := gpustoretest.StartAlertmanager(t)
+	base := startGpustore(t, gpustoretest.Ring, func(c *app.Config) {
+		c.Rules.Alertmanager.URLs = []string{am}
+		c.TSDB.BlockDuration = model.Duration(20 * time.Minute)
+		c.Compact.BlockRanges = compact.DurationList{model.Duration(20 * time.Minute), model.Duration(2 * time.Hour)}
+		c.Limits.Defaults.OutOfOrderWindow = model.Duration(time.Hour)
+		c.Compact.Interval = model.Duration(time.Second)
+		c.BucketStore.SyncInterval = model.Duration(time.Second)
+	})
 	scrapeSetup(t, base) // scrapes while the rest is loaded
 	scrapeStart := time.Now()
 	now := time.Now().Truncate(scrape)
@@ -415,6 +393,16 @@ func TestPanelQueriesAgainstGpustore(t *testing.T) {
 	t.Run("mig/overview counts each GPU once", func(t *testing.T) {
 		checkOverviewMIG(t, mig.api, boards["gpu-cluster-overview.json"], migSim, migNow)
 	})
+	// A dashboard refreshed: the same range query, over steps older than the
+	// out-of-order window, again hits the results cache, whose panel the
+	// operations dashboard has.
+	old := v1.Range{Start: now.Add(-span), End: now.Add(-span + 4*time.Minute), Step: scrape}
+	for range 2 {
+		if _, _, _, err := rw.api.QueryRange(context.Background(), `max(DCGM_FI_DEV_GPU_TEMP)`, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, rw.api, "a results-cache hit scraped twice (for rate)", `max(count_over_time(gpustore_query_frontend_cache_hits_total{job="gpustore"}[1m]))`, 30*time.Second, atLeast(2))
 	waitFor(t, rw.api, "gpustore's own metrics", `count_over_time(up{job="gpustore"}[1m])`, 30*time.Second, atLeast(15))
 	t.Run("gpustore-operations", func(t *testing.T) {
 		runDashboard(t, dataset{name: "gpustore", api: rw.api, requireData: true}, boards[ops], time.Now(), 0)
@@ -531,8 +519,8 @@ func checkPanelQuery(t *testing.T, ds dataset, p panel, legend, expr string, r v
 	}
 	if points == 0 {
 		switch {
-		case readsOnly(expr, afterFirstCompaction):
-			t.Logf("%s: no data (the compactor has not made a pass yet)", what)
+		case readsOnly(expr, notCompactedInTheTest):
+			t.Logf("%s: no data (nothing compacted yet)", what)
 		case ds.requireData:
 			t.Errorf("%s: no data", what)
 		}
@@ -755,5 +743,75 @@ func checkOverviewMIG(t *testing.T, c v1.API, d board, sim *gpusim.Cluster, end 
 		if len(vec) != 1 || math.Abs(float64(vec[0].Value)-tc.want) > 1e-6*math.Max(1, tc.want) {
 			t.Errorf("panel %q with %d MIG instances = %v, want %v (each GPU once)", tc.title, inst, vec, tc.want)
 		}
+	}
+}
+
+// Every metric the operations dashboard reads (panels and variables) is one
+// a running gpustore with every role and the ring registers, or up (which
+// the scraping Prometheus makes): a misspelt or renamed metric fails here
+// even where the panel may be empty in the long test above.
+func TestOperationsPanelsReadRegisteredMetrics(t *testing.T) {
+	// The notifier exists with an Alertmanager to send to.
+	am := gpustoretest.StartAlertmanager(t)
+	a := gpustoretest.Start(t, gpustoretest.Ring, func(c *app.Config) {
+		c.Rules.Alertmanager.URLs = []string{am}
+		c.Rules.TenantPollInterval = model.Duration(100 * time.Millisecond)
+	})
+	// A tenant's TSDB, rule manager and notifier register their metrics
+	// when the tenant first writes: write one scrape of one node.
+	sim, err := gpusim.New(gpusim.Config{Name: simCluster, Nodes: 1, GPUsPerNode: 1, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snd, err := gpusim.NewSender(gpusim.SenderConfig{URL: "http://" + a.Server.Addr().String() + "/api/v1/write", Protocol: gpusim.ProtocolV2, MaxSamplesPerSend: 5000, Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := snd.Send(context.Background(), sim.AppendSamples(nil, time.Now(), gpusim.Replica{Name: "p0"})); err != nil {
+		t.Fatal(err)
+	}
+	var names map[string]bool
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if names = gpustoretest.MetricNames(a); names["prometheus_rule_evaluations_total"] && names["prometheus_notifications_sent_total"] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the tenant's rule manager did not start")
+		}
+	}
+	names["up"] = true
+	d := committed(t)["gpustore-operations.json"]
+	var exprs []string
+	for _, v := range d.Templating.List {
+		if sel, ok := labelValuesSelector(v.Definition); ok {
+			exprs = append(exprs, sel)
+		}
+	}
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			exprs = append(exprs, tg.Expr)
+		}
+	}
+	checked := 0
+	for _, expr := range exprs {
+		e, err := parser.NewParser(parser.Options{}).ParseExpr(fillVars(expr, nil))
+		if err != nil {
+			t.Errorf("%s: %v", expr, err)
+			continue
+		}
+		for _, sel := range parser.ExtractSelectors(e) {
+			for _, m := range sel {
+				if m.Name != model.MetricNameLabel {
+					continue
+				}
+				checked++
+				if !names[m.Value] {
+					t.Errorf("%s reads %s, which a running gpustore does not register", expr, m.Value)
+				}
+			}
+		}
+	}
+	if checked < 50 {
+		t.Fatalf("only %d metric selectors checked", checked)
 	}
 }

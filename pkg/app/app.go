@@ -37,6 +37,7 @@ import (
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/internal/logging"
+	"github.com/gpustore/gpustore/internal/resources"
 	"github.com/gpustore/gpustore/internal/version"
 	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/bucketstore"
@@ -129,13 +130,16 @@ type App struct {
 	mm      *modules.Manager
 	manager *services.Manager
 	storage services.Service // the storage module's service
+	volumes *resources.Volumes
 }
 
 // New prepares the module graph; nothing starts before Run.
 func New(cfg Config, logger *slog.Logger) (*App, error) {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	a := &App{Cfg: cfg, Logger: logger, Registry: reg, Flags: map[string]string{}}
+	vols := resources.NewVolumes()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		resources.MemoryLimit(), vols)
+	a := &App{Cfg: cfg, Logger: logger, Registry: reg, Flags: map[string]string{}, volumes: vols}
 
 	mm := modules.NewManager(logging.GoKit(logger))
 	mm.RegisterModule(Server, a.initServer, modules.UserInvisibleModule)
@@ -277,6 +281,7 @@ func (a *App) initStorage() (services.Service, error) {
 	dbs.SetMaxTenants(a.Limits.MaxTenants())
 	a.DBs = dbs
 	a.Registry.MustRegister(tenantdb.NewCollector(dbs))
+	a.volumes.Add(resources.Volume{Name: "data", Dir: dbs.Config().Dir})
 	start := func(ctx context.Context) error { return dbs.OpenExisting(ctx) }
 	run := func(ctx context.Context) error {
 		t := time.NewTicker(time.Minute)

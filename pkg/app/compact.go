@@ -3,6 +3,7 @@ package app
 import (
 	"github.com/grafana/dskit/services"
 
+	"github.com/gpustore/gpustore/internal/resources"
 	"github.com/gpustore/gpustore/pkg/compact"
 )
 
@@ -27,5 +28,6 @@ func (a *App) initCompact() (services.Service, error) {
 		return nil, err
 	}
 	a.Compactor = c
+	a.volumes.Add(resources.Volume{Name: "compact", Dir: c.Dir()})
 	return services.NewBasicService(c.Start, c.Run, nil), nil
 }

@@ -173,16 +173,29 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Runtime.RegisterFlags(fs)
 }
 
+// BindFlags registers every flag Load parses on fs: -config.file, whose
+// value the returned string receives, and cfg's knobs (RegisterFlags).
+func BindFlags(fs *flag.FlagSet, cfg *Config) *string {
+	file := fs.String("config.file", "", "Optional YAML configuration file; flags given on the command line override it.")
+	cfg.RegisterFlags(fs)
+	return file
+}
+
+// BindCommandFlags registers the gpustore command's flags that configure
+// nothing: -version, whose value the returned bool receives.
+func BindCommandFlags(fs *flag.FlagSet) *bool {
+	return fs.Bool("version", false, "Print the version and exit.")
+}
+
 // Load builds the configuration from defaults, the YAML file named by
 // --config.file (if any) and the flags in args, in increasing precedence.
 func Load(fs *flag.FlagSet, args []string) (Config, string, error) {
 	cfg := DefaultConfig()
-	var file string
-	fs.StringVar(&file, "config.file", "", "Optional YAML configuration file; flags given on the command line override it.")
-	cfg.RegisterFlags(fs)
+	filePtr := BindFlags(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", err
 	}
+	file := *filePtr
 	if file != "" {
 		b, err := os.ReadFile(file)
 		if err != nil {

@@ -275,9 +275,23 @@ var ErrNoMeta = errors.New("block has no meta.json (partial upload)")
 // is not valid: it will not get better by reading it again.
 var ErrBadMeta = errors.New("bad meta.json")
 
+// ExpectMissing returns bkt's reader on which a missing object is an
+// answer, not a failed operation: objstore's metrics count every error of
+// an instrumented bucket as a failure unless told it is expected. Reads of
+// objects that may rightly be absent (a block's meta.json while it
+// uploads, the marks of unmarked blocks, the bucket index and the
+// compactor's lease before they are written) go through it, so that
+// objstore_bucket_operation_failures_total stays 0 on a healthy bucket.
+func ExpectMissing(bkt objstore.BucketReader) objstore.BucketReader {
+	if ib, ok := bkt.(objstore.InstrumentedBucketReader); ok {
+		return ib.ReaderWithExpectedErrs(ib.IsObjNotFoundErr)
+	}
+	return bkt
+}
+
 // ReadMeta reads and checks a block's meta.json from the bucket.
 func ReadMeta(ctx context.Context, bkt objstore.BucketReader, tenant string, id ulid.ULID) (*Meta, error) {
-	rc, err := bkt.Get(ctx, ObjectName(tenant, id, MetaFilename))
+	rc, err := ExpectMissing(bkt).Get(ctx, ObjectName(tenant, id, MetaFilename))
 	if err != nil {
 		if bkt.IsObjNotFoundErr(err) {
 			return nil, ErrNoMeta

@@ -119,7 +119,7 @@ func readMark(ctx context.Context, bkt objstore.BucketReader, name string, v any
 // readJSON reads the object name into v: false without error when there is
 // no such object, errBad wrapped into the error when it does not parse.
 func readJSON(ctx context.Context, bkt objstore.BucketReader, name string, v any, errBad error) (bool, error) {
-	rc, err := bkt.Get(ctx, name)
+	rc, err := ExpectMissing(bkt).Get(ctx, name)
 	if err != nil {
 		if bkt.IsObjNotFoundErr(err) {
 			return false, nil

@@ -51,9 +51,16 @@ const DefaultDirName = "bucket"
 // Config is objstore's client configuration: a provider type and the
 // provider's own options.
 type Config struct {
-	Type   string         `yaml:"type"`
+	// Type is the provider: S3 (AWS, MinIO, Ceph, versitygw, ...) or
+	// FILESYSTEM (a directory; <tsdb.dir>/bucket without config.directory).
+	Type string `yaml:"type"`
+	// Config is the provider's own options, as objstore (and Thanos) take
+	// them: bucket, endpoint, access_key, secret_key, insecure, ... for S3;
+	// directory for FILESYSTEM.
 	Config map[string]any `yaml:"config"`
-	Prefix string         `yaml:"prefix"`
+	// Prefix is prepended to every object name: several gpustores can
+	// share one bucket.
+	Prefix string `yaml:"prefix"`
 	// ConfigFile, when set, names a YAML file of the same shape (type, config,
 	// prefix: a Thanos objstore.config-file works unchanged) that replaces the
 	// three fields above.

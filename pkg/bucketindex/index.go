@@ -266,7 +266,7 @@ func Write(ctx context.Context, bkt objstore.Bucket, x *Index) error {
 
 // Read downloads the tenant's index; ErrNotFound when there is none.
 func Read(ctx context.Context, bkt objstore.BucketReader, tenant string) (*Index, error) {
-	rc, err := bkt.Get(ctx, ObjectName(tenant))
+	rc, err := block.ExpectMissing(bkt).Get(ctx, ObjectName(tenant))
 	if err != nil {
 		if bkt.IsObjNotFoundErr(err) {
 			return nil, ErrNotFound

@@ -456,7 +456,7 @@ func (p *pass) allOlderThan(ctx context.Context, b *blockState, t time.Time) (bo
 		return false, nil // the block itself is younger
 	}
 	for _, o := range b.objects {
-		a, err := p.c.bkt.Attributes(ctx, o)
+		a, err := block.ExpectMissing(p.c.bkt).Attributes(ctx, o) // a partial block's objects may go meanwhile
 		if err != nil {
 			if p.c.bkt.IsObjNotFoundErr(err) {
 				continue

@@ -60,7 +60,7 @@ func TestLeaseExpiresAfterHolderDies(t *testing.T) {
 
 // TestWorkingDirectoryBounded: the working directory is emptied at start,
 // holds at most one plan's sources plus its result while compacting (the
-// bound the README states), and nothing after a pass.
+// bound docs/compaction.md states), and nothing after a pass.
 func TestWorkingDirectoryBounded(t *testing.T) {
 	ctx := context.Background()
 	bkt, err := filesystem.NewBucket(t.TempDir())

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/thanos-io/objstore"
+
+	"github.com/gpustore/gpustore/pkg/block"
 )
 
 // LeaseFilename is the object, beside a tenant's blocks, that names the
@@ -170,7 +172,7 @@ func (h *Held) KeepAlive(ctx context.Context, lost func(error)) {
 }
 
 func (l *BucketLease) read(ctx context.Context, tenant string) (*lease, error) {
-	rc, err := l.bkt.Get(ctx, leaseObject(tenant))
+	rc, err := block.ExpectMissing(l.bkt).Get(ctx, leaseObject(tenant))
 	if err != nil {
 		if l.bkt.IsObjNotFoundErr(err) {
 			return nil, nil

@@ -367,12 +367,15 @@ func (a *appender) Commit() error {
 		return a.send(sendCtx, inst, idx)
 	}, ring.DoBatchOptions{Cleanup: done, IsClientError: isClientError})
 	if err == nil {
+		d.metrics.writes.WithLabelValues(writeOK).Inc()
 		return nil
 	}
 	var re *receiverError
 	if errors.As(err, &re) && isClientError(err) {
+		d.metrics.writes.WithLabelValues(writeRejected).Inc()
 		return &statusError{status: http.StatusBadRequest, msg: "receivers rejected the data: " + re.Error()}
 	}
+	d.metrics.writes.WithLabelValues(writeNoQuorum).Inc()
 	return &statusError{status: http.StatusServiceUnavailable, msg: "too few receivers took the write: " + err.Error()}
 }
 
@@ -564,17 +567,29 @@ func (e *statusError) HTTPStatus() int { return e.status }
 
 type metrics struct {
 	requests *prometheus.CounterVec
+	writes   *prometheus.CounterVec
 	duration prometheus.Histogram
 	series   prometheus.Counter
 }
 
+// Outcomes of a distributor's write (gpustore_distributor_writes_total).
+const (
+	writeOK       = "ok"        // a quorum of every series' receivers committed it
+	writeRejected = "rejected"  // a quorum rejected data (400, not retried)
+	writeNoQuorum = "no_quorum" // too few receivers took some series (503, retried)
+)
+
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
-	return &metrics{
+	m := &metrics{
 		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpustore_distributor_receiver_requests_total",
 			Help: "Writes the distributor sent to receivers, by outcome (2xx, 4xx, 5xx, error: no answer).",
 		}, []string{"status"}),
+		writes: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_distributor_writes_total",
+			Help: "Writes the distributor replicated, by result: ok (a quorum committed every series), rejected (a quorum rejected data: 400), no_quorum (too few receivers took some series: 503).",
+		}, []string{"result"}),
 		duration: f.NewHistogram(prometheus.HistogramOpts{
 			Name:                        "gpustore_distributor_receiver_request_duration_seconds",
 			Help:                        "How long receivers took to commit a write.",
@@ -585,4 +600,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Series the distributor's writes carried to receivers that took them, one per replica.",
 		}),
 	}
+	// Every result exists from the start: a rate over a counter that
+	// appears with its first failure misses that failure.
+	for _, r := range []string{writeOK, writeRejected, writeNoQuorum} {
+		m.writes.WithLabelValues(r)
+	}
+	for _, s := range []string{"2xx", "4xx", "5xx", "error"} {
+		m.requests.WithLabelValues(s)
+	}
+	return m
 }

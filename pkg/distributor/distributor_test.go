@@ -19,6 +19,7 @@ import (
 	"github.com/grafana/dskit/ring"
 	"github.com/grafana/dskit/services"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/model/labels"
@@ -288,6 +289,13 @@ func TestQuorum(t *testing.T) {
 	code, msg = c.write(t, "", gpuSeries(1, prompb.Sample{Timestamp: t0 + 2000, Value: 4}))
 	if code != http.StatusServiceUnavailable {
 		t.Fatalf("two of three receivers down: %d %s, want 503", code, msg)
+	}
+	// Each write's result is counted: the self-alert GpustoreWriteQuorumLost
+	// reads no_quorum.
+	for result, want := range map[string]float64{"ok": 2, "rejected": 1, "no_quorum": 1} {
+		if got := testutil.ToFloat64(c.dist.metrics.writes.WithLabelValues(result)); got != want {
+			t.Errorf("gpustore_distributor_writes_total{result=%q} = %g, want %g", result, got, want)
+		}
 	}
 }
 

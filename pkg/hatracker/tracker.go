@@ -50,7 +50,8 @@ type Config struct {
 	// recorded in the KV store. It must be well below FailoverTimeout.
 	UpdateTimeout model.Duration `yaml:"update_timeout"`
 	// KV is the store shared by receivers: inmemory, memberlist, consul, etcd.
-	KVStore  string `yaml:"kvstore"`
+	KVStore string `yaml:"kvstore"`
+	// KVPrefix begins the keys of the election's entries in the KV store.
 	KVPrefix string `yaml:"kv_prefix"`
 	// GapFillAfter closes the hole a failover would leave: once the elected
 	// replica has been silent this long, samples of the other replica that

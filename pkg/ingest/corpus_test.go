@@ -99,7 +99,7 @@ func badCorpus() []corpusEntry {
 	}
 }
 
-// TestBadInputCorpus: each bad body of the corpus is answered as the README's
+// TestBadInputCorpus: each bad body of the corpus is answered as docs/ingest.md's
 // bad-input table says, and stores nothing of its own.
 func TestBadInputCorpus(t *testing.T) {
 	entries := badCorpus()

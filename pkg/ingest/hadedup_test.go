@@ -218,7 +218,7 @@ func TestHAClaimIsGivenBackWhenTheRequestFails(t *testing.T) {
 // Both replicas write the same series at the same moment, over and over,
 // while the elected one comes back from a silence longer than the gap-fill
 // delay. Whatever the interleaving: two stored samples of different replicas
-// are never closer than gap_fill_after (the README's promise), and of each
+// are never closer than gap_fill_after (docs/ingest.md's promise), and of each
 // round's pair of samples at least one is stored (the other was answered 2xx
 // as a duplicate, so it must be covered). 503 answers are retried, as
 // Prometheus does.

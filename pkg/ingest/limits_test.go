@@ -31,7 +31,7 @@ func nSeries(n int, ts int64, extra ...string) []prompb.TimeSeries {
 	return out
 }
 
-// Each limit answers with the code its table in the README promises and
+// Each limit answers with the code its table in docs/limits.md promises and
 // counts the rejection by tenant and reason.
 func TestLimits(t *testing.T) {
 	now := nowMs()

@@ -31,7 +31,7 @@ import (
 // answered.
 
 // Reasons a sample is rejected; they name the label of
-// gpustore_ingest_rejected_samples_total and the README's table.
+// gpustore_ingest_rejected_samples_total and docs/ingest.md's table.
 const (
 	reasonInvalidLabels = "invalid_labels"
 	reasonOutOfOrder    = "out_of_order"

@@ -156,6 +156,7 @@ type API struct {
 	opts   Options
 	engine *promql.Engine
 	router *route.Router
+	http   *httpMetrics
 }
 
 // New builds the PromQL engine and Prometheus' API handler.
@@ -243,9 +244,12 @@ func New(opts Options) (*API, error) {
 		false,
 		time.Duration(opts.Config.Timeout),
 	)
-	router := route.New()
-	api.Register(router.WithPrefix("/api/v1"))
-	return &API{opts: opts, engine: engine, router: router}, nil
+	var routes []string
+	router := route.New().WithInstrumentation(recordRoute(&routes))
+	api.Register(router.WithPrefix(apiPrefix))
+	// gpustore's own handlers of these paths (RegisterRoutes) replace the
+	// v1 API's; they are among its routes already.
+	return &API{opts: opts, engine: engine, router: router, http: newHTTPMetrics(opts.Registry, routes)}, nil
 }
 
 // Engine returns the PromQL engine, shared with rule evaluation.
@@ -315,17 +319,18 @@ func (a *API) RegisterRoutes(mux *http.ServeMux) {
 		api = a.opts.Frontend(api)
 	}
 	compress := answerCompression()
-	mux.Handle("/api/v1/", compress(a.tenant(newAdmission(a.opts.Config).admit(api))))
+	outer := func(h http.Handler) http.Handler { return a.http.instrument(compress(h)) }
+	mux.Handle(apiPrefix+"/", outer(a.tenant(newAdmission(a.opts.Config).admit(api))))
 	// Remote read answers in snappy frames of its own, uncompressed by
 	// gzip as in Prometheus; its body is read before it waits for a slot.
-	mux.Handle("/api/v1/read", ReadWholeBody(MaxReadRequestBytes, a.tenant(api)))
-	mux.Handle("/api/v1/metadata", compress(a.tenant(http.HandlerFunc(a.metadata))))
-	mux.Handle("/api/v1/status/tsdb", compress(a.tenant(http.HandlerFunc(a.tsdbStatus))))
-	mux.Handle("/api/v1/status/tsdb/blocks", compress(a.tenant(http.HandlerFunc(a.tsdbBlocks))))
+	mux.Handle(apiPrefix+"/read", a.http.instrument(ReadWholeBody(MaxReadRequestBytes, a.tenant(api))))
+	mux.Handle(apiPrefix+"/metadata", outer(a.tenant(http.HandlerFunc(a.metadata))))
+	mux.Handle(apiPrefix+"/status/tsdb", outer(a.tenant(http.HandlerFunc(a.tsdbStatus))))
+	mux.Handle(apiPrefix+"/status/tsdb/blocks", outer(a.tenant(http.HandlerFunc(a.tsdbBlocks))))
 	// A stream of events is not compressed: the compressor holds the
 	// headers back until it has seen enough of the answer to decide, and
 	// an event stream that has nothing to say yet would never start.
-	mux.Handle("/api/v1/notifications/live", a.tenant(a.router))
+	mux.Handle(apiPrefix+"/notifications/live", a.http.instrument(a.tenant(a.router)))
 }
 
 // tenant puts the request's tenant into its context (dskit's user package,

@@ -65,7 +65,9 @@ type Config struct {
 	// InstanceAddr is the host:port other processes reach this one at;
 	// default: the listen address when it names a host, else the first
 	// private address of eth0/en0 with the listen port.
-	InstanceAddr     string         `yaml:"instance_addr"`
+	InstanceAddr string `yaml:"instance_addr"`
+	// NumTokens is how many tokens a receiver takes in the ring: its share
+	// of the series is about its share of the tokens.
 	NumTokens        int            `yaml:"num_tokens"`
 	HeartbeatPeriod  model.Duration `yaml:"heartbeat_period"`
 	HeartbeatTimeout model.Duration `yaml:"heartbeat_timeout"`

@@ -461,7 +461,12 @@ func TestSelfIsSkipped(t *testing.T) {
 func TestToleratesFailures(t *testing.T) {
 	ctx := context.Background()
 	c := newCluster(t)
-	src, _ := newSource(t, c.ring, "")
+	src, reg := newSource(t, c.ring, "")
+	// Before the first read both statuses are there at 0: a rate of errors
+	// (the operations dashboard's panel) is 0, not nothing.
+	if n := testutil.CollectAndCount(reg, "gpustore_receivers_read_requests_total"); n != 2 {
+		t.Fatalf("%d series of gpustore_receivers_read_requests_total before any read, want 2 (ok, error)", n)
+	}
 
 	// One receiver down of three with RF 3: every sample is still on one
 	// that answers; when the read asked it, the answer says it is missing.

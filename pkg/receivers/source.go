@@ -157,6 +157,10 @@ func NewSource(cfg SourceConfig, r ring.ReadRing, logger *slog.Logger, reg prome
 	s.replicas.merged = replicas.WithLabelValues("merged")
 	s.chunks.identical = chunks.WithLabelValues("identical")
 	s.chunks.merged = chunks.WithLabelValues("merged")
+	// Both statuses exist from the start, so a rate of errors is 0, not
+	// nothing, before the first failed read.
+	s.requests.WithLabelValues("ok")
+	s.requests.WithLabelValues("error")
 	return s, nil
 }
 

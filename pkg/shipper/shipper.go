@@ -168,6 +168,7 @@ func (s *Shipper) stateLocked(tenant string) *tenantState {
 		s.logger.Warn("read shipper state", "tenant", tenant, "file", st.path, "err", err)
 	}
 	s.tenants[tenant] = st
+	s.m.initTenant(tenant)
 	return st
 }
 
@@ -474,6 +475,15 @@ func newMetrics(s *Shipper) *metrics {
 		oldestAge: prometheus.NewDesc("gpustore_shipper_oldest_pending_block_age_seconds",
 			"Time since the oldest block of the tenant not yet uploaded was cut (0 when none is pending).", []string{"tenant"}, nil),
 	}
+}
+
+// initTenant makes the tenant's counters exist at 0 from the first look at
+// it: a rate or increase over a counter that appears with its first upload
+// failure misses that failure (GpustoreShipperUploadFailing).
+func (m *metrics) initTenant(tenant string) {
+	m.uploaded.WithLabelValues(tenant)
+	m.uploadedBytes.WithLabelValues(tenant)
+	m.failures.WithLabelValues(tenant)
 }
 
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {

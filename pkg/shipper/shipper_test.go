@@ -219,6 +219,21 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return 0
 }
 
+// A tenant's counters exist at 0 once the shipper has looked at it, before
+// its first upload or failure: GpustoreShipperUploadFailing's increase()
+// would miss the first failure of a counter born at 1.
+func TestTenantCountersExistBeforeTheFirstUpload(t *testing.T) {
+	e := newEnv(t, t.TempDir(), &testBucket{Bucket: objstore.NewInMemBucket()})
+	if err := e.sync(false); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"gpustore_shipper_uploaded_blocks_total", "gpustore_shipper_uploaded_bytes_total", "gpustore_shipper_upload_failures_total"} {
+		if n := testutil.CollectAndCount(e.reg, name); n != 1 {
+			t.Errorf("%d series of %s after a look at a tenant without blocks, want 1", n, name)
+		}
+	}
+}
+
 // TestShipsEveryBlockAndDeletesOnlyShippedOnes: an outage delays uploads and
 // keeps every block on disk past the local retention; when the bucket is
 // back every block is uploaded whole (meta.json with the gpustore section),

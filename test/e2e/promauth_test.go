@@ -24,7 +24,7 @@ import (
 )
 
 // TestPrometheusRemoteWriteWithTLSAndBasicAuth: the real Prometheus, with
-// the remote_write block the README documents (basic_auth with a
+// the remote_write block docs/authentication.md documents (basic_auth with a
 // password_file, tls_config with the CA and a client certificate), writes
 // into the gpustore binary serving HTTPS with --web.config.file and
 // tenants.auth; its samples land in the identity's tenant without any tenant

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/prometheus/tsdb"
 	"gopkg.in/yaml.v3"
 
+	"github.com/gpustore/gpustore/internal/gpustoretest"
 	"github.com/gpustore/gpustore/internal/testbin"
 )
 
@@ -55,7 +56,7 @@ func parseFiles(t *testing.T) map[string]*rulefmt.RuleGroups {
 
 var (
 	severityOf = map[string]string{"P0": "critical", "P1": "warning", "P2": "info"}
-	components = []string{"ingest", "ha", "tsdb", "shipper", "bucketstore", "ruler", "compactor"}
+	components = []string{"ingest", "ha", "ring", "tsdb", "shipper", "objstore", "bucketstore", "compactor", "ruler", "query", "resources"}
 )
 
 // Every alert follows the GPU pack's label scheme, so one Alertmanager
@@ -253,9 +254,12 @@ func prometheusMetricNames(t *testing.T) map[string]bool {
 
 // Every metric an alert reads exists: gpustore's own are declared in its
 // code, Prometheus' are registered by the Prometheus components gpustore
-// runs. An alert on a misspelt or renamed metric would never fire.
+// runs, and every other one (Go runtime, process, dskit ring, objstore) is
+// registered by a running gpustore with every role and the ring. An alert
+// on a misspelt or renamed metric would never fire.
 func TestAlertsUseExistingMetrics(t *testing.T) {
 	own, prom := gpustoreMetricNames(t), prometheusMetricNames(t)
+	running := gpustoretest.MetricNames(gpustoretest.Start(t, gpustoretest.Ring))
 	known := map[string]bool{"up": true}
 	for _, groups := range parseFiles(t) {
 		for _, g := range groups.Groups {
@@ -271,15 +275,54 @@ func TestAlertsUseExistingMetrics(t *testing.T) {
 						}
 						name := m.Value
 						switch {
-						case known[name], own[name], prom[name]:
+						case known[name], own[name], prom[name], running[name]:
 						case strings.HasPrefix(name, "gpustore_"):
 							t.Errorf("%s reads %s, which no gpustore code declares", r.Alert, name)
 						default:
-							t.Errorf("%s reads %s, which neither gpustore nor the Prometheus TSDB, rule manager or notifier registers", r.Alert, name)
+							t.Errorf("%s reads %s, which neither a running gpustore nor the Prometheus TSDB, rule manager or notifier registers", r.Alert, name)
 						}
 					}
 				}
 			}
+		}
+	}
+}
+
+// runbookBase is where every alert's runbook_url points: its section of
+// docs/runbook.md, on GitHub so that Alertmanager's and Grafana's links open.
+const runbookBase = "https://github.com/gpustore/gpustore/blob/main/docs/runbook.md#"
+
+// Every alert links its own section of docs/runbook.md, and the runbook has
+// a section for every alert and none for an alert that does not exist.
+func TestRunbookSections(t *testing.T) {
+	b, err := os.ReadFile("../../../docs/runbook.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := map[string]bool{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if name, ok := strings.CutPrefix(l, "### "); ok && strings.HasPrefix(name, "Gpustore") {
+			sections[name] = true
+		}
+	}
+	alerts := map[string]bool{}
+	for f, groups := range parseFiles(t) {
+		for _, g := range groups.Groups {
+			for _, r := range g.Rules {
+				alerts[r.Alert] = true
+				// GitHub's anchor of a heading is its text in lower case.
+				if want := runbookBase + strings.ToLower(r.Alert); r.Annotations["runbook_url"] != want {
+					t.Errorf("%s: %s: runbook_url %q, want %q", f, r.Alert, r.Annotations["runbook_url"], want)
+				}
+				if !sections[r.Alert] {
+					t.Errorf("docs/runbook.md has no section \"### %s\"", r.Alert)
+				}
+			}
+		}
+	}
+	for s := range sections {
+		if !alerts[s] {
+			t.Errorf("docs/runbook.md has a section for %s, which is no alert", s)
 		}
 	}
 }
