@@ -143,6 +143,7 @@ fuzz-long:
 # test-unit): 20 kill -9 of gpustore under load, three 30-minute bucket
 # outages under load, a kill -9 on a 120 MiB WAL; prints kills survived,
 # samples acknowledged and lost, restart time per GiB of WAL, backlog (~4 min).
+# ^TestSoak also runs TestSoakAbuse: 6 min of every abuse workload at once (+8 min).
 soak:
 	GPUSTORE_SOAK=long CI=true $(GO) test -count=1 -v -timeout 60m -run '^TestSoak' ./test/e2e
 

@@ -8,13 +8,11 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -308,27 +306,7 @@ func (l *soakLoad) verify(url string) (lost int64, err error) {
 // soakRaw returns every raw sample of metric in [from, to]: no query-time
 // deduplication, raw resolution.
 func soakRaw(base, metric string, from, to int64) (model.Matrix, error) {
-	expr := fmt.Sprintf("%s[%dms]", metric, to-from+1)
-	q := url.Values{"dedup": {"false"}, "max_source_resolution": {"raw"}, "query": {expr}, "time": {fmt.Sprintf("%.3f", float64(to)/1000)}}
-	resp, err := http.Get(base + "/api/v1/query?" + q.Encode())
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var r struct {
-		Status string `json:"status"`
-		Error  string `json:"error"`
-		Data   struct {
-			Result model.Matrix `json:"result"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
-		return nil, fmt.Errorf("query %s: %w", expr, err)
-	}
-	if r.Status != "success" {
-		return nil, fmt.Errorf("query %s: %s", expr, r.Error)
-	}
-	return r.Data.Result, nil
+	return queryMatrix(base, nil, fmt.Sprintf("%s[%dms]", metric, to-from+1), to)
 }
 
 // soakProc runs the gpustore binary on a fixed address and data directory,
