@@ -990,10 +990,15 @@ func (c *Cluster) stepClusterScope(s float64) {
 			if c.nodeDownAt(n.idx, s) {
 				v = 0
 			}
-			for _, t := range [...][2]string{{"dcgm-exporter", n.instDCGM}, {"node-exporter", n.instNode}, {"kubelet", n.instKubelet}} {
+			for _, t := range [...][2]string{{"dcgm-exporter", n.instDCGM}, {"kubelet", n.instKubelet}} {
 				e.setTarget(t[0], t[1])
 				e.add(FamUp, v)
 			}
+			// node-exporter's target carries the relabelled `node` (see
+			// the node scope), and Prometheus puts a target's labels on
+			// its `up` too: NodeUnreachable names the node from it.
+			e.setTarget("node-exporter", n.instNode)
+			e.add(FamUp, v, Label{"node", n.hostname})
 		}
 		e.setTarget("kube-state-metrics", "kube-state-metrics:8080")
 		e.add(FamUp, 1)

@@ -47,6 +47,14 @@ type Config struct {
 	ResendDelay     model.Duration `yaml:"resend_delay"`
 
 	Alertmanager AlertmanagerConfig `yaml:"alertmanager"`
+
+	// ManualEvaluation (tests only, not configurable) leaves every rule
+	// group idle: nothing is evaluated on the wall clock, the caller
+	// evaluates the groups of Ruler.Manager(tenant).RuleGroups() with
+	// (*rules.Group).Eval at the times it chooses, e.g. a simulated day in
+	// minutes (test/e2e/day_test.go). Queries, results, ALERTS and the
+	// notifier are the ones a running ruler uses.
+	ManualEvaluation bool `yaml:"-"`
 }
 
 // AlertmanagerConfig says where alerts go.

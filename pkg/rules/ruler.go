@@ -308,6 +308,11 @@ func (r *Ruler) stopping(error) error {
 			defer wg.Done()
 			// Rule manager first: stopping the notifier under a running
 			// rule manager drops its last alerts (as in Prometheus' main).
+			if r.cfg.ManualEvaluation {
+				// Its groups wait for Run before their loops can see the
+				// stop; they return at once.
+				go tr.manager.Run()
+			}
 			tr.manager.Stop()
 			if tr.notifier != nil {
 				tr.notifier.Stop()
@@ -646,7 +651,9 @@ func (r *Ruler) tenantRules(t string) (*tenantRules, error) {
 		DefaultRuleQueryOffset: func() time.Duration { return offset },
 		Parser:                 r.parser,
 	})
-	go tr.manager.Run()
+	if !r.cfg.ManualEvaluation {
+		go tr.manager.Run()
+	}
 
 	r.mtx.Lock()
 	r.tenants[t] = tr

@@ -99,7 +99,6 @@ func (h *webhook) onGPU(node, gpu string) []webhookAlert {
 // port) with every alert routed to hookURL, and returns its base URL.
 func startAlertmanager(t *testing.T, bin, hookURL string) string {
 	t.Helper()
-	dir := t.TempDir()
 	cfg := fmt.Sprintf(`route:
   receiver: hook
   group_by: [alertname, node, gpu]
@@ -112,32 +111,7 @@ receivers:
       - url: %s
         send_resolved: true
 `, hookURL)
-	cfgPath := filepath.Join(dir, "alertmanager.yml")
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	addr := freePort(t)
-	runProcess(t, "alertmanager", bin, dir,
-		"--config.file="+cfgPath,
-		"--storage.path="+filepath.Join(dir, "data"),
-		"--web.listen-address="+addr,
-		"--cluster.listen-address=",
-		"--log.level=warn",
-	)
-	url := "http://" + addr
-	waitFor(t, 30*time.Second, "alertmanager ready", func() error {
-		resp, err := http.Get(url + "/-/ready")
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		_, _ = io.Copy(io.Discard, resp.Body)
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("status %d", resp.StatusCode)
-		}
-		return nil
-	})
-	return url
+	return startAlertmanagerWith(t, bin, cfg)
 }
 
 // shortFor lists the alerts whose `for` packCopy cuts to 3s, with the

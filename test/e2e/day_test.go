@@ -1,0 +1,467 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/grafana/dskit/user"
+	"github.com/prometheus/common/model"
+	"gopkg.in/yaml.v3"
+
+	"github.com/gpustore/gpustore/bench/gpusim"
+	"github.com/gpustore/gpustore/internal/testbin"
+	"github.com/gpustore/gpustore/pkg/app"
+)
+
+// The simulated day (issue 31): gpusim produces every fault class it can
+// on distinct GPUs and nodes of one cluster; gpustore stores the data and
+// evaluates the real embedded GPU pack (rules.gpu_pack, unmodified); its
+// notifier sends to a real Alertmanager started with the shipped
+// deploy/compose/alertmanager config (routes, grouping and inhibit rules),
+// whose receiver is a webhook the test records. The notifications must be
+// exactly deploy/rules/testdata/notifications.yaml: every `notify` alert
+// once (one firing episode, never resolved and fired again), nothing from
+// `inhibited` or `silent`, nothing else.
+//
+// Why this proves the contract although a day takes a minute: time is
+// simulated, not skipped. The ruler runs with rules.Config.ManualEvaluation,
+// so nothing is evaluated on the wall clock; the test steps a simulated
+// clock through the day in 15 s scrapes, writes each scrape's samples (and
+// staleness markers) through gpustore's remote-write endpoint at their
+// simulated time, and evaluates each of the tenant's rule groups with
+// Prometheus' own (*rules.Group).Eval at its own slots (group interval and
+// offset as the manager would run it). So `for`, `keep_firing_for`, ranges,
+// offsets, ALERTS and the resend logic work on simulated time exactly as
+// they do on the wall clock. Alertmanager cannot be given a clock, so the
+// whole world runs `speedup` times faster than real: the simulated clock is
+// paced at that rate, the shipped Alertmanager timers (group_wait,
+// group_interval, repeat_interval) are divided by it, and a proxy between
+// gpustore's notifier and Alertmanager maps the alerts' startsAt/endsAt
+// from simulated to real time at the same rate. Alertmanager's grouping,
+// deduplication, inhibition and resolution then see the ordering and
+// overlaps the alerts would have in a real day.
+//
+// Classes the simulator cannot produce yet are listed by the test
+// (dayUnsimulated); the test fails if a class of the yaml is neither
+// simulated nor listed there.
+
+// speedup is how much faster than real time the simulated day runs.
+const speedup = 40
+
+// dayUnsimulated are the classes of notifications.yaml that gpusim has no
+// fault for yet.
+var dayUnsimulated = []string{
+	"overheat", "pstate_change", "sbe_storm", "nvlink5_symbol_errors",
+	"pcie_replays_over_limit", "pcie_replays_under_limit", "exporter_crash", "exporter_hung",
+	"node_removed", "training_slow_start", "training_start_hang", "straggler",
+	"idle_allocation", "repeated_hardware_xids",
+}
+
+// The day's faults, keyed by the contract's class names. Faults start
+// faultsAt into the day, after history (counters, jobs, the exporter's
+// age) has built up; node 0 and 1 carry one GPU fault per GPU.
+const (
+	faultsAt = 12 * time.Minute
+	dayLen   = 32 * time.Minute
+)
+
+func dayFaults(trainingNode string) map[string]gpusim.Fault {
+	long := dayLen
+	gpu := func(kind gpusim.FaultKind, node string, g, code int) gpusim.Fault {
+		return gpusim.Fault{Kind: kind, At: faultsAt, Duration: long, Node: node, GPU: g, Code: code}
+	}
+	return map[string]gpusim.Fault{
+		// gpusim's overheat drives the die to ~92 °C, past the H100's 87 °C.
+		"at_operating_limit":        gpu(gpusim.FaultOverheat, "0", 0, 0),
+		"hbm_overheat":              gpu(gpusim.FaultHBMOverheat, "0", 1, 0),
+		"power_brake":               gpu(gpusim.FaultThrottle, "0", 2, 0),
+		"hw_thermal_slowdown":       gpu(gpusim.FaultThrottleThermal, "0", 3, 0),
+		"application_xid":           gpu(gpusim.FaultXid, "0", 4, 13),
+		"xid_79_fallen_off_bus":     gpu(gpusim.FaultXid, "0", 5, 79),
+		"nvlink_xid_74":             gpu(gpusim.FaultXid, "0", 6, 74),
+		"ecc_dbe":                   gpu(gpusim.FaultECCDBE, "0", 7, 0),
+		"recovery_action_reset":     gpu(gpusim.FaultRecoveryAction, "1", 0, 1),
+		"recovery_action_drain_p2p": gpu(gpusim.FaultRecoveryAction, "1", 1, 3),
+		"row_remap_failure":         gpu(gpusim.FaultRowRemapFailure, "1", 2, 0),
+		"nvlink_crc":                gpu(gpusim.FaultNVLinkCRCBurst, "1", 3, 0),
+		"nvlink_replay":             gpu(gpusim.FaultNVLinkReplay, "1", 4, 0),
+		"mig_reconfigured":          gpu(gpusim.FaultMIG, "1", 5, 0),
+		"exporter_upgrade":          {Kind: gpusim.FaultExporterUpgrade, At: faultsAt, Node: "2"},
+		"node_down":                 {Kind: gpusim.FaultNodeDown, At: faultsAt, Duration: long, Node: "3"},
+		"training_stall":            {Kind: gpusim.FaultTrainingStall, At: faultsAt, Duration: long, Node: trainingNode},
+	}
+}
+
+// contract is deploy/rules/testdata/notifications.yaml.
+type contract struct {
+	Classes []struct {
+		Fault     string          `yaml:"fault"`
+		Notify    []contractAlert `yaml:"notify"`
+		Inhibited []contractAlert `yaml:"inhibited"`
+		Silent    []string        `yaml:"silent"`
+	} `yaml:"classes"`
+}
+
+type contractAlert struct {
+	Alertname string `yaml:"alertname"`
+	Priority  string `yaml:"priority"`
+	Scope     string `yaml:"scope"`
+	Xid       string `yaml:"xid"`
+	Reason    string `yaml:"reason"`
+	Counter   string `yaml:"counter"`
+}
+
+// simClock is the simulated time the day has reached, shared with the
+// proxy that maps alert times to real time.
+type simClock struct{ ms atomic.Int64 }
+
+func (c *simClock) now() time.Time  { return time.UnixMilli(c.ms.Load()) }
+func (c *simClock) set(t time.Time) { c.ms.Store(t.UnixMilli()) }
+func (c *simClock) real(t time.Time) time.Time {
+	return time.Now().Add(t.Sub(c.now()) / speedup)
+}
+
+// amTimeProxy forwards gpustore's notifier's POSTs to Alertmanager with
+// startsAt/endsAt mapped from simulated to real time.
+func amTimeProxy(t *testing.T, clock *simClock, amURL string) *httptest.Server {
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var alerts []map[string]any
+		if err := json.NewDecoder(r.Body).Decode(&alerts); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		for _, a := range alerts {
+			for _, k := range []string{"startsAt", "endsAt"} {
+				s, _ := a[k].(string)
+				if s == "" {
+					continue
+				}
+				ts, err := time.Parse(time.RFC3339Nano, s)
+				if err != nil {
+					http.Error(w, err.Error(), http.StatusBadRequest)
+					return
+				}
+				a[k] = clock.real(ts).Format(time.RFC3339Nano)
+			}
+		}
+		b, _ := json.Marshal(alerts)
+		resp, err := http.Post(amURL+r.URL.Path, "application/json", bytes.NewReader(b))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, resp.Body)
+	}))
+}
+
+// shippedAlertmanagerConfig is deploy/compose/alertmanager/alertmanager.yml
+// with every receiver sending to hookURL and the route's timers divided by
+// speedup. Routes, grouping and inhibit rules are the shipped ones.
+func shippedAlertmanagerConfig(t *testing.T, hookURL string) string {
+	t.Helper()
+	b, err := os.ReadFile("../../deploy/compose/alertmanager/alertmanager.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := yaml.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	route := cfg["route"].(map[string]any)
+	for _, k := range []string{"group_wait", "group_interval", "repeat_interval"} {
+		d, err := model.ParseDuration(route[k].(string))
+		if err != nil {
+			t.Fatalf("route %s: %v", k, err)
+		}
+		route[k] = (d / speedup).String()
+	}
+	for _, r := range cfg["receivers"].([]any) {
+		r.(map[string]any)["webhook_configs"] = []any{map[string]any{"url": hookURL, "send_resolved": true}}
+	}
+	if len(cfg["inhibit_rules"].([]any)) == 0 {
+		t.Fatal("the shipped Alertmanager config has no inhibit rules")
+	}
+	out, err := yaml.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+func startAlertmanagerWith(t *testing.T, bin, cfg string) string {
+	t.Helper()
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "alertmanager.yml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := freePort(t)
+	runProcess(t, "alertmanager", bin, dir,
+		"--config.file="+cfgPath, "--storage.path="+filepath.Join(dir, "data"),
+		"--web.listen-address="+addr, "--cluster.listen-address=", "--log.level=warn")
+	url := "http://" + addr
+	waitFor(t, 30*time.Second, "alertmanager ready", func() error {
+		resp, err := http.Get(url + "/-/ready")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return nil
+	})
+	return url
+}
+
+// alertKey names a notified alert by what the contract scopes it with.
+func alertKey(l map[string]string) string {
+	k := l["alertname"] + " node=" + l["node"]
+	for _, n := range []string{"gpu", "xid", "reason", "counter", "namespace", "pod"} {
+		if v := l[n]; v != "" {
+			k += " " + n + "=" + v
+		}
+	}
+	return k
+}
+
+func TestSimulatedDayNotifications(t *testing.T) {
+	amBin := testbin.Need(t, "alertmanager")
+	b, err := os.ReadFile("../../deploy/rules/testdata/notifications.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c contract
+	if err := yaml.Unmarshal(b, &c); err != nil {
+		t.Fatal(err)
+	}
+	// The day's cluster; the training stall hangs a job that runs on its
+	// node from before the faults to the end of the day.
+	cfg := gpusim.Config{Name: "gpu-cluster-day", Nodes: 16, Seed: 3, TargetLabels: true, XidsPerGPUYear: -1}
+	day0 := time.Now().Add(-dayLen - time.Minute).Truncate(time.Minute)
+	cfg.FaultOrigin = day0
+	trainingNode := busyNodeOf(t, cfg, day0.Add(faultsAt-time.Minute), day0.Add(dayLen), 4)
+	faults := dayFaults(trainingNode)
+	for _, cl := range c.Classes {
+		if _, ok := faults[cl.Fault]; !ok && !slices.Contains(dayUnsimulated, cl.Fault) {
+			t.Errorf("class %s of notifications.yaml is neither simulated nor listed as unsimulated", cl.Fault)
+		}
+	}
+
+	hook := &webhook{} // every alert of every notification, in order
+	hookSrv := httptest.NewServer(hook)
+	defer hookSrv.Close()
+	amURL := startAlertmanagerWith(t, amBin, shippedAlertmanagerConfig(t, hookSrv.URL+"/hook"))
+	clock := &simClock{}
+	proxy := amTimeProxy(t, clock, amURL)
+	defer proxy.Close()
+
+	const tenantID = "gpu-day"
+	a, base := startGpustore(t, func(c *app.Config) {
+		c.Rules.GPUPack = true
+		c.Rules.ManualEvaluation = true
+		c.Rules.TenantPollInterval = model.Duration(100 * time.Millisecond)
+		c.Rules.Alertmanager.URLs = []string{proxy.URL}
+	})
+
+	names := make([]string, 0, len(faults))
+	for n := range faults {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		cfg.Faults = append(cfg.Faults, faults[n])
+	}
+	sim, err := gpusim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hosts := sim.Hostnames()
+	snd, err := gpusim.NewSender(gpusim.SenderConfig{
+		URL: base + "/api/v1/write", Tenant: tenantID,
+		ExternalLabels: []gpusim.Label{{Name: "cluster", Value: cfg.Name}},
+		Logger:         slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var buf []gpusim.Series
+	scrape := func(ts time.Time) {
+		buf = sim.AppendSamples(buf[:0], ts, gpusim.Replica{})
+		buf = sim.AppendStaleMarkers(buf, ts, gpusim.Replica{})
+		if err := snd.Send(ctx, buf); err != nil {
+			t.Fatalf("remote write at %s: %v", ts, err)
+		}
+	}
+	scrape(day0)
+	waitFor(t, 30*time.Second, "the GPU pack loaded for the tenant", func() error {
+		if m := a.Ruler.Manager(tenantID); m == nil || len(m.RuleGroups()) == 0 {
+			return fmt.Errorf("no rule groups yet")
+		}
+		return nil
+	})
+	groups := a.Ruler.Manager(tenantID).RuleGroups()
+	next := make([]time.Time, len(groups))
+	for i, g := range groups {
+		next[i] = g.EvalTimestamp(day0.UnixNano()).Add(g.Interval())
+	}
+	evalCtx := user.InjectOrgID(ctx, tenantID)
+
+	realStart := time.Now()
+	var maxLag time.Duration
+	for ts := day0.Add(15 * time.Second); !ts.After(day0.Add(dayLen)); ts = ts.Add(15 * time.Second) {
+		// Pace: simulated time runs speedup times faster than real time.
+		due := realStart.Add(ts.Sub(day0) / speedup)
+		if d := time.Until(due); d > 0 {
+			time.Sleep(d)
+		} else if -d > maxLag {
+			maxLag = -d
+		}
+		scrape(ts)
+		for {
+			i := -1
+			for j := range groups {
+				if !next[j].After(ts) && (i < 0 || next[j].Before(next[i])) {
+					i = j
+				}
+			}
+			if i < 0 {
+				break
+			}
+			clock.set(next[i])
+			groups[i].Eval(evalCtx, next[i])
+			next[i] = next[i].Add(groups[i].Interval())
+		}
+		clock.set(ts)
+	}
+	t.Logf("simulated %s in %s (x%d; the evaluation lagged the pace by up to %s)", dayLen, time.Since(realStart).Round(time.Second), speedup, maxLag.Round(time.Millisecond))
+	// Alertmanager flushes what the last evaluations sent: two of its
+	// (scaled) group intervals.
+	time.Sleep(2 * 5 * time.Minute / speedup)
+
+	// What the contract expects, with the day's node names and GPUs.
+	want := map[string]bool{}
+	podScoped := map[string]bool{}
+	for _, cl := range c.Classes {
+		f, ok := faults[cl.Fault]
+		if !ok {
+			continue
+		}
+		var idx int
+		fmt.Sscan(f.Node, &idx)
+		for _, e := range cl.Notify {
+			l := map[string]string{"alertname": e.Alertname, "xid": e.Xid, "reason": e.Reason, "counter": e.Counter}
+			switch e.Scope {
+			case "gpu":
+				l["node"], l["gpu"] = hosts[idx], fmt.Sprint(f.GPU)
+			case "node":
+				l["node"] = hosts[idx]
+			case "pod":
+				l["node"] = "pod"
+				podScoped[e.Alertname] = true
+			}
+			want[alertKey(l)] = true
+		}
+	}
+	// What Alertmanager notified: firing episodes per alert, in order.
+	hook.mu.Lock()
+	got := slices.Clone(hook.alerts)
+	hook.mu.Unlock()
+	episodes := map[string]int{}
+	pods := map[string][]string{}
+	last := map[string]string{}
+	for _, n := range got {
+		k := alertKey(n.Labels)
+		if podScoped[n.Labels["alertname"]] {
+			// The alert is per pod: a stalled job pages once per rank, in
+			// one Alertmanager notification (grouped by alertname). The
+			// contract's one notification is one job: every pod notified
+			// must be a rank of the same job.
+			pods[n.Labels["alertname"]] = append(pods[n.Labels["alertname"]], n.Labels["namespace"]+"/"+jobOfPod(n.Labels["pod"]))
+			k = alertKey(map[string]string{"alertname": n.Labels["alertname"], "node": "pod"})
+		}
+		if n.Status == "firing" && last[k] != "firing" {
+			episodes[k]++
+		}
+		last[k] = n.Status
+	}
+	var keys []string
+	for k := range episodes {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	t.Logf("notified: %s", strings.Join(keys, "; "))
+	for name, ps := range pods {
+		slices.Sort(ps)
+		if ps = slices.Compact(ps); len(ps) > 1 {
+			t.Errorf("%s notified for several jobs: %v", name, ps)
+		}
+	}
+	for k := range want {
+		switch n := episodes[k]; {
+		case n == 0:
+			t.Errorf("silent: %s never notified", k)
+		case n > 1:
+			t.Errorf("double page: %s notified %d times (resolved and fired again)", k, n)
+		}
+	}
+	for _, k := range keys {
+		if !want[k] {
+			t.Errorf("notified but not in the contract: %s", k)
+		}
+	}
+}
+
+// busyNodeOf returns the index (as gpusim.Fault.Node takes it) of the first
+// node from index `from` on whose GPU 0 runs the same pod at `a` and `b`.
+func busyNodeOf(t *testing.T, cfg gpusim.Config, a, b time.Time, from int) string {
+	t.Helper()
+	c, err := gpusim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hosts := c.Hostnames()
+	podAt := func(at time.Time, host string) string {
+		for _, s := range c.AppendSamples(nil, at, gpusim.Replica{}) {
+			if s.Name() == "DCGM_FI_DEV_GPU_UTIL" && s.Get("Hostname") == host && s.Get("gpu") == "0" {
+				return s.Get("pod")
+			}
+		}
+		return ""
+	}
+	for i := from; i < len(hosts); i++ {
+		if p := podAt(a, hosts[i]); p != "" && p == podAt(b, hosts[i]) {
+			return fmt.Sprint(i)
+		}
+	}
+	t.Fatalf("no node from %d on runs one job from %s to %s", from, a.Format(time.TimeOnly), b.Format(time.TimeOnly))
+	return ""
+}
+
+// jobOfPod is the job of a Kubeflow-style rank pod (<job>-master-0,
+// <job>-worker-<i>); other pods are their own job.
+func jobOfPod(pod string) string {
+	for _, role := range []string{"-master-", "-worker-", "-launcher-"} {
+		if i := strings.LastIndex(pod, role); i > 0 {
+			return pod[:i]
+		}
+	}
+	return pod
+}
