@@ -322,6 +322,7 @@ func (a *App) initIngest() (services.Service, error) {
 	deps := ingest.Deps{
 		Tenants: a.Cfg.Tenant, DBs: a.DBs, Limits: a.Limits, HA: a.HA,
 		Logger: a.Logger.With("component", "ingest"), Registry: a.Registry, Ready: a.ready,
+		LookbackDelta: time.Duration(a.Cfg.Query.LookbackDelta),
 	}
 	if a.Cfg.Ring.Enabled {
 		deps.Downstream, deps.Registry = true, wrapStage(a.Registry, "receiver")

@@ -177,7 +177,7 @@ func (a *App) initDistributor() (services.Service, error) {
 	}
 	ing, err := ingest.New(a.Cfg.Ingest, ingest.Deps{
 		Tenants: a.Cfg.Tenant, Store: d, Limits: a.Limits, HA: a.HA, RateShare: share,
-		Logger: logger, Registry: reg, Ready: a.ready,
+		Logger: logger, Registry: reg, Ready: a.ready, LookbackDelta: time.Duration(a.Cfg.Query.LookbackDelta),
 	})
 	if err != nil {
 		return nil, err

@@ -139,6 +139,10 @@ type Deps struct {
 	Registry  prometheus.Registerer
 	// Ready reports whether the process can take writes; until then 503.
 	Ready func() error
+	// LookbackDelta is the query engine's lookback delta; the OTLP
+	// translator repeats a resource's target_info sample within it
+	// (0: Prometheus' default, 5m).
+	LookbackDelta time.Duration
 }
 
 // Ingester is the remote-write HTTP handler.
@@ -156,6 +160,8 @@ type Ingester struct {
 	metrics    *metrics
 	ready      func() error
 	now        func() time.Time
+	// lookbackDelta: see Deps.LookbackDelta.
+	lookbackDelta time.Duration
 
 	pool sync.Pool // *requestState
 
@@ -183,6 +189,8 @@ type tenantState struct {
 	// symbols is the table new series' labels are built in (nil under the
 	// default build; see tenantdb.DB.Symbols).
 	symbols func() *labels.SymbolTable
+	// delta converts the tenant's OTLP delta temporality (otlp_delta.go).
+	delta tenantDeltas
 }
 
 // symbolSource is a TenantStore that keeps its series' labels in a symbol
@@ -231,6 +239,10 @@ type requestState struct {
 	// held is what the request reserved of Ingester.inflight: the
 	// capacity of the buffers it holds.
 	held int64
+	// An OTLP request's translator and the 2.0 body it translated to
+	// (otlp.go); nil until the first OTLP request.
+	otlp       *otlpTranslation
+	translated []byte
 }
 
 // decoder starts decoding body.
@@ -267,7 +279,10 @@ func New(cfg Config, d Deps) (*Ingester, error) {
 		cfg: cfg, tenants: d.Tenants, sink: d.Store, downstream: d.Downstream, limits: d.Limits, ha: d.HA, logger: d.Logger,
 		rate: limiter.NewRateLimiter(rateStrategy(d), 10*time.Second), inflight: d.Inflight,
 		metrics: newMetrics(d.Registry, d.Inflight), ready: d.Ready, now: time.Now,
-		caches: map[string]*tenantState{},
+		caches: map[string]*tenantState{}, lookbackDelta: d.LookbackDelta,
+	}
+	if i.lookbackDelta <= 0 {
+		i.lookbackDelta = 5 * time.Minute
 	}
 	i.pool.New = func() any { return &requestState{v1: newV1Decoder(), v2: newV2Decoder()} }
 	return i, nil
@@ -282,10 +297,14 @@ func rateStrategy(d Deps) limiter.RateLimiterStrategy {
 }
 
 // RegisterRoutes adds the write endpoints: Prometheus' path and the ones
-// Mimir (/api/v1/push) and Thanos (/api/v1/receive) users already configure.
+// Mimir (/api/v1/push) and Thanos (/api/v1/receive) users already configure,
+// and the OTLP/HTTP metrics paths (otlp.go).
 func (i *Ingester) RegisterRoutes(mux *http.ServeMux) {
 	for _, p := range []string{"/api/v1/write", "/api/v1/push", "/api/v1/receive"} {
 		mux.Handle(p, i)
+	}
+	for _, p := range OTLPPaths {
+		mux.Handle(p, otlpHandler{i})
 	}
 }
 
@@ -369,16 +388,7 @@ func (i *Ingester) serve(w http.ResponseWriter, r *http.Request, proto *string) 
 	}
 	st, err := i.tenant(tenantID)
 	if err != nil {
-		if errors.Is(err, tenantdb.ErrClosed) {
-			return i.fail(w, &httpError{status: http.StatusServiceUnavailable, msg: err.Error()})
-		}
-		if errors.Is(err, tenantdb.ErrTooManyTenants) {
-			// 429, not retried by default: the tenant will not fit until
-			// an operator raises the bound, and a retried write would only
-			// queue behind it (the sender's other tenants are not refused).
-			return i.fail(w, &httpError{status: http.StatusTooManyRequests, msg: err.Error()})
-		}
-		return i.fail(w, fmt.Errorf("open tenant %q: %w", tenantID, err))
+		return i.fail(w, tenantError(tenantID, err))
 	}
 	stats, err := i.store(r.Context(), st, rs, body, v2)
 	if err != nil {
@@ -405,6 +415,20 @@ func (i *Ingester) serve(w http.ResponseWriter, r *http.Request, proto *string) 
 	return http.StatusNoContent
 }
 
+// tenantError is the answer to a tenant whose database cannot be had.
+func tenantError(id string, err error) error {
+	switch {
+	case errors.Is(err, tenantdb.ErrClosed):
+		return &httpError{status: http.StatusServiceUnavailable, msg: err.Error()}
+	case errors.Is(err, tenantdb.ErrTooManyTenants):
+		// 429, not retried by default: the tenant will not fit until an
+		// operator raises the bound, and a retried write would only queue
+		// behind it (the sender's other tenants are not refused).
+		return &httpError{status: http.StatusTooManyRequests, msg: err.Error()}
+	}
+	return fmt.Errorf("open tenant %q: %w", id, err)
+}
+
 // checkRequest checks what a write says about itself before its body is
 // read: method, readiness, protocol version and tenant.
 func (i *Ingester) checkRequest(w http.ResponseWriter, r *http.Request) (v2 bool, tenantID string, err error) {
@@ -422,16 +446,22 @@ func (i *Ingester) checkRequest(w http.ResponseWriter, r *http.Request) (v2 bool
 	if enc := r.Header.Get("Content-Encoding"); enc != "" && enc != "snappy" {
 		return false, "", &httpError{status: http.StatusUnsupportedMediaType, msg: fmt.Sprintf("unsupported Content-Encoding %q: remote write bodies are snappy-compressed", enc)}
 	}
-	tenantID, err = i.tenants.FromRequest(r)
+	tenantID, err = i.tenantOf(r)
+	return v2, tenantID, err
+}
+
+// tenantOf is the request's tenant, checked against its identity.
+func (i *Ingester) tenantOf(r *http.Request) (string, error) {
+	id, err := i.tenants.FromRequest(r)
 	if err != nil {
 		status := http.StatusBadRequest
 		var te *tenancy.Error
 		if errors.As(err, &te) {
 			status = te.Status
 		}
-		return false, "", &httpError{status: status, msg: err.Error()}
+		return "", &httpError{status: status, msg: err.Error()}
 	}
-	return v2, tenantID, nil
+	return id, nil
 }
 
 // httpError is an answer other than 204 with its status.
@@ -454,10 +484,21 @@ type StatusError interface {
 	HTTPStatus() int
 }
 
-// fail answers err and returns the status: the httpError's own, 400 for what
-// will never be accepted, 503 for what may be retried soon, 500 otherwise.
+// fail answers err and returns the status (see classify).
 func (i *Ingester) fail(w http.ResponseWriter, err error) int {
-	status, retryAfter := http.StatusInternalServerError, 0
+	status, retryAfter := i.classify(err)
+	if retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	http.Error(w, err.Error(), status)
+	return status
+}
+
+// classify picks the status that answers err, and the Retry-After seconds
+// (0: none), and logs it: the httpError's own, 400 for what will never be
+// accepted, 503 for what may be retried soon, 500 otherwise.
+func (i *Ingester) classify(err error) (status, retryAfter int) {
+	status = http.StatusInternalServerError
 	var he *httpError
 	var se StatusError
 	switch {
@@ -474,15 +515,11 @@ func (i *Ingester) fail(w http.ResponseWriter, err error) int {
 		status, retryAfter = http.StatusServiceUnavailable, 1
 	}
 	if status >= 500 && (he == nil || !he.clients) {
-		i.logger.Error("remote write failed", "status", status, "err", err)
+		i.logger.Error("write failed", "status", status, "err", err)
 	} else {
-		i.logger.Debug("remote write rejected", "status", status, "err", err)
+		i.logger.Debug("write rejected", "status", status, "err", err)
 	}
-	if retryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
-	}
-	http.Error(w, err.Error(), status)
-	return status
+	return status, retryAfter
 }
 
 // firstBodyAlloc is the most a body's buffer is given before its bytes
@@ -493,12 +530,40 @@ const firstBodyAlloc = 256 << 10
 // readBody reads and snappy-decodes the body into the pooled buffers, each
 // reserved in the in-flight bound before it is grown or filled.
 func (i *Ingester) readBody(r *http.Request, rs *requestState) ([]byte, error) {
-	tooLarge := func(format string, args ...any) error {
-		return &httpError{status: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf(format, args...)}
+	buf, err := i.readRaw(r, rs)
+	if err != nil {
+		return nil, err
 	}
 	corrupt := func(err error) error {
 		return &httpError{status: http.StatusBadRequest, msg: fmt.Sprintf("corrupt snappy body: %v", err)}
 	}
+	n, err := snappy.DecodedLen(buf)
+	if err != nil {
+		return nil, corrupt(err)
+	}
+	if int64(n) > i.cfg.MaxDecodedBytes {
+		return nil, tooLarge("decoded body of %d bytes exceeds the limit of %d", n, i.cfg.MaxDecodedBytes)
+	}
+	if cap(rs.decoded) < n {
+		rs.decoded = make([]byte, n)
+	}
+	if err := i.hold(rs, cap(buf)+cap(rs.decoded)); err != nil {
+		return nil, err
+	}
+	out, err := snappy.Decode(rs.decoded[:cap(rs.decoded)], buf)
+	if err != nil {
+		return nil, corrupt(err)
+	}
+	return out, nil
+}
+
+func tooLarge(format string, args ...any) error {
+	return &httpError{status: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf(format, args...)}
+}
+
+// readRaw reads the body as it came (compressed) into rs.compressed,
+// reserved in the in-flight bound before it is grown or filled.
+func (i *Ingester) readRaw(r *http.Request, rs *requestState) ([]byte, error) {
 	if r.ContentLength > i.cfg.MaxRequestBytes {
 		return nil, tooLarge("body of %d bytes exceeds the limit of %d", r.ContentLength, i.cfg.MaxRequestBytes)
 	}
@@ -539,24 +604,7 @@ func (i *Ingester) readBody(r *http.Request, rs *requestState) ([]byte, error) {
 	if int64(len(buf)) > i.cfg.MaxRequestBytes {
 		return nil, tooLarge("body exceeds the limit of %d bytes", i.cfg.MaxRequestBytes)
 	}
-	n, err := snappy.DecodedLen(buf)
-	if err != nil {
-		return nil, corrupt(err)
-	}
-	if int64(n) > i.cfg.MaxDecodedBytes {
-		return nil, tooLarge("decoded body of %d bytes exceeds the limit of %d", n, i.cfg.MaxDecodedBytes)
-	}
-	if cap(rs.decoded) < n {
-		rs.decoded = make([]byte, n)
-	}
-	if err := i.hold(rs, cap(buf)+cap(rs.decoded)); err != nil {
-		return nil, err
-	}
-	out, err := snappy.Decode(rs.decoded[:cap(rs.decoded)], buf)
-	if err != nil {
-		return nil, corrupt(err)
-	}
-	return out, nil
+	return buf, nil
 }
 
 // hold reserves in the in-flight bound what the request's buffers have

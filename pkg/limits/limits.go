@@ -84,6 +84,8 @@ type Limits struct {
 	MetricRelabelConfigs []*promrelabel.Config `yaml:"metric_relabel_configs,omitempty"`
 	IngestPreset         string                `yaml:"ingest_preset,omitempty"`
 	DCGMHostnameLabel    string                `yaml:"dcgm_hostname_label,omitempty"`
+	// OTLP is how the tenant's OTLP metrics are translated (otlp.go).
+	OTLP OTLP `yaml:"otlp"`
 	// relabel is compiled from the three fields above by compileRelabel
 	// (Load, New); nil: no rules.
 	relabel *relabel.Rules
@@ -121,6 +123,7 @@ func Defaults() Limits {
 		HAClusterLabel:         "cluster",
 		HAReplicaLabel:         "__replica__",
 		DCGMHostnameLabel:      relabel.HostnameOld,
+		OTLP:                   DefaultOTLP(),
 	}
 }
 
@@ -161,6 +164,9 @@ func (l Limits) Validate() error {
 		errs = append(errs, errors.New("ha cluster and replica labels must be set and differ"))
 	}
 	if _, err := relabel.New(l.relabelConfig()); err != nil {
+		errs = append(errs, err)
+	}
+	if err := l.OTLP.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

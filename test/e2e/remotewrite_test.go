@@ -89,6 +89,27 @@ func canonical(v model.Value) string {
 	return strings.Join(lines, "\n")
 }
 
+// sameRange waits (30 s at most) until the range query q answers gpustore
+// exactly as Prometheus, not empty.
+func sameRange(t *testing.T, prom, gs promv1.API, q string, r promv1.Range) {
+	t.Helper()
+	ctx := context.Background()
+	waitFor(t, 30*time.Second, "range "+q, func() error {
+		pv, _, _, err := prom.QueryRange(ctx, q, r)
+		if err != nil {
+			return err
+		}
+		gv, _, _, err := gs.QueryRange(ctx, q, r)
+		if err != nil {
+			return err
+		}
+		if got, want := canonical(gv), canonical(pv); got != want || want == "" {
+			return fmt.Errorf("gpustore:\n%s\nprometheus:\n%s", got, want)
+		}
+		return nil
+	})
+}
+
 // TestRealPrometheusRemoteWrite: a real Prometheus scrapes GPU metrics and
 // remote-writes them to gpustore (1.0, then 2.0); the same PromQL queries
 // against Prometheus' own API and gpustore's return identical results.
@@ -162,21 +183,7 @@ remote_write:
 					}
 					return nil
 				})
-				r := promv1.Range{Start: evalAt.Add(-10 * time.Second), End: evalAt, Step: time.Second}
-				waitFor(t, 30*time.Second, "range "+q, func() error {
-					pv, _, _, err := prom.QueryRange(ctx, q, r)
-					if err != nil {
-						return err
-					}
-					gv, _, _, err := gs.QueryRange(ctx, q, r)
-					if err != nil {
-						return err
-					}
-					if got, want := canonical(gv), canonical(pv); got != want || want == "" {
-						return fmt.Errorf("gpustore:\n%s\nprometheus:\n%s", got, want)
-					}
-					return nil
-				})
+				sameRange(t, prom, gs, q, promv1.Range{Start: evalAt.Add(-10 * time.Second), End: evalAt, Step: time.Second})
 			}
 
 			// Series and label APIs agree too.
