@@ -77,6 +77,10 @@ var dayUnsimulated = []string{
 const (
 	faultsAt = 12 * time.Minute
 	dayLen   = 32 * time.Minute
+	// dayHour is where in the day an hour starts; dayEpochAge how long the
+	// simulated cluster has run when the day starts.
+	dayHour     = 24 * time.Minute
+	dayEpochAge = 10*24*time.Hour + 7*time.Hour
 )
 
 func dayFaults(trainingNode string) map[string]gpusim.Fault {
@@ -253,9 +257,13 @@ func TestSimulatedDayNotifications(t *testing.T) {
 	}
 	// The day's cluster; the training stall hangs a job that runs on its
 	// node from before the faults to the end of the day.
-	cfg := gpusim.Config{Name: "gpu-cluster-day", Nodes: 16, Seed: 3, TargetLabels: true, XidsPerGPUYear: -1}
-	day0 := time.Now().Add(-dayLen - time.Minute).Truncate(time.Minute)
-	cfg.FaultOrigin = day0
+	// The day is the same whatever the wall clock says: it ends before now,
+	// its simulated cluster's epoch (which places every job) is a fixed
+	// time before it, and an hour starts dayHour into it (the hour buckets
+	// of GPURMACandidate).
+	day0 := time.Now().Add(-dayLen - time.Minute + dayHour).Truncate(time.Hour).Add(-dayHour)
+	cfg := gpusim.Config{Name: "gpu-cluster-day", Nodes: 16, Seed: 3, TargetLabels: true, XidsPerGPUYear: -1,
+		Epoch: day0.Add(-dayEpochAge), FaultOrigin: day0}
 	trainingNode := busyNodeOf(t, cfg, day0.Add(faultsAt-time.Minute), day0.Add(dayLen), 4)
 	faults := dayFaults(trainingNode)
 	for _, cl := range c.Classes {
