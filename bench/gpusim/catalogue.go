@@ -167,6 +167,7 @@ const (
 	FamTrainDataLoadTime
 
 	FamKubeNodeCondition
+	FamKubeNodeInfo
 	FamKubePodPhase
 	FamKubeJobActive
 	FamKubePodOwner
@@ -303,6 +304,7 @@ var Catalogue = []MetricDesc{
 
 	// kube-state-metrics (cluster scope).
 	{ID: FamKubeNodeCondition, Name: "kube_node_status_condition", Type: Gauge, Help: "The condition of a cluster node.", Source: SourceKubeStateMetrics},
+	{ID: FamKubeNodeInfo, Name: "kube_node_info", Type: Gauge, Help: "Information about a cluster node.", Source: SourceKubeStateMetrics},
 	{ID: FamKubePodPhase, Name: "kube_pod_status_phase", Type: Gauge, Help: "The pods current phase.", Source: SourceKubeStateMetrics},
 	{ID: FamKubeJobActive, Name: "kube_job_status_active", Type: Gauge, Help: "The number of actively running pods.", Source: SourceKubeStateMetrics},
 	{ID: FamKubePodOwner, Name: "kube_pod_owner", Type: Gauge, Help: "Information about the Pod's owner.", Source: SourceKubeStateMetrics},

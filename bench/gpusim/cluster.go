@@ -168,6 +168,9 @@ type Cluster struct {
 	last        time.Time
 	stepped     bool
 	bp          []float64 // breakpoint scratch
+	// nodeScratch holds stepNode's node step now and at the start of an
+	// exporter hang (kept here: on the stack they would escape).
+	nodeScratch [2]nodeStep
 	slotBuf     []jobSlot
 	// jobEnders are the faults that end the job on their node (sorted by
 	// start): see endsJob.
@@ -226,6 +229,7 @@ type node struct {
 	overlayMnt  string
 	sysPods     [2]string
 	hostIP      string
+	nodeInfo    [10]Label // kube_node_info's labels
 	netDrop     [2][2]eventProc // [device][rx, tx]
 	cpuFactor   []float64
 }
@@ -269,6 +273,7 @@ func (c *Cluster) newNode(i int) *node {
 		sysPods:    [2]string{"nvidia-dcgm-exporter-" + podSuffix(h2(nh, 5)), "node-exporter-" + podSuffix(h2(nh, 6))},
 		hostIP:     fmt.Sprintf("10.0.%d.%d", 1+i/250, 1+i%250),
 	}
+	n.nodeInfo = c.nodeInfoLabels(n)
 	for g := 0; g < c.cfg.GPUsPerNode; g++ {
 		n.instTrain = append(n.instTrain, fmt.Sprintf("%s:%d", hn, 9090+g))
 	}
@@ -470,31 +475,41 @@ type nodeStep struct {
 }
 
 func (c *Cluster) stepNode(n *node, s float64, tms int64) {
-	down := c.nodeDownAt(n.idx, s)
-	var st nodeStep
-	gi := n.idx / groupSize
-	j := c.slotOf(n.idx, c.groups[gi].window(s))
+	down := c.nodeDownAt(n.idx, s) || c.nodeRemovedAt(n.idx, s)
 	key := uint64(1)
+	st := &c.nodeScratch[0]
+	*st = nodeStep{}
 	if down {
 		key = 2
-	} else if j.running(s) {
-		st.job = c.jobInfo(&j)
-		st.local = n.idx - j.firstNode
-		key = h2(j.id, 3)
+	} else {
+		key = c.nodeJobAt(n, st, s)
 	}
-	if !down {
+	// What dcgm-exporter shows: the node's GPUs now, none while it has
+	// crashed, or their state at the start of a host-engine hang.
+	dcgm := dcgmView{st: st, s: s, tms: tms}
+	if _, crashed := c.nodeFaultAt(FaultExporterCrash, n.idx, s); crashed {
+		dcgm.st = nil
+		key = h2(key, 6)
+	} else if f, hung := c.nodeFaultAt(FaultExporterHung, n.idx, s); hung && !down {
+		dcgm.s = f.start
+		dcgm.tms = c.cfg.Epoch.UnixMilli() + int64(math.Round(f.start*1000))
+		dcgm.st = &c.nodeScratch[1]
+		*dcgm.st = nodeStep{}
+		key = h3(key, 7, c.nodeJobAt(n, dcgm.st, dcgm.s))
+	}
+	if !down && dcgm.st != nil {
 		// Label sets also change with each GPU's Xid (err_code/err_msg), a
 		// GPU that fell off the bus, an exporter and a driver upgrade.
-		n.upgraded = c.upgradedAt(n.idx, s)
+		n.upgraded = c.upgradedAt(n.idx, dcgm.s)
 		if n.upgraded {
 			key = h2(key, 4)
 		}
-		n.newDriver = c.driverUpgradedAt(n.idx, s)
+		n.newDriver = c.driverUpgradedAt(n.idx, dcgm.s)
 		if n.newDriver {
 			key = h2(key, 5)
 		}
 		for gi := range n.gpus {
-			key = h3(key, uint64(gi), c.gpuLabelState(n, gi, s))
+			key = h3(key, uint64(gi), c.gpuLabelState(n, gi, dcgm.s))
 		}
 	}
 	e := &c.em
@@ -502,11 +517,38 @@ func (c *Cluster) stepNode(n *node, s float64, tms int64) {
 	if !down {
 		st.jobSums = c.nodeCumAt(n, s)
 		if st.job != nil {
-			c.jobProgress(&st, s)
+			c.jobProgress(st, s)
 		}
-		c.emitNode(e, n, &st, s, tms)
+		if dcgm.st != nil && dcgm.st != st {
+			dcgm.st.jobSums = c.nodeCumAt(n, dcgm.s)
+			if dcgm.st.job != nil {
+				c.jobProgress(dcgm.st, dcgm.s)
+			}
+		}
+		c.emitNode(e, n, st, dcgm, s, tms)
 	}
 	e.end()
+}
+
+// dcgmView is the instant dcgm-exporter reports a node's GPUs at: st and s
+// (tms in ms) are the node's step now, or at the start of a host-engine
+// hang; st is nil while the exporter is down.
+type dcgmView struct {
+	st  *nodeStep
+	s   float64
+	tms int64
+}
+
+// nodeJobAt sets st's job (the one running on node n at s, if any) and
+// returns the part of the node's series key it decides.
+func (c *Cluster) nodeJobAt(n *node, st *nodeStep, s float64) uint64 {
+	j := c.slotOf(n.idx, c.groups[n.idx/groupSize].window(s))
+	if !j.running(s) {
+		return 1
+	}
+	st.job = c.jobInfo(&j)
+	st.local = n.idx - j.firstNode
+	return h2(j.id, 3)
 }
 
 // jobProgress places the node's job in its step cycle at s.
@@ -756,10 +798,10 @@ var cpuModes = [...]struct {
 
 var netDevices = [...]string{"eth0", "ens9f0np0"} // management NIC, RoCE NIC
 
-func (c *Cluster) emitNode(e *emitter, n *node, st *nodeStep, s float64, tms int64) {
+func (c *Cluster) emitNode(e *emitter, n *node, st *nodeStep, dcgm dcgmView, s float64, tms int64) {
 	for gi := range n.gpus {
-		if !n.gone[gi] {
-			c.emitGPU(e, n, gi, st, s, tms)
+		if dcgm.st != nil && !n.gone[gi] {
+			c.emitGPU(e, n, gi, dcgm.st, dcgm.s, dcgm.tms)
 		}
 	}
 
@@ -916,12 +958,21 @@ func (c *Cluster) stepClusterScope(s float64) {
 			key = h2(key, slots[i].id)
 		}
 	}
+	for i := range c.faults { // so do nodes that left the cluster
+		if f := &c.faults[i]; f.kind == FaultNodeRemoved && s >= f.start {
+			key = h3(key, 8, uint64(f.node))
+		}
+	}
 	e := &c.em
 	e.begin(&c.cset, key)
 	e.base = e.base[:0]
 	e.setTarget("kube-state-metrics", "kube-state-metrics:8080")
 	statuses := [...]string{"true", "false", "unknown"}
 	for _, n := range c.nodes {
+		if c.nodeRemovedAt(n.idx, s) {
+			continue
+		}
+		c.emitNodeInfo(e, n)
 		vals := [3]float64{1, 0, 0}
 		if c.nodeDownAt(n.idx, s) {
 			vals = [3]float64{0, 0, 1} // kubelet stopped posting status
@@ -986,14 +1037,21 @@ func (c *Cluster) stepClusterScope(s float64) {
 	}
 	if c.cfg.TargetLabels {
 		for _, n := range c.nodes {
+			if c.nodeRemovedAt(n.idx, s) {
+				continue // its targets left service discovery
+			}
 			v := 1.0
 			if c.nodeDownAt(n.idx, s) {
 				v = 0
 			}
-			for _, t := range [...][2]string{{"dcgm-exporter", n.instDCGM}, {"kubelet", n.instKubelet}} {
-				e.setTarget(t[0], t[1])
-				e.add(FamUp, v)
+			dcgmUp := v
+			if _, crashed := c.nodeFaultAt(FaultExporterCrash, n.idx, s); crashed {
+				dcgmUp = 0
 			}
+			e.setTarget("dcgm-exporter", n.instDCGM)
+			e.add(FamUp, dcgmUp)
+			e.setTarget("kubelet", n.instKubelet)
+			e.add(FamUp, v)
 			// node-exporter's target carries the relabelled `node` (see
 			// the node scope), and Prometheus puts a target's labels on
 			// its `up` too: NodeUnreachable names the node from it.
@@ -1004,6 +1062,20 @@ func (c *Cluster) stepClusterScope(s float64) {
 		e.add(FamUp, 1)
 	}
 	e.end()
+}
+
+// emitNodeInfo writes kube-state-metrics' kube_node_info of node n, with
+// the labels kube-state-metrics 2.x gives it.
+func (c *Cluster) emitNodeInfo(e *emitter, n *node) {
+	e.add(FamKubeNodeInfo, 1, n.nodeInfo[:]...)
+}
+
+// nodeInfoLabels are kube_node_info's labels for node n.
+func (c *Cluster) nodeInfoLabels(n *node) [10]Label {
+	return [10]Label{{"container_runtime_version", "containerd://1.7.27"}, {"internal_ip", n.hostIP},
+		{"kernel_version", "5.15.0-139-generic"}, {"kubelet_version", "v1.31.9"}, {"kubeproxy_version", "deprecated"},
+		{"node", n.hostname}, {"os_image", "Ubuntu 22.04.5 LTS"}, {"pod_cidr", fmt.Sprintf("10.244.%d.0/24", n.idx%256)},
+		{"provider_id", "metal://" + n.hostname}, {"system_uuid", fmt.Sprintf("%08x-0000-4000-8000-%012x", uint32(h2(c.seed, uint64(n.idx))), uint64(n.idx))}}
 }
 
 // emitPodObject writes kube-state-metrics' kube_pod_owner and kube_pod_info

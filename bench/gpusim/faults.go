@@ -87,11 +87,26 @@ const (
 	// while it lasts (H100: the recovery error counter; B200: the link
 	// recovery and failed-recovery event counters).
 	FaultNVLinkRecovery FaultKind = "nvlink_recovery"
+	// FaultExporterCrash: the node's dcgm-exporter exits while the fault
+	// lasts (crash-looping, e.g. on a counters CSV naming a field its DCGM
+	// does not know): no DCGM series, and its scrape target's `up` is 0.
+	// The node, its other exporters and its jobs go on.
+	FaultExporterCrash FaultKind = "exporter_crash"
+	// FaultExporterHung: DCGM's host engine hangs while the fault lasts; the
+	// exporter still answers every scrape, with the values and label sets
+	// of the hang's start (energy counters stop moving, `up` stays 1).
+	FaultExporterHung FaultKind = "exporter_hung"
+	// FaultNodeRemoved: the cluster autoscaler removes the node at `at`,
+	// for good: its targets leave service discovery (no series, no `up`),
+	// kube-state-metrics drops its kube_node_info and conditions. The
+	// autoscaler removes only empty nodes, so job slots on the node whose
+	// pods would still exist at `at` stay empty. Duration is ignored.
+	FaultNodeRemoved FaultKind = "node_removed"
 )
 
 // FaultKinds lists every kind, for flag help and validation.
 var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultThrottleThermal, FaultHBMOverheat, FaultExporterUpgrade, FaultDriverUpgrade, FaultTrainingStall, FaultNaNLoss, FaultNodeDown,
-	FaultGPUReset, FaultRecoveryAction, FaultMIG, FaultNVLinkReplay, FaultNVLinkRecovery}
+	FaultGPUReset, FaultRecoveryAction, FaultMIG, FaultNVLinkReplay, FaultNVLinkRecovery, FaultExporterCrash, FaultExporterHung, FaultNodeRemoved}
 
 // DefaultFaultDuration applies when a fault gives none (gpu_reset: 30 s).
 const DefaultFaultDuration = 5 * time.Minute
@@ -320,7 +335,7 @@ func (c *Cluster) resolveFaults(faults []Fault) error {
 		}
 		start := origin + f.At.Seconds()
 		end := start + d.Seconds()
-		if f.Kind == FaultExporterUpgrade || f.Kind == FaultDriverUpgrade {
+		if f.Kind == FaultExporterUpgrade || f.Kind == FaultDriverUpgrade || f.Kind == FaultNodeRemoved {
 			end = math.Inf(1)
 		}
 		code := f.Code
@@ -348,7 +363,7 @@ const jobCrashDelay = 5.0
 // (needs the GPU idle) and a switch to MIG mode (the node is drained).
 func (f *activeFault) endsJob() bool {
 	switch f.kind {
-	case FaultECCDBE, FaultGPUReset, FaultMIG:
+	case FaultECCDBE, FaultGPUReset, FaultMIG, FaultNodeRemoved:
 		return true
 	case FaultXid:
 		return f.code == 79 || f.code == 48 || f.code == 94 || f.code == 95
@@ -375,6 +390,22 @@ func (c *Cluster) gpuFaultActive(kind FaultKind, node, gpu int, s float64) bool 
 		}
 	}
 	return false
+}
+
+// nodeRemovedAt reports whether node has left the cluster at s.
+func (c *Cluster) nodeRemovedAt(node int, s float64) bool {
+	return c.permanentFaultAt(FaultNodeRemoved, node, s)
+}
+
+// nodeFaultAt returns the first fault of kind that holds node at s.
+func (c *Cluster) nodeFaultAt(kind FaultKind, node int, s float64) (*activeFault, bool) {
+	for i := range c.faults {
+		f := &c.faults[i]
+		if f.kind == kind && f.node == node && f.activeAt(s) {
+			return f, true
+		}
+	}
+	return nil, false
 }
 
 // nodeDownAt reports whether node is down at s.

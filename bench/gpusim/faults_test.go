@@ -2,6 +2,7 @@ package gpusim
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -427,5 +428,115 @@ func TestParseFaults(t *testing.T) {
 	}
 	if _, err := New(Config{Nodes: 2, Faults: []Fault{{Kind: FaultOverheat, Node: "gpu-node-009", GPU: -1}}}); err == nil {
 		t.Error("fault on a missing node accepted")
+	}
+}
+
+// nodeFaultCluster returns a 16-node cluster with target labels and fault f
+// (at faultAt, for faultDur) on a node that runs one job from t0 to past
+// t0+40m, and that node's hostname.
+func nodeFaultCluster(t *testing.T, f Fault) (*Cluster, string) {
+	t.Helper()
+	base := Config{Nodes: 16, Seed: 13, FaultOrigin: t0, TargetLabels: true}
+	node, _ := busyNode(t, newTestCluster(t, base), t0, t0.Add(40*time.Minute))
+	f.At, f.Duration, f.Node = faultAt, faultDur, itoa(node)
+	base.Faults = []Fault{f}
+	c := newTestCluster(t, base)
+	return c, c.nodes[node].hostname
+}
+
+// A crashed dcgm-exporter: no DCGM series of the node, its target's up is
+// 0, node-exporter and the job's training series go on; all back after.
+func TestFaultExporterCrash(t *testing.T) {
+	c, host := nodeFaultCluster(t, Fault{Kind: FaultExporterCrash})
+	start, end := t0.Add(faultAt), t0.Add(faultAt+faultDur)
+	dcgmUp := func(at time.Time) float64 { return value(t, c, at, "up", "job", "dcgm-exporter", "instance", host+":9400") }
+	for _, at := range []time.Time{start.Add(-15 * time.Second), end} {
+		if n := len(find(c.AppendSamples(nil, at, Replica{}), "DCGM_FI_DEV_GPU_TEMP", "Hostname", host)); n != 8 || dcgmUp(at) != 1 {
+			t.Errorf("at %s (exporter running): %d GPU temperatures, up %v; want 8 and 1", at.Format(time.TimeOnly), n, dcgmUp(at))
+		}
+	}
+	at := start.Add(2 * time.Minute)
+	all := c.AppendSamples(nil, at, Replica{})
+	for _, s := range all {
+		if s.Desc.Source == SourceDCGM && s.Get("Hostname") == host {
+			t.Fatalf("exporter crashed but %s is exported", s.Name())
+		}
+	}
+	if dcgmUp(at) != 0 {
+		t.Errorf("up of the crashed exporter = %v, want 0", dcgmUp(at))
+	}
+	if v := value(t, c, at, "up", "job", "node-exporter", "node", host); v != 1 {
+		t.Errorf("node-exporter's up = %v, want 1", v)
+	}
+	if len(find(all, "training_iteration_time_seconds_count", "Hostname", host)) != 8 {
+		t.Errorf("the node's job stopped exporting with its dcgm-exporter")
+	}
+}
+
+// A hung host engine: the exporter answers with the values and label sets
+// of the hang's start (the energy counter stops), up stays 1; values move
+// again after.
+func TestFaultExporterHung(t *testing.T) {
+	c, host := nodeFaultCluster(t, Fault{Kind: FaultExporterHung})
+	start, end := t0.Add(faultAt), t0.Add(faultAt+faultDur)
+	dcgm := func(at time.Time) map[string]float64 {
+		m := map[string]float64{}
+		for _, s := range c.AppendSamples(nil, at, Replica{}) {
+			if s.Desc.Source == SourceDCGM && s.Get("Hostname") == host {
+				m[key(s.Labels)] = s.V
+			}
+		}
+		return m
+	}
+	frozen := dcgm(start)
+	if len(frozen) < 8*30 {
+		t.Fatalf("%d DCGM series at the hang's start", len(frozen))
+	}
+	for _, at := range []time.Time{start.Add(15 * time.Second), start.Add(4 * time.Minute)} {
+		got := dcgm(at)
+		if len(got) != len(frozen) {
+			t.Fatalf("at %s: %d series, want the %d of the hang's start", at.Format(time.TimeOnly), len(got), len(frozen))
+		}
+		for k, v := range frozen {
+			if w, ok := got[k]; !ok || !sameValue(v, w) {
+				t.Fatalf("at %s: %s = %v (present %v), want the frozen %v", at.Format(time.TimeOnly), k, w, ok, v)
+			}
+		}
+		if v := value(t, c, at, "up", "job", "dcgm-exporter", "instance", host+":9400"); v != 1 {
+			t.Errorf("up of the hung exporter = %v, want 1 (it answers)", v)
+		}
+	}
+	e := func(at time.Time) float64 { return value(t, c, at, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Hostname", host, "gpu", "0") }
+	if e(end) <= e(start) {
+		t.Errorf("energy does not move after the hang: %v -> %v", e(start), e(end))
+	}
+}
+
+// A removed node: before, its job slots stay empty (the autoscaler removes
+// only empty nodes); from `at` on none of its series, `up` or
+// kube-state-metrics objects remain, while the other nodes' do.
+func TestFaultNodeRemoved(t *testing.T) {
+	base := Config{Nodes: 16, Seed: 13, FaultOrigin: t0, TargetLabels: true,
+		Faults: []Fault{{Kind: FaultNodeRemoved, At: faultAt, Node: "3"}}}
+	c := newTestCluster(t, base)
+	host := c.nodes[3].hostname
+	start := t0.Add(faultAt)
+	before := c.AppendSamples(nil, start.Add(-time.Minute), Replica{})
+	if len(find(before, "kube_node_info", "node", host, "internal_ip", c.nodes[3].hostIP)) != 1 || len(find(before, "DCGM_FI_DEV_GPU_TEMP", "Hostname", host)) != 8 {
+		t.Fatalf("node %s not in the cluster before its removal", host)
+	}
+	if p := find(before, "kube_pod_info", "node", host); len(p) != 0 {
+		t.Errorf("the node runs pod %s a minute before the autoscaler removes it", p[0].Get("pod"))
+	}
+	for _, at := range []time.Time{start, start.Add(time.Hour)} {
+		all := c.AppendSamples(nil, at, Replica{})
+		for _, s := range all {
+			if s.Get("Hostname") == host || s.Get("node") == host || strings.HasPrefix(s.Get("instance"), host+":") {
+				t.Fatalf("at %s the removed node still has %s%v", at.Format(time.TimeOnly), s.Name(), s.Labels)
+			}
+		}
+		if n := len(find(all, "kube_node_info")); n != 15 {
+			t.Errorf("at %s: %d kube_node_info, want the 15 other nodes'", at.Format(time.TimeOnly), n)
+		}
 	}
 }

@@ -256,7 +256,8 @@ func (c *Cluster) makeSlot(gi int, k int64, si, firstNode, size int) jobSlot {
 // applyJobEnders ends job j at the first fault on one of its nodes that
 // kills it while it runs (activeFault.endsJob), a few seconds after the
 // event, as Failed. A slot whose node is in MIG mode when its job would
-// start stays idle: the scheduler does not place a training job there.
+// start stays idle: the scheduler does not place a training job there; so
+// does every slot on a node the autoscaler removes before its pods are gone.
 func (c *Cluster) applyJobEnders(j *jobSlot) {
 	for i := range c.jobEnders {
 		f := &c.jobEnders[i]
@@ -265,6 +266,10 @@ func (c *Cluster) applyJobEnders(j *jobSlot) {
 		}
 		if f.kind == FaultMIG && f.activeAt(j.start) {
 			j.idle = true
+			return
+		}
+		if f.kind == FaultNodeRemoved && f.start < j.end+podTTL {
+			j.idle = true // the autoscaler removes only an empty node
 			return
 		}
 		if f.start >= j.start && f.start < j.end {

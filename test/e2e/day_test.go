@@ -66,20 +66,28 @@ const speedup = 40
 // fault for yet.
 var dayUnsimulated = []string{
 	"overheat", "pstate_change", "sbe_storm", "nvlink5_symbol_errors",
-	"pcie_replays_over_limit", "pcie_replays_under_limit", "exporter_crash", "exporter_hung",
-	"node_removed", "training_slow_start", "training_start_hang", "straggler",
+	"pcie_replays_over_limit", "pcie_replays_under_limit",
+	"training_slow_start", "training_start_hang", "straggler",
 	"idle_allocation", "repeated_hardware_xids",
 }
 
 // The day's faults, keyed by the contract's class names. Faults start
 // faultsAt into the day, after history (counters, jobs, the exporter's
-// age) has built up; node 0 and 1 carry one GPU fault per GPU.
+// age) has built up; node 0 and 1 carry one GPU fault per GPU, nodes 2-5
+// and 15 a node fault each, the training faults hit jobs from node 8 on.
 const (
 	faultsAt = 12 * time.Minute
 	dayLen   = 32 * time.Minute
+	// dayHour is where in the day an hour starts; dayEpochAge how long the
+	// simulated cluster has run when the day starts.
+	dayHour     = 24 * time.Minute
+	dayEpochAge = 10*24*time.Hour + 7*time.Hour
 )
 
-func dayFaults(trainingNode string) map[string]gpusim.Fault {
+// dayTrainingFrom is the first node index the training faults may hit.
+const dayTrainingFrom = 8
+
+func dayFaults() map[string]gpusim.Fault {
 	long := dayLen
 	gpu := func(kind gpusim.FaultKind, node string, g, code int) gpusim.Fault {
 		return gpusim.Fault{Kind: kind, At: faultsAt, Duration: long, Node: node, GPU: g, Code: code}
@@ -102,8 +110,20 @@ func dayFaults(trainingNode string) map[string]gpusim.Fault {
 		"mig_reconfigured":          gpu(gpusim.FaultMIG, "1", 5, 0),
 		"exporter_upgrade":          {Kind: gpusim.FaultExporterUpgrade, At: faultsAt, Node: "2"},
 		"node_down":                 {Kind: gpusim.FaultNodeDown, At: faultsAt, Duration: long, Node: "3"},
-		"training_stall":            {Kind: gpusim.FaultTrainingStall, At: faultsAt, Duration: long, Node: trainingNode},
+		"exporter_crash":            {Kind: gpusim.FaultExporterCrash, At: faultsAt, Duration: long, Node: "4"},
+		"exporter_hung":             {Kind: gpusim.FaultExporterHung, At: faultsAt, Duration: long, Node: "5"},
+		// The last node of its block: the slots kept empty for the
+		// autoscaler leave the training nodes' jobs alone.
+		"node_removed": {Kind: gpusim.FaultNodeRemoved, At: faultsAt, Node: "15"},
 	}
+}
+
+// trainingFault places a job-level fault on a node from dayTrainingFrom on
+// whose job runs from before the faults to the end of the day, in the
+// cluster cfg (with the day's other faults).
+func trainingFault(t *testing.T, cfg gpusim.Config, day0 time.Time, kind gpusim.FaultKind) gpusim.Fault {
+	node := busyNodeOf(t, cfg, day0.Add(faultsAt-time.Minute), day0.Add(dayLen), dayTrainingFrom)
+	return gpusim.Fault{Kind: kind, At: faultsAt, Duration: dayLen, Node: node}
 }
 
 // contract is deploy/rules/testdata/notifications.yaml.
@@ -251,13 +271,19 @@ func TestSimulatedDayNotifications(t *testing.T) {
 	if err := yaml.Unmarshal(b, &c); err != nil {
 		t.Fatal(err)
 	}
-	// The day's cluster; the training stall hangs a job that runs on its
-	// node from before the faults to the end of the day.
-	cfg := gpusim.Config{Name: "gpu-cluster-day", Nodes: 16, Seed: 3, TargetLabels: true, XidsPerGPUYear: -1}
-	day0 := time.Now().Add(-dayLen - time.Minute).Truncate(time.Minute)
-	cfg.FaultOrigin = day0
-	trainingNode := busyNodeOf(t, cfg, day0.Add(faultsAt-time.Minute), day0.Add(dayLen), 4)
-	faults := dayFaults(trainingNode)
+	// The day is the same whatever the wall clock says: it ends before now,
+	// its simulated cluster's epoch (which places every job) is a fixed
+	// time before it, and an hour starts dayHour into it (the hour buckets
+	// of GPURMACandidate).
+	day0 := time.Now().Add(-dayLen - time.Minute + dayHour).Truncate(time.Hour).Add(-dayHour)
+	cfg := gpusim.Config{Name: "gpu-cluster-day", Nodes: 16, Seed: 3, TargetLabels: true, XidsPerGPUYear: -1,
+		Epoch: day0.Add(-dayEpochAge), FaultOrigin: day0}
+	faults := dayFaults()
+	for _, n := range sortedKeys(faults) {
+		cfg.Faults = append(cfg.Faults, faults[n])
+	}
+	faults["training_stall"] = trainingFault(t, cfg, day0, gpusim.FaultTrainingStall)
+	cfg.Faults = append(cfg.Faults, faults["training_stall"])
 	for _, cl := range c.Classes {
 		if _, ok := faults[cl.Fault]; !ok && !slices.Contains(dayUnsimulated, cl.Fault) {
 			t.Errorf("class %s of notifications.yaml is neither simulated nor listed as unsimulated", cl.Fault)
@@ -280,14 +306,6 @@ func TestSimulatedDayNotifications(t *testing.T) {
 		c.Rules.Alertmanager.URLs = []string{proxy.URL}
 	})
 
-	names := make([]string, 0, len(faults))
-	for n := range faults {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		cfg.Faults = append(cfg.Faults, faults[n])
-	}
 	sim, err := gpusim.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -427,6 +445,15 @@ func TestSimulatedDayNotifications(t *testing.T) {
 			t.Errorf("notified but not in the contract: %s", k)
 		}
 	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 // busyNodeOf returns the index (as gpusim.Fault.Node takes it) of the first
