@@ -687,8 +687,8 @@ func (c *Cluster) powerFault(f *activeFault, node, gi int) bool {
 }
 
 func (c *Cluster) tempTarget(n *node, gi int, x float64) float64 {
-	if c.gpuFaultActive(FaultOverheat, n.idx, gi, x) {
-		return overheatTemp
+	if f, ok := c.gpuFaultAt(FaultOverheat, n.idx, gi, x); ok {
+		return f.value
 	}
 	act, _ := c.meanPower(n, gi, x)
 	gp := &n.gpus[gi]

@@ -49,6 +49,7 @@ func (c *Cluster) rawCounters(n *node, gi int, s float64, procs *gpu, powerCapSe
 	var v gpuCounters
 	v.pcie, _ = procs.pcie.at(s)
 	v.sbe, _ = procs.sbe.at(s)
+	v.sbe += c.sbeStormErrors(n.idx, gi, s)
 	v.dbe = c.dbeFaultEvents(n.idx, gi, s)
 	crc, _ := procs.crc.at(s)
 	if c.hw.nvlink5 {

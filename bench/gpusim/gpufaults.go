@@ -207,14 +207,32 @@ func (c *Cluster) dbeFaultEvents(node, gpu int, s float64) float64 {
 func (c *Cluster) periodicEvents(kind FaultKind, node, gpu int, s, period float64) float64 {
 	n := 0.0
 	for i := range c.faults {
-		f := &c.faults[i]
-		if f.kind != kind || !f.hitsGPU(node, gpu) || s < f.start {
-			continue
+		if f := &c.faults[i]; f.kind == kind && f.hitsGPU(node, gpu) {
+			n += f.eventsUpTo(s, period)
 		}
-		if s < f.end {
-			n += math.Floor((s-f.start)/period) + 1
-		} else {
-			n += math.Ceil((f.end - f.start) / period)
+	}
+	return n
+}
+
+// eventsUpTo counts fault f's events up to s: one at its start and one per
+// period while it lasts.
+func (f *activeFault) eventsUpTo(s, period float64) float64 {
+	switch {
+	case s < f.start:
+		return 0
+	case s < f.end:
+		return math.Floor((s-f.start)/period) + 1
+	}
+	return math.Ceil((f.end - f.start) / period)
+}
+
+// sbeStormErrors counts the corrected ECC errors sbe_storm faults put on
+// (node, gpu) up to s, each at its own rate (value per minute).
+func (c *Cluster) sbeStormErrors(node, gpu int, s float64) float64 {
+	n := 0.0
+	for i := range c.faults {
+		if f := &c.faults[i]; f.kind == FaultSBEStorm && f.hitsGPU(node, gpu) {
+			n += f.eventsUpTo(s, 60/f.value)
 		}
 	}
 	return n

@@ -65,8 +65,7 @@ const speedup = 40
 // dayUnsimulated are the classes of notifications.yaml that gpusim has no
 // fault for yet.
 var dayUnsimulated = []string{
-	"overheat", "pstate_change", "sbe_storm", "nvlink5_symbol_errors",
-	"pcie_replays_over_limit", "pcie_replays_under_limit",
+	"nvlink5_symbol_errors", "pcie_replays_over_limit", "pcie_replays_under_limit",
 	"training_slow_start", "training_start_hang", "straggler",
 	"idle_allocation", "repeated_hardware_xids",
 }
@@ -74,7 +73,8 @@ var dayUnsimulated = []string{
 // The day's faults, keyed by the contract's class names. Faults start
 // faultsAt into the day, after history (counters, jobs, the exporter's
 // age) has built up; node 0 and 1 carry one GPU fault per GPU, nodes 2-5
-// and 15 a node fault each, the training faults hit jobs from node 8 on.
+// and 15 a node fault each, node 6 an ECC storm, the training faults hit
+// jobs from node 8 on.
 const (
 	faultsAt = 12 * time.Minute
 	dayLen   = 32 * time.Minute
@@ -108,6 +108,12 @@ func dayFaults() map[string]gpusim.Fault {
 		"nvlink_crc":                gpu(gpusim.FaultNVLinkCRCBurst, "1", 3, 0),
 		"nvlink_replay":             gpu(gpusim.FaultNVLinkReplay, "1", 4, 0),
 		"mig_reconfigured":          gpu(gpusim.FaultMIG, "1", 5, 0),
+		// 86 °C: above GPUTemperatureHigh's 85 °C, below the H100's 87 °C.
+		"overheat": {Kind: gpusim.FaultOverheat, At: faultsAt, Duration: long, Node: "1", GPU: 6, Value: 86},
+		// One 15 s scrape with the HW-slowdown bit.
+		"pstate_change": {Kind: gpusim.FaultPStateChange, At: faultsAt, Duration: 15 * time.Second, Node: "1", GPU: 7},
+		// 2 corrected errors a minute: past 10 in the hour 6 minutes in.
+		"sbe_storm": {Kind: gpusim.FaultSBEStorm, At: faultsAt, Duration: long, Node: "6", GPU: 0, Value: 2},
 		"exporter_upgrade":          {Kind: gpusim.FaultExporterUpgrade, At: faultsAt, Node: "2"},
 		"node_down":                 {Kind: gpusim.FaultNodeDown, At: faultsAt, Duration: long, Node: "3"},
 		"exporter_crash":            {Kind: gpusim.FaultExporterCrash, At: faultsAt, Duration: long, Node: "4"},

@@ -1,0 +1,142 @@
+package gpusim
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+// hasDCGMLabels fails unless s carries every label dcgm-exporter 4.8.2 puts
+// on a GPU series.
+func hasDCGMLabels(t *testing.T, s Series) {
+	t.Helper()
+	for _, l := range DCGMLabelNames {
+		if s.Get(l) == "" {
+			t.Errorf("%s lacks label %s", s.String(), l)
+		}
+	}
+}
+
+// An overheat with a target below the GPU's maximum operating temperature
+// (86 °C on an H100 whose limit is 87 °C): the die settles at 86 °C, above
+// GPUTemperatureHigh's 85 °C for minutes, and the driver never engages its
+// SW thermal slowdown (no 0x20 bit, no SW thermal time).
+func TestFaultOverheatTarget(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultOverheat, GPU: 2, Value: 86})
+	_, nsBefore := fc.both(t, fc.start.Add(-time.Second), "DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS", "gpu", "2")
+	hot, last := 0, 0.0
+	for at := fc.start; at.Before(fc.end); at = at.Add(15 * time.Second) {
+		s := fc.gpuSeries(at, "DCGM_FI_DEV_GPU_TEMP", "2")
+		if len(s) != 1 {
+			t.Fatalf("at %s: %d temperature series", at.Sub(t0), len(s))
+		}
+		hasDCGMLabels(t, s[0])
+		if s[0].V > 86 {
+			t.Errorf("at %s: %v °C, above the fault's 86 °C target", at.Sub(t0), s[0].V)
+		}
+		if s[0].V > 85 {
+			hot++
+		}
+		last = s[0].V
+		if r := int(fc.gpuSeries(at, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "2")[0].V); r&ThrottleSWThermal != 0 {
+			t.Errorf("at %s: SW thermal slowdown (%#x) below the maximum operating temperature", at.Sub(t0), r)
+		}
+	}
+	// τ = 50 s: from ~70 °C the die passes 85.5 °C about 3.5 minutes in
+	// and stays there.
+	if hot < 6 || last != 86 {
+		t.Errorf("above 85 °C in %d scrapes of 15 s (want 6 of the last 1.5 minutes), last %v °C (want 86)", hot, last)
+	}
+	_, nsAfter := fc.both(t, fc.end.Add(10*time.Minute), "DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS", "gpu", "2")
+	if nsAfter != nsBefore {
+		t.Errorf("SW thermal slowdown time grew by %v ns at 86 °C", nsAfter-nsBefore)
+	}
+	if c, f := fc.both(t, fc.end.Add(-time.Second), "DCGM_FI_DEV_GPU_TEMP", "gpu", "3"); c != f {
+		t.Errorf("overheat leaked to GPU 3: %v vs %v", f, c)
+	}
+}
+
+// A P-state change: the HW-slowdown bit (0x8) in one scrape of 15 s, and
+// nothing else: clocks, the other bits and the time counters as without it.
+func TestFaultPStateChange(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultPStateChange, GPU: 1, Duration: defaultDuration(FaultPStateChange)})
+	const reasons = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
+	seen := 0
+	for at := fc.start.Add(-time.Minute); at.Before(fc.end.Add(time.Minute)); at = at.Add(15 * time.Second) {
+		c, f := fc.both(t, at, reasons, "gpu", "1")
+		if int(f)&ThrottleHWSlowdown != 0 {
+			seen++
+		}
+		if int(f)&^ThrottleHWSlowdown != int(c)&^ThrottleHWSlowdown {
+			t.Errorf("at %s: reasons %#x vs clean %#x beyond the 0x8 bit", at.Sub(t0), int(f), int(c))
+		}
+		if c, f := fc.both(t, at, "DCGM_FI_DEV_SM_CLOCK", "gpu", "1"); c != f {
+			t.Errorf("at %s: SM clock %v vs clean %v", at.Sub(t0), f, c)
+		}
+	}
+	if seen != 1 {
+		t.Errorf("HW slowdown in %d scrapes of 15 s, want 1", seen)
+	}
+	hasDCGMLabels(t, fc.gpuSeries(fc.start, reasons, "1")[0])
+	for _, n := range []string{"DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS", "DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN_NS"} {
+		if c, f := fc.both(t, fc.end.Add(time.Minute), n, "gpu", "1"); c != f {
+			t.Errorf("%s: %v vs clean %v", n, f, c)
+		}
+	}
+	if _, f := fc.both(t, fc.start, reasons, "gpu", "2"); int(f)&ThrottleHWSlowdown != 0 {
+		t.Errorf("P-state change leaked to GPU 2: %#x", int(f))
+	}
+}
+
+// An SBE storm: DCGM_FI_DEV_ECC_SBE_VOL_TOTAL grows by `value` a minute
+// while it lasts (12 a minute: 60 in its 5 minutes), then stays.
+func TestFaultSBEStorm(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultSBEStorm, GPU: 3, Value: 12})
+	const sbe = "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"
+	grew := func(at time.Time) float64 {
+		c0, f0 := fc.both(t, fc.start.Add(-time.Second), sbe, "gpu", "3")
+		c, f := fc.both(t, at, sbe, "gpu", "3")
+		return (f - f0) - (c - c0)
+	}
+	for _, tc := range []struct {
+		after time.Duration
+		want  float64
+	}{{0, 1}, {time.Minute, 13}, {faultDur - time.Second, 60}, {faultDur + time.Hour, 60}} {
+		if got := grew(fc.start.Add(tc.after)); got != tc.want {
+			t.Errorf("%s into the storm: %v more corrected errors than without it, want %v", tc.after, got, tc.want)
+		}
+	}
+	s := fc.gpuSeries(fc.end, sbe, "3")
+	if len(s) != 1 {
+		t.Fatalf("%d %s series", len(s), sbe)
+	}
+	hasDCGMLabels(t, s[0])
+	if c, f := fc.both(t, fc.end, sbe, "gpu", "2"); c != f {
+		t.Errorf("SBE storm leaked to GPU 2: %v vs %v", f, c)
+	}
+	// The default rate: 2 a minute.
+	d := newFaultCase(t, Fault{Kind: FaultSBEStorm, GPU: 3})
+	c0, f0 := d.both(t, d.start.Add(-time.Second), sbe, "gpu", "3")
+	c, f := d.both(t, d.end, sbe, "gpu", "3")
+	if got := (f - f0) - (c - c0); math.Abs(got-2*faultDur.Minutes()) > 0 {
+		t.Errorf("default storm: %v errors in %s, want %v", got, faultDur, 2*faultDur.Minutes())
+	}
+}
+
+// Value is refused where it means nothing or is out of range, and parsed
+// where it applies.
+func TestFaultValue(t *testing.T) {
+	for _, bad := range []string{"kind=xid,code=13,node=1,value=3", "kind=overheat,node=1,value=-1", "kind=overheat,node=1,value=300", "kind=sbe_storm,node=1,value=x"} {
+		if _, err := ParseFaultSpec(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	f, err := ParseFaultSpec("kind=overheat,node=1,gpu=0,value=86")
+	if err != nil || f.Value != 86 {
+		t.Errorf("overheat value: %+v %v", f, err)
+	}
+	fs, err := ParseFaultsYAML([]byte("faults:\n  - {kind: sbe_storm, node: 2, gpu: 1, value: 5}\n  - {kind: pstate_change, node: 2, gpu: 1}\n"))
+	if err != nil || len(fs) != 2 || fs[0].Value != 5 || fs[1].Duration != 15*time.Second {
+		t.Errorf("yaml: %+v %v", fs, err)
+	}
+}
