@@ -680,7 +680,7 @@ func (c *Cluster) powerFault(f *activeFault, node, gi int) bool {
 	switch f.kind {
 	case FaultThrottle, FaultThrottleThermal, FaultMIG:
 		return f.hitsGPU(node, gi)
-	case FaultTrainingStall, FaultNodeDown:
+	case FaultTrainingStall, FaultNodeDown, FaultTrainingSlowStart:
 		return f.node/groupSize == node/groupSize
 	}
 	return false
@@ -925,7 +925,7 @@ func (c *Cluster) emitTraining(e *emitter, n *node, st *nodeStep) {
 		for b := range leValues {
 			e.addNamed(FamTrainIterTime, "training_iteration_time_seconds_bucket", st.cycles*float64(ji.le[cycleLen][b])+float64(ji.le[st.stepIdx][b]), Label{"le", leValues[b]})
 		}
-		e.addNamed(FamTrainIterTime, "training_iteration_time_seconds_sum", st.sum*(1+0.002*float64(rank%8)/8))
+		e.addNamed(FamTrainIterTime, "training_iteration_time_seconds_sum", st.sum*(1+0.002*float64(rank%8)/8)+c.stragglerExtra(n, g, st))
 		e.addNamed(FamTrainIterTime, "training_iteration_time_seconds_count", st.count)
 		rtps := tps * (1 + 0.004*rn(1))
 		e.add(FamTrainTokensPerSecond, rtps)

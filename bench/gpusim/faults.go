@@ -111,12 +111,22 @@ const (
 	// FaultSBEStorm: corrected (single-bit) ECC errors at Value per minute
 	// (default 2) while it lasts, on top of the GPU's background rate.
 	FaultSBEStorm FaultKind = "sbe_storm"
+	// FaultStraggler makes the rank on GPU `gpu` of the node (every rank of
+	// the node with -1) a straggler while it lasts: its iterations take
+	// Value times as long (default 1.5), so its
+	// training_iteration_time_seconds_sum grows that much faster; the job's
+	// step count is the same on every rank (the others wait for it).
+	FaultStraggler FaultKind = "straggler"
+	// FaultTrainingSlowStart: a job that starts on the node while the fault
+	// lasts makes its first step only when the fault ends (a long data or
+	// checkpoint load); its count stays at 0 until then, then it trains.
+	FaultTrainingSlowStart FaultKind = "training_slow_start"
 )
 
 // FaultKinds lists every kind, for flag help and validation.
 var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultThrottleThermal, FaultHBMOverheat, FaultExporterUpgrade, FaultDriverUpgrade, FaultTrainingStall, FaultNaNLoss, FaultNodeDown,
 	FaultGPUReset, FaultRecoveryAction, FaultMIG, FaultNVLinkReplay, FaultNVLinkRecovery, FaultExporterCrash, FaultExporterHung, FaultNodeRemoved,
-	FaultPStateChange, FaultSBEStorm}
+	FaultPStateChange, FaultSBEStorm, FaultStraggler, FaultTrainingSlowStart}
 
 // DefaultFaultDuration applies when a fault gives none (gpu_reset: 30 s,
 // pstate_change: 15 s).
@@ -137,6 +147,10 @@ func defaultDuration(kind FaultKind) time.Duration {
 // gives no Value.
 const defaultSBEStormRate = 2.0
 
+// defaultStragglerFactor is how much slower a straggler's iterations are
+// when its fault gives no Value.
+const defaultStragglerFactor = 1.5
+
 // Fault is one scheduled failure. At is an offset from Config.FaultOrigin.
 type Fault struct {
 	Kind     FaultKind
@@ -154,7 +168,8 @@ type Fault struct {
 	// (0: once): the same code again, which the last-Xid gauge cannot show.
 	Every time.Duration
 	// Value is the level of the kinds that take one (0: their default):
-	// overheat's target temperature (°C), sbe_storm's errors per minute.
+	// overheat's target temperature (°C), sbe_storm's errors per minute,
+	// straggler's iteration-time factor.
 	Value float64
 }
 
@@ -294,8 +309,8 @@ func checkFault(f Fault) error {
 		return fmt.Errorf("every applies to xid faults only, not %s", f.Kind)
 	case f.Value < 0 || math.IsNaN(f.Value) || math.IsInf(f.Value, 0):
 		return fmt.Errorf("value %g: want a positive number", f.Value)
-	case f.Value > 0 && f.Kind != FaultOverheat && f.Kind != FaultSBEStorm:
-		return fmt.Errorf("value applies to overheat (°C) and sbe_storm (errors per minute) only, not %s", f.Kind)
+	case f.Value > 0 && f.Kind != FaultOverheat && f.Kind != FaultSBEStorm && f.Kind != FaultStraggler:
+		return fmt.Errorf("value applies to overheat (°C), sbe_storm (errors per minute) and straggler (time factor) only, not %s", f.Kind)
 	case f.Kind == FaultOverheat && f.Value > 0 && (f.Value < 30 || f.Value > 120):
 		return fmt.Errorf("overheat value %g °C: want 30..120", f.Value)
 	}
@@ -394,6 +409,8 @@ func faultValue(f Fault) float64 {
 		return overheatTemp
 	case f.Kind == FaultSBEStorm:
 		return defaultSBEStormRate
+	case f.Kind == FaultStraggler:
+		return defaultStragglerFactor
 	}
 	return 0
 }
@@ -483,9 +500,31 @@ func (c *Cluster) jobFaultActive(kind FaultKind, j *jobSlot, s float64) bool {
 }
 
 // jobStalledAt: a job stops iterating while any of its nodes has a
-// training_stall fault or is down (the collective waits for the lost rank).
+// training_stall fault or is down (the collective waits for the lost rank),
+// or a slow start holds its first step.
 func (c *Cluster) jobStalledAt(j *jobSlot, s float64) bool {
-	return c.jobFaultActive(FaultTrainingStall, j, s) || c.jobFaultActive(FaultNodeDown, j, s)
+	for i := range c.faults {
+		if f := &c.faults[i]; f.holdsJob(j) && f.activeAt(s) {
+			return true
+		}
+	}
+	return false
+}
+
+// holdsJob reports whether fault f stops job j's iterations while it
+// lasts: a training_stall or node_down on one of its nodes, or a
+// training_slow_start on one of its nodes that j started in.
+func (f *activeFault) holdsJob(j *jobSlot) bool {
+	if f.node < j.firstNode || f.node >= j.firstNode+j.size {
+		return false
+	}
+	switch f.kind {
+	case FaultTrainingStall, FaultNodeDown:
+		return true
+	case FaultTrainingSlowStart:
+		return j.start >= f.start && j.start < f.end
+	}
+	return false
 }
 
 // stalledTime returns how long job j was stalled within [a, b).
@@ -497,7 +536,7 @@ func (c *Cluster) stalledTime(j *jobSlot, a, b float64) float64 {
 	iv := buf[:0]
 	for i := range c.faults {
 		f := &c.faults[i]
-		if (f.kind != FaultTrainingStall && f.kind != FaultNodeDown) || f.node < j.firstNode || f.node >= j.firstNode+j.size {
+		if !f.holdsJob(j) {
 			continue
 		}
 		lo, hi := max(f.start, a), min(f.end, b)

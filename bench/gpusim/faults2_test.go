@@ -140,3 +140,116 @@ func TestFaultValue(t *testing.T) {
 		t.Errorf("yaml: %+v %v", fs, err)
 	}
 }
+
+// trainingValue returns the training series named name of the rank on GPU gpu of the
+// fault's node, failing unless there is exactly one.
+func (fc *faultCase) trainingValue(t *testing.T, c *Cluster, at time.Time, name, gpu string) Series {
+	t.Helper()
+	s := find(c.AppendSamples(nil, at, Replica{}), name, "Hostname", fc.host, "rank", rankOf(fc, gpu))
+	if len(s) != 1 {
+		t.Fatalf("%s of rank on GPU %s at %s: %d series", name, gpu, at.Sub(t0), len(s))
+	}
+	return s[0]
+}
+
+func rankOf(fc *faultCase, gpu string) string {
+	var g int
+	for _, r := range gpu {
+		g = g*10 + int(r-'0')
+	}
+	return itoa((fc.node-fc.job.firstNode)*8 + g)
+}
+
+// A straggler: the rank on GPU 2 takes 1.5 times as long per iteration
+// while the fault lasts: its _sum grows 1.5 times as fast as its
+// neighbour's, its _count as the job's, and before the fault it is as
+// without it.
+func TestFaultStraggler(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultStraggler, GPU: 2})
+	const sum, count = "training_iteration_time_seconds_sum", "training_iteration_time_seconds_count"
+	before := fc.start.Add(-time.Second)
+	if c, f := fc.trainingValue(t, fc.clean, before, sum, "2"), fc.trainingValue(t, fc.faulty, before, sum, "2"); c.V != f.V {
+		t.Errorf("before: _sum %v vs clean %v", f.V, c.V)
+	}
+	grow := func(c *Cluster, gpu string) float64 {
+		return fc.trainingValue(t, c, fc.end, sum, gpu).V - fc.trainingValue(t, c, before, sum, gpu).V
+	}
+	slow, peer := grow(fc.faulty, "2"), grow(fc.faulty, "3")
+	if peer <= 0 || math.Abs(slow/peer-1.5) > 0.01 {
+		t.Errorf("during: straggler's _sum grew %v, its neighbour's %v (ratio %.3f), want 1.5", slow, peer, slow/peer)
+	}
+	if c, f := grow(fc.clean, "3"), peer; c != f {
+		t.Errorf("neighbour's _sum grew %v, clean %v", f, c)
+	}
+	for _, gpu := range []string{"2", "3"} {
+		if c, f := fc.trainingValue(t, fc.clean, fc.end, count, gpu), fc.trainingValue(t, fc.faulty, fc.end, count, gpu); c.V != f.V {
+			t.Errorf("rank on GPU %s: _count %v vs clean %v", gpu, f.V, c.V)
+		}
+	}
+	s := fc.trainingValue(t, fc.faulty, fc.end, sum, "2")
+	for _, l := range []string{"job_name", "namespace", "rank", "Hostname", "pod", "container"} {
+		if s.Get(l) == "" {
+			t.Errorf("%s lacks label %s", s.String(), l)
+		}
+	}
+	// After the fault the difference stays as it was at its end.
+	late := fc.end.Add(5 * time.Minute)
+	d0 := fc.trainingValue(t, fc.faulty, fc.end, sum, "2").V - fc.trainingValue(t, fc.clean, fc.end, sum, "2").V
+	d1 := fc.trainingValue(t, fc.faulty, late, sum, "2").V - fc.trainingValue(t, fc.clean, late, sum, "2").V
+	if math.Abs(d1-d0) > 1e-6*d0 {
+		t.Errorf("after: extra time %v, was %v at the fault's end", d1, d0)
+	}
+}
+
+// A slow start: a job starting on the node while the fault lasts exports
+// its iteration count at 0 until the fault ends, then trains.
+func TestFaultTrainingSlowStart(t *testing.T) {
+	base := Config{Nodes: 16, Seed: 13, FaultOrigin: t0}
+	clean := newTestCluster(t, base)
+	// A node whose job starts between t0+5m and t0+24h and runs 30 minutes.
+	node, start := -1, 0.0
+	for n := range clean.nodes {
+		g := &clean.groups[n/groupSize]
+		for k := g.window(clean.secs(t0)); k <= g.window(clean.secs(t0.Add(24*time.Hour))); k++ {
+			j := clean.slotOf(n, k)
+			if !j.idle && j.start >= clean.secs(t0.Add(5*time.Minute)) && j.start < clean.secs(t0.Add(24*time.Hour)) && j.end > j.start+1800 {
+				node, start = n, j.start
+				break
+			}
+		}
+		if node >= 0 {
+			break
+		}
+	}
+	if node < 0 {
+		t.Fatal("no job starts within the day")
+	}
+	at := time.Duration(start-clean.secs(t0))*time.Second - time.Minute
+	base.Faults = []Fault{{Kind: FaultTrainingSlowStart, At: at, Duration: 21 * time.Minute, Node: itoa(node)}}
+	c := newTestCluster(t, base)
+	host := clean.nodes[node].hostname
+	jobStart := t0.Add(at + time.Minute)
+	count := func(at time.Time) []Series {
+		return find(c.AppendSamples(nil, at, Replica{}), "training_iteration_time_seconds_count", "Hostname", host)
+	}
+	for _, d := range []time.Duration{time.Second, 10 * time.Minute, 20*time.Minute - time.Second} {
+		got := count(jobStart.Add(d))
+		if len(got) == 0 {
+			t.Fatalf("%s after the job's start: no iteration count", d)
+		}
+		for _, s := range got {
+			if s.V != 0 {
+				t.Errorf("%s after the job's start: rank %s at %v iterations, want 0 while loading", d, s.Get("rank"), s.V)
+			}
+		}
+	}
+	got := count(jobStart.Add(25 * time.Minute))
+	if len(got) == 0 || got[0].V == 0 {
+		t.Errorf("5 minutes after loading: %v, want iterations", got)
+	}
+	// A job already running when the fault starts is not held.
+	fc := newFaultCase(t, Fault{Kind: FaultTrainingSlowStart})
+	if c, f := fc.both(t, fc.end, "DCGM_FI_DEV_GPU_UTIL", "gpu", "0"); c != f {
+		t.Errorf("running job: GPU util %v vs clean %v", f, c)
+	}
+}

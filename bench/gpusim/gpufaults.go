@@ -267,3 +267,29 @@ func (c *Cluster) faultSeconds(kind FaultKind, node, gpu int, s float64) float64
 	}
 	return total
 }
+
+// stragglerExtra is the iteration time the straggler faults on (node, gpu)
+// add to that rank's training_iteration_time_seconds_sum by st's instant:
+// (factor-1) times the job's iteration time while each fault held.
+func (c *Cluster) stragglerExtra(n *node, gi int, st *nodeStep) float64 {
+	ji := st.job
+	s := ji.start + st.sinceJob
+	extra := 0.0
+	for i := range c.faults {
+		f := &c.faults[i]
+		if f.kind != FaultStraggler || !f.hitsGPU(n.idx, gi) || s < f.start {
+			continue
+		}
+		a, b := math.Max(f.start, ji.start), math.Min(s, f.end)
+		if b > a {
+			extra += (f.value - 1) * (c.iterSum(ji, b) - c.iterSum(ji, a))
+		}
+	}
+	return extra
+}
+
+// iterSum is job ji's summed iteration time (one rank's, without noise) at s.
+func (c *Cluster) iterSum(ji *jobInfo, s float64) float64 {
+	_, sum, _, _ := ji.iterations(s - ji.start - c.stalledTime(&ji.jobSlot, ji.start, s))
+	return sum
+}

@@ -113,23 +113,40 @@ func dayFaults() map[string]gpusim.Fault {
 		// One 15 s scrape with the HW-slowdown bit.
 		"pstate_change": {Kind: gpusim.FaultPStateChange, At: faultsAt, Duration: 15 * time.Second, Node: "1", GPU: 7},
 		// 2 corrected errors a minute: past 10 in the hour 6 minutes in.
-		"sbe_storm": {Kind: gpusim.FaultSBEStorm, At: faultsAt, Duration: long, Node: "6", GPU: 0, Value: 2},
-		"exporter_upgrade":          {Kind: gpusim.FaultExporterUpgrade, At: faultsAt, Node: "2"},
-		"node_down":                 {Kind: gpusim.FaultNodeDown, At: faultsAt, Duration: long, Node: "3"},
-		"exporter_crash":            {Kind: gpusim.FaultExporterCrash, At: faultsAt, Duration: long, Node: "4"},
-		"exporter_hung":             {Kind: gpusim.FaultExporterHung, At: faultsAt, Duration: long, Node: "5"},
+		"sbe_storm":        {Kind: gpusim.FaultSBEStorm, At: faultsAt, Duration: long, Node: "6", GPU: 0, Value: 2},
+		"exporter_upgrade": {Kind: gpusim.FaultExporterUpgrade, At: faultsAt, Node: "2"},
+		"node_down":        {Kind: gpusim.FaultNodeDown, At: faultsAt, Duration: long, Node: "3"},
+		"exporter_crash":   {Kind: gpusim.FaultExporterCrash, At: faultsAt, Duration: long, Node: "4"},
+		"exporter_hung":    {Kind: gpusim.FaultExporterHung, At: faultsAt, Duration: long, Node: "5"},
 		// The last node of its block: the slots kept empty for the
 		// autoscaler leave the training nodes' jobs alone.
 		"node_removed": {Kind: gpusim.FaultNodeRemoved, At: faultsAt, Node: "15"},
 	}
 }
 
-// trainingFault places a job-level fault on a node from dayTrainingFrom on
-// whose job runs from before the faults to the end of the day, in the
-// cluster cfg (with the day's other faults).
-func trainingFault(t *testing.T, cfg gpusim.Config, day0 time.Time, kind gpusim.FaultKind) gpusim.Fault {
-	node := busyNodeOf(t, cfg, day0.Add(faultsAt-time.Minute), day0.Add(dayLen), dayTrainingFrom)
-	return gpusim.Fault{Kind: kind, At: faultsAt, Duration: dayLen, Node: node}
+// The training faults, each on a job of its own from node dayTrainingFrom
+// on (the cluster's jobs as cfg, with the day's other faults, places them):
+//   - training_stall: a job running from before the faults to the day's
+//     end stops iterating at faultsAt;
+//   - straggler: the rank on GPU 2 of a job running from 3 minutes into
+//     the day to its end iterates 1.5 times slower from 4 minutes on
+//     (TrainingStraggler needs 10 minutes of mean and `for: 15m`).
+func trainingFaults(t *testing.T, cfg gpusim.Config, day0 time.Time) map[string]gpusim.Fault {
+	sim, err := gpusim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken := map[string]bool{}
+	stall := jobNodeOf(t, sim, day0, taken, func(pod func(time.Duration) string) bool {
+		return pod(faultsAt-time.Minute) != "" && pod(faultsAt-time.Minute) == pod(dayLen)
+	})
+	straggler := jobNodeOf(t, sim, day0, taken, func(pod func(time.Duration) string) bool {
+		return pod(3*time.Minute) != "" && pod(3*time.Minute) == pod(dayLen)
+	})
+	return map[string]gpusim.Fault{
+		"training_stall": {Kind: gpusim.FaultTrainingStall, At: faultsAt, Duration: dayLen, Node: stall},
+		"straggler":      {Kind: gpusim.FaultStraggler, At: 4 * time.Minute, Duration: dayLen, Node: straggler, GPU: 2, Value: 1.5},
+	}
 }
 
 // contract is deploy/rules/testdata/notifications.yaml.
@@ -288,8 +305,11 @@ func TestSimulatedDayNotifications(t *testing.T) {
 	for _, n := range sortedKeys(faults) {
 		cfg.Faults = append(cfg.Faults, faults[n])
 	}
-	faults["training_stall"] = trainingFault(t, cfg, day0, gpusim.FaultTrainingStall)
-	cfg.Faults = append(cfg.Faults, faults["training_stall"])
+	tf := trainingFaults(t, cfg, day0)
+	for _, n := range sortedKeys(tf) {
+		faults[n] = tf[n]
+		cfg.Faults = append(cfg.Faults, tf[n])
+	}
 	for _, cl := range c.Classes {
 		if _, ok := faults[cl.Fault]; !ok && !slices.Contains(dayUnsimulated, cl.Fault) {
 			t.Errorf("class %s of notifications.yaml is neither simulated nor listed as unsimulated", cl.Fault)
@@ -462,29 +482,27 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// busyNodeOf returns the index (as gpusim.Fault.Node takes it) of the first
-// node from index `from` on whose GPU 0 runs the same pod at `a` and `b`.
-func busyNodeOf(t *testing.T, cfg gpusim.Config, a, b time.Time, from int) string {
+// jobNodeOf returns the index (as gpusim.Fault.Node takes it) of the first
+// node from dayTrainingFrom on whose GPU 0's pod, at offsets into the day,
+// satisfies want, and whose job is not in taken (it adds it).
+func jobNodeOf(t *testing.T, sim *gpusim.Cluster, day0 time.Time, taken map[string]bool, want func(pod func(time.Duration) string) bool) string {
 	t.Helper()
-	c, err := gpusim.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hosts := c.Hostnames()
-	podAt := func(at time.Time, host string) string {
-		for _, s := range c.AppendSamples(nil, at, gpusim.Replica{}) {
-			if s.Name() == "DCGM_FI_DEV_GPU_UTIL" && s.Get("Hostname") == host && s.Get("gpu") == "0" {
-				return s.Get("pod")
+	hosts := sim.Hostnames()
+	for i := dayTrainingFrom; i < len(hosts); i++ {
+		podAt := func(d time.Duration) string {
+			for _, s := range sim.AppendSamples(nil, day0.Add(d), gpusim.Replica{}) {
+				if s.Name() == "DCGM_FI_DEV_GPU_UTIL" && s.Get("Hostname") == hosts[i] && s.Get("gpu") == "0" {
+					return s.Get("pod")
+				}
 			}
+			return ""
 		}
-		return ""
-	}
-	for i := from; i < len(hosts); i++ {
-		if p := podAt(a, hosts[i]); p != "" && p == podAt(b, hosts[i]) {
+		if job := jobOfPod(podAt(dayLen)); !taken[job] && want(podAt) {
+			taken[job] = true
 			return fmt.Sprint(i)
 		}
 	}
-	t.Fatalf("no node from %d on runs one job from %s to %s", from, a.Format(time.TimeOnly), b.Format(time.TimeOnly))
+	t.Fatalf("no node from %d on runs a job as the fault needs", dayTrainingFrom)
 	return ""
 }
 
