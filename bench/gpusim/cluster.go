@@ -43,7 +43,7 @@ type Config struct {
 	// server has HGXNodeCPUs, which the gpusim command simulates by default
 	// and whose 1,792 CPU series dominate a node's series count.
 	NodeCPUs int
-	// GPUModel is ModelH100 (default) or ModelB200: model name, memory,
+	// GPUModel is ModelH100 (default), ModelB200 or ModelA100: model name, memory,
 	// power, clocks and the NVLink generation (which NVLink error fields
 	// dcgm-exporter has to export).
 	GPUModel string

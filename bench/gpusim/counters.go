@@ -48,8 +48,9 @@ func (c *Cluster) counters(n *node, gi int, s float64, sums *jobSums) gpuCounter
 func (c *Cluster) rawCounters(n *node, gi int, s float64, procs *gpu, powerCapSecs float64) gpuCounters {
 	var v gpuCounters
 	v.pcie, _ = procs.pcie.at(s)
+	v.pcie += c.perMinuteEvents(FaultPCIeReplays, n.idx, gi, s)
 	v.sbe, _ = procs.sbe.at(s)
-	v.sbe += c.sbeStormErrors(n.idx, gi, s)
+	v.sbe += c.perMinuteEvents(FaultSBEStorm, n.idx, gi, s)
 	v.dbe = c.dbeFaultEvents(n.idx, gi, s)
 	crc, _ := procs.crc.at(s)
 	if c.hw.nvlink5 {

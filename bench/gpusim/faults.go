@@ -121,12 +121,16 @@ const (
 	// lasts makes its first step only when the fault ends (a long data or
 	// checkpoint load); its count stays at 0 until then, then it trains.
 	FaultTrainingSlowStart FaultKind = "training_slow_start"
+	// FaultPCIeReplays: PCIe replays at Value per minute (default 20) while
+	// it lasts, on top of the GPU's background rate: above DCGM's limit for
+	// an A100's Gen4 x16 link (16), below an H100's Gen5 x16 (31).
+	FaultPCIeReplays FaultKind = "pcie_replays"
 )
 
 // FaultKinds lists every kind, for flag help and validation.
 var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultThrottleThermal, FaultHBMOverheat, FaultExporterUpgrade, FaultDriverUpgrade, FaultTrainingStall, FaultNaNLoss, FaultNodeDown,
 	FaultGPUReset, FaultRecoveryAction, FaultMIG, FaultNVLinkReplay, FaultNVLinkRecovery, FaultExporterCrash, FaultExporterHung, FaultNodeRemoved,
-	FaultPStateChange, FaultSBEStorm, FaultStraggler, FaultTrainingSlowStart}
+	FaultPStateChange, FaultSBEStorm, FaultStraggler, FaultTrainingSlowStart, FaultPCIeReplays}
 
 // DefaultFaultDuration applies when a fault gives none (gpu_reset: 30 s,
 // pstate_change: 15 s).
@@ -146,6 +150,10 @@ func defaultDuration(kind FaultKind) time.Duration {
 // defaultSBEStormRate is an sbe_storm's corrected errors per minute when it
 // gives no Value.
 const defaultSBEStormRate = 2.0
+
+// defaultPCIeReplayRate is a pcie_replays fault's replays per minute when
+// it gives no Value.
+const defaultPCIeReplayRate = 20.0
 
 // defaultStragglerFactor is how much slower a straggler's iterations are
 // when its fault gives no Value.
@@ -168,8 +176,8 @@ type Fault struct {
 	// (0: once): the same code again, which the last-Xid gauge cannot show.
 	Every time.Duration
 	// Value is the level of the kinds that take one (0: their default):
-	// overheat's target temperature (°C), sbe_storm's errors per minute,
-	// straggler's iteration-time factor.
+	// overheat's target temperature (°C), sbe_storm's errors and
+	// pcie_replays' replays per minute, straggler's iteration-time factor.
 	Value float64
 }
 
@@ -309,8 +317,8 @@ func checkFault(f Fault) error {
 		return fmt.Errorf("every applies to xid faults only, not %s", f.Kind)
 	case f.Value < 0 || math.IsNaN(f.Value) || math.IsInf(f.Value, 0):
 		return fmt.Errorf("value %g: want a positive number", f.Value)
-	case f.Value > 0 && f.Kind != FaultOverheat && f.Kind != FaultSBEStorm && f.Kind != FaultStraggler:
-		return fmt.Errorf("value applies to overheat (°C), sbe_storm (errors per minute) and straggler (time factor) only, not %s", f.Kind)
+	case f.Value > 0 && f.Kind != FaultOverheat && f.Kind != FaultSBEStorm && f.Kind != FaultStraggler && f.Kind != FaultPCIeReplays:
+		return fmt.Errorf("value applies to overheat (°C), sbe_storm and pcie_replays (per minute) and straggler (time factor) only, not %s", f.Kind)
 	case f.Kind == FaultOverheat && f.Value > 0 && (f.Value < 30 || f.Value > 120):
 		return fmt.Errorf("overheat value %g °C: want 30..120", f.Value)
 	}
@@ -411,6 +419,8 @@ func faultValue(f Fault) float64 {
 		return defaultSBEStormRate
 	case f.Kind == FaultStraggler:
 		return defaultStragglerFactor
+	case f.Kind == FaultPCIeReplays:
+		return defaultPCIeReplayRate
 	}
 	return 0
 }

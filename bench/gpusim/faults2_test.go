@@ -253,3 +253,52 @@ func TestFaultTrainingSlowStart(t *testing.T) {
 		t.Errorf("running job: GPU util %v vs clean %v", f, c)
 	}
 }
+
+// PCIe replays at 20 a minute: DCGM_FI_DEV_PCIE_REPLAY_COUNTER grows by 20
+// a minute more than without the fault, on its GPU only.
+func TestFaultPCIeReplays(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultPCIeReplays, GPU: 4})
+	const name = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
+	c0, f0 := fc.both(t, fc.start.Add(-time.Second), name, "gpu", "4")
+	if c0 != f0 {
+		t.Errorf("before: %v vs clean %v", f0, c0)
+	}
+	for _, tc := range []struct {
+		after time.Duration
+		want  float64
+	}{{0, 1}, {time.Minute, 21}, {faultDur + time.Hour, 100}} {
+		c, f := fc.both(t, fc.start.Add(tc.after), name, "gpu", "4")
+		if got := (f - f0) - (c - c0); got != tc.want {
+			t.Errorf("%s in: %v more replays than without the fault, want %v", tc.after, got, tc.want)
+		}
+	}
+	hasDCGMLabels(t, fc.gpuSeries(fc.end, name, "4")[0])
+	if c, f := fc.both(t, fc.end, name, "gpu", "5"); c != f {
+		t.Errorf("replays leaked to GPU 5: %v vs %v", f, c)
+	}
+}
+
+// An A100 cluster: dcgm-exporter's modelName for an A100 SXM4 80GB, the
+// NVLink3 CRC/replay/recovery counters (no NVLink5 fields), 400 W TDP.
+func TestModelA100(t *testing.T) {
+	c := newTestCluster(t, Config{Nodes: 2, Seed: 5, GPUModel: ModelA100})
+	got := c.AppendSamples(nil, t0, Replica{})
+	temps := find(got, "DCGM_FI_DEV_GPU_TEMP")
+	if len(temps) != 16 {
+		t.Fatalf("%d GPU temperatures, want 16", len(temps))
+	}
+	for _, s := range temps {
+		hasDCGMLabels(t, s)
+		if s.Get("modelName") != "NVIDIA A100-SXM4-80GB" {
+			t.Errorf("modelName %q", s.Get("modelName"))
+		}
+	}
+	if len(find(got, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL")) != 16 || len(find(got, "DCGM_FI_DEV_NVLINK_COUNT_RX_SYMBOL_ERRORS")) != 0 {
+		t.Error("an A100 exports the NVLink CRC counters and no NVLink5 fields")
+	}
+	for _, s := range find(got, "DCGM_FI_DEV_POWER_USAGE") {
+		if s.V > 400 {
+			t.Errorf("A100 at %v W, above its 400 W TDP", s.V)
+		}
+	}
+}

@@ -226,12 +226,13 @@ func (f *activeFault) eventsUpTo(s, period float64) float64 {
 	return math.Ceil((f.end - f.start) / period)
 }
 
-// sbeStormErrors counts the corrected ECC errors sbe_storm faults put on
-// (node, gpu) up to s, each at its own rate (value per minute).
-func (c *Cluster) sbeStormErrors(node, gpu int, s float64) float64 {
+// perMinuteEvents counts the events faults of kind (sbe_storm,
+// pcie_replays) put on (node, gpu) up to s, each at its own rate (value per
+// minute).
+func (c *Cluster) perMinuteEvents(kind FaultKind, node, gpu int, s float64) float64 {
 	n := 0.0
 	for i := range c.faults {
-		if f := &c.faults[i]; f.kind == FaultSBEStorm && f.hitsGPU(node, gpu) {
+		if f := &c.faults[i]; f.kind == kind && f.hitsGPU(node, gpu) {
 			n += f.eventsUpTo(s, 60/f.value)
 		}
 	}

@@ -113,14 +113,32 @@ func dayFaults() map[string]gpusim.Fault {
 		// One 15 s scrape with the HW-slowdown bit.
 		"pstate_change": {Kind: gpusim.FaultPStateChange, At: faultsAt, Duration: 15 * time.Second, Node: "1", GPU: 7},
 		// 2 corrected errors a minute: past 10 in the hour 6 minutes in.
-		"sbe_storm":        {Kind: gpusim.FaultSBEStorm, At: faultsAt, Duration: long, Node: "6", GPU: 0, Value: 2},
-		"exporter_upgrade": {Kind: gpusim.FaultExporterUpgrade, At: faultsAt, Node: "2"},
-		"node_down":        {Kind: gpusim.FaultNodeDown, At: faultsAt, Duration: long, Node: "3"},
-		"exporter_crash":   {Kind: gpusim.FaultExporterCrash, At: faultsAt, Duration: long, Node: "4"},
-		"exporter_hung":    {Kind: gpusim.FaultExporterHung, At: faultsAt, Duration: long, Node: "5"},
+		"sbe_storm": {Kind: gpusim.FaultSBEStorm, At: faultsAt, Duration: long, Node: "6", GPU: 0, Value: 2},
+		// 20 replays a minute: under an H100's Gen5 x16 limit of 31.
+		"pcie_replays_under_limit": {Kind: gpusim.FaultPCIeReplays, At: faultsAt, Duration: long, Node: "6", GPU: 1, Value: 20},
+		"exporter_upgrade":         {Kind: gpusim.FaultExporterUpgrade, At: faultsAt, Node: "2"},
+		"node_down":                {Kind: gpusim.FaultNodeDown, At: faultsAt, Duration: long, Node: "3"},
+		"exporter_crash":           {Kind: gpusim.FaultExporterCrash, At: faultsAt, Duration: long, Node: "4"},
+		"exporter_hung":            {Kind: gpusim.FaultExporterHung, At: faultsAt, Duration: long, Node: "5"},
 		// The last node of its block: the slots kept empty for the
 		// autoscaler leave the training nodes' jobs alone.
 		"node_removed": {Kind: gpusim.FaultNodeRemoved, At: faultsAt, Node: "15"},
+	}
+}
+
+// dayA100 is the day's A100 cluster: the faults that need another GPU
+// model, in a small cluster of its own (its own label cluster; hostnames
+// like the main one's).
+func dayA100(day0 time.Time) gpusim.Config {
+	return gpusim.Config{Name: "gpu-cluster-a100", Nodes: 2, Seed: 5, GPUModel: gpusim.ModelA100, TargetLabels: true, XidsPerGPUYear: -1,
+		Epoch: day0.Add(-dayEpochAge), FaultOrigin: day0,
+		Faults: []gpusim.Fault{dayA100Faults()["pcie_replays_over_limit"]}}
+}
+
+func dayA100Faults() map[string]gpusim.Fault {
+	return map[string]gpusim.Fault{
+		// 20 replays a minute: over an A100's Gen4 x16 limit of 16.
+		"pcie_replays_over_limit": {Kind: gpusim.FaultPCIeReplays, At: faultsAt, Duration: dayLen, Node: "0", GPU: 0, Value: 20},
 	}
 }
 
@@ -275,7 +293,7 @@ func startAlertmanagerWith(t *testing.T, bin, cfg string) string {
 
 // alertKey names a notified alert by what the contract scopes it with.
 func alertKey(l map[string]string) string {
-	k := l["alertname"] + " node=" + l["node"]
+	k := l["alertname"] + " cluster=" + l["cluster"] + " node=" + l["node"]
 	for _, n := range []string{"gpu", "xid", "reason", "counter", "namespace", "pod"} {
 		if v := l[n]; v != "" {
 			k += " " + n + "=" + v
@@ -310,6 +328,15 @@ func TestSimulatedDayNotifications(t *testing.T) {
 		faults[n] = tf[n]
 		cfg.Faults = append(cfg.Faults, tf[n])
 	}
+	// Each class's fault and the cluster it is in.
+	a100 := dayA100(day0)
+	clusterOf := map[string]string{}
+	for n := range faults {
+		clusterOf[n] = cfg.Name
+	}
+	for n, f := range dayA100Faults() {
+		faults[n], clusterOf[n] = f, a100.Name
+	}
 	for _, cl := range c.Classes {
 		if _, ok := faults[cl.Fault]; !ok && !slices.Contains(dayUnsimulated, cl.Fault) {
 			t.Errorf("class %s of notifications.yaml is neither simulated nor listed as unsimulated", cl.Fault)
@@ -332,26 +359,39 @@ func TestSimulatedDayNotifications(t *testing.T) {
 		c.Rules.Alertmanager.URLs = []string{proxy.URL}
 	})
 
-	sim, err := gpusim.New(cfg)
-	if err != nil {
-		t.Fatal(err)
+	// Every cluster's exporters are scraped at the same instants and sent
+	// with its own `cluster` label, as each cluster's Prometheus would.
+	type daySim struct {
+		sim *gpusim.Cluster
+		snd *gpusim.Sender
+		buf []gpusim.Series
 	}
-	hosts := sim.Hostnames()
-	snd, err := gpusim.NewSender(gpusim.SenderConfig{
-		URL: base + "/api/v1/write", Tenant: tenantID,
-		ExternalLabels: []gpusim.Label{{Name: "cluster", Value: cfg.Name}},
-		Logger:         slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
-	if err != nil {
-		t.Fatal(err)
+	hosts := map[string][]string{}
+	var sims []*daySim
+	for _, cc := range []gpusim.Config{cfg, a100} {
+		sim, err := gpusim.New(cc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hosts[cc.Name] = sim.Hostnames()
+		snd, err := gpusim.NewSender(gpusim.SenderConfig{
+			URL: base + "/api/v1/write", Tenant: tenantID,
+			ExternalLabels: []gpusim.Label{{Name: "cluster", Value: cc.Name}},
+			Logger:         slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sims = append(sims, &daySim{sim: sim, snd: snd})
 	}
 	ctx := context.Background()
-	var buf []gpusim.Series
 	scrape := func(ts time.Time) {
-		buf = sim.AppendSamples(buf[:0], ts, gpusim.Replica{})
-		buf = sim.AppendStaleMarkers(buf, ts, gpusim.Replica{})
-		if err := snd.Send(ctx, buf); err != nil {
-			t.Fatalf("remote write at %s: %v", ts, err)
+		for _, d := range sims {
+			d.buf = d.sim.AppendSamples(d.buf[:0], ts, gpusim.Replica{})
+			d.buf = d.sim.AppendStaleMarkers(d.buf, ts, gpusim.Replica{})
+			if err := d.snd.Send(ctx, d.buf); err != nil {
+				t.Fatalf("remote write at %s: %v", ts, err)
+			}
 		}
 	}
 	scrape(day0)
@@ -411,14 +451,14 @@ func TestSimulatedDayNotifications(t *testing.T) {
 		var idx int
 		fmt.Sscan(f.Node, &idx)
 		for _, e := range cl.Notify {
-			l := map[string]string{"alertname": e.Alertname, "xid": e.Xid, "reason": e.Reason, "counter": e.Counter}
+			l := map[string]string{"alertname": e.Alertname, "xid": e.Xid, "reason": e.Reason, "counter": e.Counter, "cluster": clusterOf[cl.Fault]}
 			switch e.Scope {
 			case "gpu":
-				l["node"], l["gpu"] = hosts[idx], fmt.Sprint(f.GPU)
+				l["node"], l["gpu"] = hosts[clusterOf[cl.Fault]][idx], fmt.Sprint(f.GPU)
 			case "node":
-				l["node"] = hosts[idx]
+				l["node"] = hosts[clusterOf[cl.Fault]][idx]
 			case "pod":
-				l["node"] = "pod"
+				l["node"], l["cluster"] = "pod", ""
 				podScoped[e.Alertname] = true
 			}
 			want[alertKey(l)] = true

@@ -102,7 +102,7 @@ func (f *simFlags) register(fs *flag.FlagSet, targetLabelsDefault bool) {
 	fs.StringVar(&f.epoch, "sim.epoch", gpusim.DefaultEpoch.Format(time.RFC3339), "Epoch (RFC 3339) that counters and job windows are anchored to. Replicas and reruns must share it.")
 	fs.Float64Var(&f.xidsPerYear, "sim.xids-per-gpu-year", 0.02, "Background Xid events per GPU per year (negative: none). The Xid gauge keeps its last code.")
 	fs.IntVar(&f.nodeCPUs, "sim.node-cpus", gpusim.HGXNodeCPUs, "Logical CPUs per node reported by node_cpu_seconds_total (8 modes each); the default is an 8-GPU HGX H100 server's (2 × 56 cores with SMT).")
-	fs.StringVar(&f.gpuModel, "sim.gpu-model", gpusim.ModelH100, "GPU model: "+gpusim.ModelH100+" (NVLink4) or "+gpusim.ModelB200+" (NVLink5: DCGM_FI_DEV_NVLINK_COUNT_* fields instead of the CRC/replay/recovery counters).")
+	fs.StringVar(&f.gpuModel, "sim.gpu-model", gpusim.ModelH100, "GPU model: "+gpusim.ModelH100+" (NVLink4), "+gpusim.ModelB200+" (NVLink5: DCGM_FI_DEV_NVLINK_COUNT_* fields instead of the CRC/replay/recovery counters) or "+gpusim.ModelA100+" (NVLink3, PCIe Gen4).")
 	fs.StringVar(&f.recoveryName, "dcgm.recovery-action-field", gpusim.RecoveryActionFieldDCGM45, "Name of DCGM field 1523 as the counters CSV gives it: "+gpusim.RecoveryActionFieldDCGM45+" (DCGM <= 4.5, dcgm-exporter 4.8.2) or "+gpusim.RecoveryActionFieldDCGM46+" (DCGM >= 4.6).")
 	fs.DurationVar(&f.xidWindow, "dcgm.xid-count-window-size", 5*time.Minute, "Window of DCGM_EXP_XID_ERRORS_COUNT (dcgm-exporter's --xid-count-window-size).")
 	fs.BoolVar(&f.targetLabels, "sim.target-labels", targetLabelsDefault, "Add job/instance labels and \"up\" series, as the scraping Prometheus would (on for write/backfill, off for serve).")
