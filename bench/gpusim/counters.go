@@ -57,7 +57,7 @@ func (c *Cluster) rawCounters(n *node, gi int, s float64, procs *gpu, powerCapSe
 		// FEC corrects what NVLink4 counted as CRC errors: the effective
 		// (post-FEC) and symbol error counters take their place.
 		v.nvl5Effective = crc + c.crcFaultErrors(n.idx, gi, s, crcBurstRate)
-		v.nvl5Sym = c.crcFaultErrors(n.idx, gi, s, 4*crcBurstRate)
+		v.nvl5Sym = c.crcFaultErrors(n.idx, gi, s, 4*crcBurstRate) + c.perMinuteEvents(FaultNVLink5SymbolErrors, n.idx, gi, s)
 		v.nvl5Rx = c.crcFaultErrors(n.idx, gi, s, crcBurstRate/10)
 		v.nvl5Recovery = c.periodicEvents(FaultNVLinkRecovery, n.idx, gi, s, 60)
 	} else {

@@ -3,6 +3,7 @@ package gpusim
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -125,12 +126,16 @@ const (
 	// it lasts, on top of the GPU's background rate: above DCGM's limit for
 	// an A100's Gen4 x16 link (16), below an H100's Gen5 x16 (31).
 	FaultPCIeReplays FaultKind = "pcie_replays"
+	// FaultNVLink5SymbolErrors (NVLink5 only): RX symbol errors at Value per
+	// minute (default 6) while it lasts, no other NVLink5 counter or BER
+	// moving: the least DCGM's NVLink5 health check fails a link on.
+	FaultNVLink5SymbolErrors FaultKind = "nvlink5_symbol_errors"
 )
 
 // FaultKinds lists every kind, for flag help and validation.
 var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultThrottleThermal, FaultHBMOverheat, FaultExporterUpgrade, FaultDriverUpgrade, FaultTrainingStall, FaultNaNLoss, FaultNodeDown,
 	FaultGPUReset, FaultRecoveryAction, FaultMIG, FaultNVLinkReplay, FaultNVLinkRecovery, FaultExporterCrash, FaultExporterHung, FaultNodeRemoved,
-	FaultPStateChange, FaultSBEStorm, FaultStraggler, FaultTrainingSlowStart, FaultPCIeReplays}
+	FaultPStateChange, FaultSBEStorm, FaultStraggler, FaultTrainingSlowStart, FaultPCIeReplays, FaultNVLink5SymbolErrors}
 
 // DefaultFaultDuration applies when a fault gives none (gpu_reset: 30 s,
 // pstate_change: 15 s).
@@ -155,6 +160,10 @@ const defaultSBEStormRate = 2.0
 // it gives no Value.
 const defaultPCIeReplayRate = 20.0
 
+// defaultNVLink5SymbolErrorRate is an nvlink5_symbol_errors fault's errors
+// per minute when it gives no Value.
+const defaultNVLink5SymbolErrorRate = 6.0
+
 // defaultStragglerFactor is how much slower a straggler's iterations are
 // when its fault gives no Value.
 const defaultStragglerFactor = 1.5
@@ -176,8 +185,9 @@ type Fault struct {
 	// (0: once): the same code again, which the last-Xid gauge cannot show.
 	Every time.Duration
 	// Value is the level of the kinds that take one (0: their default):
-	// overheat's target temperature (°C), sbe_storm's errors and
-	// pcie_replays' replays per minute, straggler's iteration-time factor.
+	// overheat's target temperature (°C), sbe_storm's,
+	// nvlink5_symbol_errors' errors and pcie_replays' replays per minute,
+	// straggler's iteration-time factor.
 	Value float64
 }
 
@@ -317,8 +327,8 @@ func checkFault(f Fault) error {
 		return fmt.Errorf("every applies to xid faults only, not %s", f.Kind)
 	case f.Value < 0 || math.IsNaN(f.Value) || math.IsInf(f.Value, 0):
 		return fmt.Errorf("value %g: want a positive number", f.Value)
-	case f.Value > 0 && f.Kind != FaultOverheat && f.Kind != FaultSBEStorm && f.Kind != FaultStraggler && f.Kind != FaultPCIeReplays:
-		return fmt.Errorf("value applies to overheat (°C), sbe_storm and pcie_replays (per minute) and straggler (time factor) only, not %s", f.Kind)
+	case f.Value > 0 && !slices.Contains(valueKinds, f.Kind):
+		return fmt.Errorf("value applies to %v only, not %s", valueKinds, f.Kind)
 	case f.Kind == FaultOverheat && f.Value > 0 && (f.Value < 30 || f.Value > 120):
 		return fmt.Errorf("overheat value %g °C: want 30..120", f.Value)
 	}
@@ -380,6 +390,9 @@ func (c *Cluster) resolveFaults(faults []Fault) error {
 		if f.Kind == FaultNVLinkReplay && c.hw.nvlink5 {
 			return fmt.Errorf("fault %d (%s): NVLink5 (%s) has no replay counter; use nvlink_crc_burst or nvlink_recovery", i, f.Kind, c.cfg.GPUModel)
 		}
+		if f.Kind == FaultNVLink5SymbolErrors && !c.hw.nvlink5 {
+			return fmt.Errorf("fault %d (%s): %s has no NVLink5 symbol error counter; use a B200 or nvlink_crc_burst", i, f.Kind, c.cfg.GPUModel)
+		}
 		d := f.Duration
 		if d <= 0 {
 			d = defaultDuration(f.Kind)
@@ -408,6 +421,9 @@ func (c *Cluster) resolveFaults(faults []Fault) error {
 	return nil
 }
 
+// valueKinds are the kinds that take a Value.
+var valueKinds = []FaultKind{FaultOverheat, FaultSBEStorm, FaultStraggler, FaultPCIeReplays, FaultNVLink5SymbolErrors}
+
 // faultValue is f's Value or its kind's default.
 func faultValue(f Fault) float64 {
 	switch {
@@ -421,6 +437,8 @@ func faultValue(f Fault) float64 {
 		return defaultStragglerFactor
 	case f.Kind == FaultPCIeReplays:
 		return defaultPCIeReplayRate
+	case f.Kind == FaultNVLink5SymbolErrors:
+		return defaultNVLink5SymbolErrorRate
 	}
 	return 0
 }

@@ -2,6 +2,7 @@ package gpusim
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -300,5 +301,38 @@ func TestModelA100(t *testing.T) {
 		if s.V > 400 {
 			t.Errorf("A100 at %v W, above its 400 W TDP", s.V)
 		}
+	}
+}
+
+// NVLink5 symbol errors on a B200: DCGM_FI_DEV_NVLINK_COUNT_RX_SYMBOL_ERRORS
+// grows by 6 a minute and no other NVLink5 field moves; an H100 refuses it.
+func TestFaultNVLink5SymbolErrors(t *testing.T) {
+	base := Config{Nodes: 2, Seed: 13, FaultOrigin: t0, GPUModel: ModelB200}
+	clean := newTestCluster(t, base)
+	base.Faults = []Fault{{Kind: FaultNVLink5SymbolErrors, At: faultAt, Duration: faultDur, Node: "1", GPU: 3}}
+	c := newTestCluster(t, base)
+	host := c.Hostnames()[1]
+	start, end := t0.Add(faultAt), t0.Add(faultAt+faultDur)
+	for _, d := range c.DCGMFamilies() {
+		if !strings.HasPrefix(d.Name, "DCGM_FI_DEV_NVLINK") {
+			continue
+		}
+		for _, at := range []time.Time{start.Add(-time.Second), start.Add(time.Minute), end.Add(time.Hour)} {
+			cv, fv := value(t, clean, at, d.Name, "Hostname", host, "gpu", "3"), value(t, c, at, d.Name, "Hostname", host, "gpu", "3")
+			want := 0.0
+			if d.Name == "DCGM_FI_DEV_NVLINK_COUNT_RX_SYMBOL_ERRORS" && !at.Before(start) {
+				want = min(float64(1+6*int(at.Sub(start).Minutes())), 6*faultDur.Minutes())
+			}
+			if d.Name == "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL" {
+				continue // traffic, not errors
+			}
+			if fv-cv != want {
+				t.Errorf("%s at %s: %v more than without the fault, want %v", d.Name, at.Sub(t0), fv-cv, want)
+			}
+		}
+	}
+	hasDCGMLabels(t, find(c.AppendSamples(nil, end, Replica{}), "DCGM_FI_DEV_NVLINK_COUNT_RX_SYMBOL_ERRORS", "Hostname", host, "gpu", "3")[0])
+	if _, err := New(Config{Nodes: 2, Faults: []Fault{{Kind: FaultNVLink5SymbolErrors, Node: "1", GPU: 3}}}); err == nil || !strings.Contains(err.Error(), "NVLink5") {
+		t.Errorf("nvlink5_symbol_errors on an H100: %v, want an error", err)
 	}
 }

@@ -126,19 +126,31 @@ func dayFaults() map[string]gpusim.Fault {
 	}
 }
 
-// dayA100 is the day's A100 cluster: the faults that need another GPU
-// model, in a small cluster of its own (its own label cluster; hostnames
-// like the main one's).
-func dayA100(day0 time.Time) gpusim.Config {
-	return gpusim.Config{Name: "gpu-cluster-a100", Nodes: 2, Seed: 5, GPUModel: gpusim.ModelA100, TargetLabels: true, XidsPerGPUYear: -1,
-		Epoch: day0.Add(-dayEpochAge), FaultOrigin: day0,
-		Faults: []gpusim.Fault{dayA100Faults()["pcie_replays_over_limit"]}}
+// dayCluster is one of the day's smaller clusters: the faults that need
+// another GPU model, each in a cluster of its own (its own label cluster;
+// hostnames like the main one's).
+type dayCluster struct {
+	cfg    gpusim.Config
+	faults map[string]gpusim.Fault
 }
 
-func dayA100Faults() map[string]gpusim.Fault {
-	return map[string]gpusim.Fault{
-		// 20 replays a minute: over an A100's Gen4 x16 limit of 16.
-		"pcie_replays_over_limit": {Kind: gpusim.FaultPCIeReplays, At: faultsAt, Duration: dayLen, Node: "0", GPU: 0, Value: 20},
+func dayOtherClusters(day0 time.Time) []dayCluster {
+	cluster := func(name, gpuModel string, faults map[string]gpusim.Fault) dayCluster {
+		cfg := gpusim.Config{Name: name, Nodes: 2, Seed: 5, GPUModel: gpuModel, TargetLabels: true, XidsPerGPUYear: -1,
+			Epoch: day0.Add(-dayEpochAge), FaultOrigin: day0}
+		for _, n := range sortedKeys(faults) {
+			cfg.Faults = append(cfg.Faults, faults[n])
+		}
+		return dayCluster{cfg: cfg, faults: faults}
+	}
+	return []dayCluster{
+		cluster("gpu-cluster-a100", gpusim.ModelA100, map[string]gpusim.Fault{
+			// 20 replays a minute: over an A100's Gen4 x16 limit of 16.
+			"pcie_replays_over_limit": {Kind: gpusim.FaultPCIeReplays, At: faultsAt, Duration: dayLen, Node: "0", GPU: 0, Value: 20},
+		}),
+		cluster("gpu-cluster-b200", gpusim.ModelB200, map[string]gpusim.Fault{
+			"nvlink5_symbol_errors": {Kind: gpusim.FaultNVLink5SymbolErrors, At: faultsAt, Duration: dayLen, Node: "1", GPU: 2},
+		}),
 	}
 }
 
@@ -329,13 +341,17 @@ func TestSimulatedDayNotifications(t *testing.T) {
 		cfg.Faults = append(cfg.Faults, tf[n])
 	}
 	// Each class's fault and the cluster it is in.
-	a100 := dayA100(day0)
+	others := dayOtherClusters(day0)
 	clusterOf := map[string]string{}
 	for n := range faults {
 		clusterOf[n] = cfg.Name
 	}
-	for n, f := range dayA100Faults() {
-		faults[n], clusterOf[n] = f, a100.Name
+	cfgs := []gpusim.Config{cfg}
+	for _, o := range others {
+		for n, f := range o.faults {
+			faults[n], clusterOf[n] = f, o.cfg.Name
+		}
+		cfgs = append(cfgs, o.cfg)
 	}
 	for _, cl := range c.Classes {
 		if _, ok := faults[cl.Fault]; !ok && !slices.Contains(dayUnsimulated, cl.Fault) {
@@ -368,7 +384,7 @@ func TestSimulatedDayNotifications(t *testing.T) {
 	}
 	hosts := map[string][]string{}
 	var sims []*daySim
-	for _, cc := range []gpusim.Config{cfg, a100} {
+	for _, cc := range cfgs {
 		sim, err := gpusim.New(cc)
 		if err != nil {
 			t.Fatal(err)
