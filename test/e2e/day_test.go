@@ -135,8 +135,8 @@ type dayCluster struct {
 }
 
 func dayOtherClusters(day0 time.Time) []dayCluster {
-	cluster := func(name, gpuModel string, faults map[string]gpusim.Fault) dayCluster {
-		cfg := gpusim.Config{Name: name, Nodes: 2, Seed: 5, GPUModel: gpuModel, TargetLabels: true, XidsPerGPUYear: -1,
+	cluster := func(name, gpuModel string, seed uint64, faults map[string]gpusim.Fault) dayCluster {
+		cfg := gpusim.Config{Name: name, Nodes: 2, Seed: seed, GPUModel: gpuModel, TargetLabels: true, XidsPerGPUYear: -1,
 			Epoch: day0.Add(-dayEpochAge), FaultOrigin: day0}
 		for _, n := range sortedKeys(faults) {
 			cfg.Faults = append(cfg.Faults, faults[n])
@@ -144,11 +144,15 @@ func dayOtherClusters(day0 time.Time) []dayCluster {
 		return dayCluster{cfg: cfg, faults: faults}
 	}
 	return []dayCluster{
-		cluster("gpu-cluster-a100", gpusim.ModelA100, map[string]gpusim.Fault{
+		// Seed 19: node 0's job starts between 1 and 12 minutes into the day
+		// and runs past its end (the main cluster starts no job in the day).
+		cluster("gpu-cluster-a100", gpusim.ModelA100, 19, map[string]gpusim.Fault{
 			// 20 replays a minute: over an A100's Gen4 x16 limit of 16.
-			"pcie_replays_over_limit": {Kind: gpusim.FaultPCIeReplays, At: faultsAt, Duration: dayLen, Node: "0", GPU: 0, Value: 20},
+			"pcie_replays_over_limit": {Kind: gpusim.FaultPCIeReplays, At: faultsAt, Duration: dayLen, Node: "1", GPU: 0, Value: 20},
+			// The job loads until 21 minutes into the day, then trains.
+			"training_slow_start": {Kind: gpusim.FaultTrainingSlowStart, At: time.Minute, Duration: 20 * time.Minute, Node: "0"},
 		}),
-		cluster("gpu-cluster-b200", gpusim.ModelB200, map[string]gpusim.Fault{
+		cluster("gpu-cluster-b200", gpusim.ModelB200, 5, map[string]gpusim.Fault{
 			"nvlink5_symbol_errors": {Kind: gpusim.FaultNVLink5SymbolErrors, At: faultsAt, Duration: dayLen, Node: "1", GPU: 2},
 		}),
 	}
