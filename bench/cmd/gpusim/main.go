@@ -106,8 +106,8 @@ func (f *simFlags) register(fs *flag.FlagSet, targetLabelsDefault bool) {
 	fs.StringVar(&f.recoveryName, "dcgm.recovery-action-field", gpusim.RecoveryActionFieldDCGM45, "Name of DCGM field 1523 as the counters CSV gives it: "+gpusim.RecoveryActionFieldDCGM45+" (DCGM <= 4.5, dcgm-exporter 4.8.2) or "+gpusim.RecoveryActionFieldDCGM46+" (DCGM >= 4.6).")
 	fs.DurationVar(&f.xidWindow, "dcgm.xid-count-window-size", 5*time.Minute, "Window of DCGM_EXP_XID_ERRORS_COUNT (dcgm-exporter's --xid-count-window-size).")
 	fs.BoolVar(&f.targetLabels, "sim.target-labels", targetLabelsDefault, "Add job/instance labels and \"up\" series, as the scraping Prometheus would (on for write/backfill, off for serve).")
-	fs.StringVar(&f.faultsFile, "faults.file", "", "YAML fault schedule (see README: faults: [{at, duration, kind, node, gpu, code, every}]).")
-	fs.Var(&f.faults, "fault", "A fault, repeatable: kind=<"+kindList()+">,at=10m,duration=5m,node=gpu-node-003,gpu=2[,code=79][,every=1m]. \"at\" is relative to the start of the run.")
+	fs.StringVar(&f.faultsFile, "faults.file", "", "YAML fault schedule (see README: faults: [{at, duration, kind, node, gpu, code, every, value}]).")
+	fs.Var(&f.faults, "fault", "A fault, repeatable: kind=<"+kindList()+">,at=10m,duration=5m,node=gpu-node-003,gpu=2[,code=79][,every=1m][,value=86]. \"at\" is relative to the start of the run.")
 	fs.StringVar(&f.logLevel, "log.level", "info", "Log level: debug, info, warn, error.")
 	fs.StringVar(&f.logFormat, "log.format", "logfmt", "Log format: logfmt or json.")
 }
