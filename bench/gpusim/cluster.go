@@ -43,7 +43,7 @@ type Config struct {
 	// server has HGXNodeCPUs, which the gpusim command simulates by default
 	// and whose 1,792 CPU series dominate a node's series count.
 	NodeCPUs int
-	// GPUModel is ModelH100 (default) or ModelB200: model name, memory,
+	// GPUModel is ModelH100 (default), ModelB200 or ModelA100: model name, memory,
 	// power, clocks and the NVLink generation (which NVLink error fields
 	// dcgm-exporter has to export).
 	GPUModel string
@@ -680,15 +680,15 @@ func (c *Cluster) powerFault(f *activeFault, node, gi int) bool {
 	switch f.kind {
 	case FaultThrottle, FaultThrottleThermal, FaultMIG:
 		return f.hitsGPU(node, gi)
-	case FaultTrainingStall, FaultNodeDown:
+	case FaultTrainingStall, FaultNodeDown, FaultTrainingSlowStart:
 		return f.node/groupSize == node/groupSize
 	}
 	return false
 }
 
 func (c *Cluster) tempTarget(n *node, gi int, x float64) float64 {
-	if c.gpuFaultActive(FaultOverheat, n.idx, gi, x) {
-		return overheatTemp
+	if f, ok := c.gpuFaultAt(FaultOverheat, n.idx, gi, x); ok {
+		return f.value
 	}
 	act, _ := c.meanPower(n, gi, x)
 	gp := &n.gpus[gi]
@@ -925,7 +925,7 @@ func (c *Cluster) emitTraining(e *emitter, n *node, st *nodeStep) {
 		for b := range leValues {
 			e.addNamed(FamTrainIterTime, "training_iteration_time_seconds_bucket", st.cycles*float64(ji.le[cycleLen][b])+float64(ji.le[st.stepIdx][b]), Label{"le", leValues[b]})
 		}
-		e.addNamed(FamTrainIterTime, "training_iteration_time_seconds_sum", st.sum*(1+0.002*float64(rank%8)/8))
+		e.addNamed(FamTrainIterTime, "training_iteration_time_seconds_sum", st.sum*(1+0.002*float64(rank%8)/8)+c.stragglerExtra(n, g, st))
 		e.addNamed(FamTrainIterTime, "training_iteration_time_seconds_count", st.count)
 		rtps := tps * (1 + 0.004*rn(1))
 		e.add(FamTrainTokensPerSecond, rtps)

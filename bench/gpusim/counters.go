@@ -48,14 +48,16 @@ func (c *Cluster) counters(n *node, gi int, s float64, sums *jobSums) gpuCounter
 func (c *Cluster) rawCounters(n *node, gi int, s float64, procs *gpu, powerCapSecs float64) gpuCounters {
 	var v gpuCounters
 	v.pcie, _ = procs.pcie.at(s)
+	v.pcie += c.perMinuteEvents(FaultPCIeReplays, n.idx, gi, s)
 	v.sbe, _ = procs.sbe.at(s)
+	v.sbe += c.perMinuteEvents(FaultSBEStorm, n.idx, gi, s)
 	v.dbe = c.dbeFaultEvents(n.idx, gi, s)
 	crc, _ := procs.crc.at(s)
 	if c.hw.nvlink5 {
 		// FEC corrects what NVLink4 counted as CRC errors: the effective
 		// (post-FEC) and symbol error counters take their place.
 		v.nvl5Effective = crc + c.crcFaultErrors(n.idx, gi, s, crcBurstRate)
-		v.nvl5Sym = c.crcFaultErrors(n.idx, gi, s, 4*crcBurstRate)
+		v.nvl5Sym = c.crcFaultErrors(n.idx, gi, s, 4*crcBurstRate) + c.perMinuteEvents(FaultNVLink5SymbolErrors, n.idx, gi, s)
 		v.nvl5Rx = c.crcFaultErrors(n.idx, gi, s, crcBurstRate/10)
 		v.nvl5Recovery = c.periodicEvents(FaultNVLinkRecovery, n.idx, gi, s, 60)
 	} else {

@@ -113,6 +113,9 @@ func (c *Cluster) gpuValuesAt(n *node, gi int, st *nodeStep, s float64, tms int6
 		v.reasons |= throttleThermalMask
 		v.sm = math.Min(v.sm, 990+15*math.Floor(12*u(14)))
 	}
+	if c.gpuFaultActive(FaultPStateChange, n.idx, gi, s) {
+		v.reasons |= ThrottleHWSlowdown
+	}
 	die := c.gpuTemp(n, gi, s)
 	mem := c.memTemp(n, gi, s, die)
 	if die >= hw.gpuMaxOpTemp || mem >= hw.memMaxOpTemp {

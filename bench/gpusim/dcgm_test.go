@@ -322,7 +322,7 @@ func TestB200NVLink5(t *testing.T) {
 	if _, err := New(base); err == nil || !strings.Contains(err.Error(), "replay") {
 		t.Errorf("nvlink_replay on a B200: %v, want an error", err)
 	}
-	if _, err := New(Config{Nodes: 1, GPUModel: "A100"}); err == nil {
+	if _, err := New(Config{Nodes: 1, GPUModel: "V100"}); err == nil {
 		t.Error("an unknown GPU model was accepted")
 	}
 }

@@ -3,6 +3,7 @@ package gpusim
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,8 +18,10 @@ type FaultKind string
 
 // Fault kinds. Their effects are described in README.md.
 const (
-	// FaultOverheat drives the GPU temperature towards ~92 °C (cooling
-	// failure); the SW thermal slowdown bit is set above 87 °C.
+	// FaultOverheat drives the GPU temperature towards Value °C (default
+	// ~92 °C: a cooling failure); the SW thermal slowdown bit is set from the
+	// GPU's maximum operating temperature (87 °C on an H100), so a Value
+	// below it (86) is a hot GPU that has not slowed down yet.
 	FaultOverheat FaultKind = "overheat"
 	// FaultXid records an Xid event: DCGM_FI_DEV_XID_ERRORS takes the code
 	// and keeps it after the fault, as the real gauge does. Xid 79 (fallen
@@ -102,22 +105,68 @@ const (
 	// autoscaler removes only empty nodes, so job slots on the node whose
 	// pods would still exist at `at` stay empty. Duration is ignored.
 	FaultNodeRemoved FaultKind = "node_removed"
+	// FaultPStateChange sets the HW-slowdown bit (0x8) of the clock-event
+	// reasons while it lasts (default 15 s: one scrape), as NVML reports it
+	// during a P-state or clock change; nothing is slowed down.
+	FaultPStateChange FaultKind = "pstate_change"
+	// FaultSBEStorm: corrected (single-bit) ECC errors at Value per minute
+	// (default 2) while it lasts, on top of the GPU's background rate.
+	FaultSBEStorm FaultKind = "sbe_storm"
+	// FaultStraggler makes the rank on GPU `gpu` of the node (every rank of
+	// the node with -1) a straggler while it lasts: its iterations take
+	// Value times as long (default 1.5), so its
+	// training_iteration_time_seconds_sum grows that much faster; the job's
+	// step count is the same on every rank (the others wait for it).
+	FaultStraggler FaultKind = "straggler"
+	// FaultTrainingSlowStart: a job that starts on the node while the fault
+	// lasts makes its first step only when the fault ends (a long data or
+	// checkpoint load); its count stays at 0 until then, then it trains.
+	FaultTrainingSlowStart FaultKind = "training_slow_start"
+	// FaultPCIeReplays: PCIe replays at Value per minute (default 20) while
+	// it lasts, on top of the GPU's background rate: above DCGM's limit for
+	// an A100's Gen4 x16 link (16), below an H100's Gen5 x16 (31).
+	FaultPCIeReplays FaultKind = "pcie_replays"
+	// FaultNVLink5SymbolErrors (NVLink5 only): RX symbol errors at Value per
+	// minute (default 6) while it lasts, no other NVLink5 counter or BER
+	// moving: the least DCGM's NVLink5 health check fails a link on.
+	FaultNVLink5SymbolErrors FaultKind = "nvlink5_symbol_errors"
 )
 
 // FaultKinds lists every kind, for flag help and validation.
 var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultThrottleThermal, FaultHBMOverheat, FaultExporterUpgrade, FaultDriverUpgrade, FaultTrainingStall, FaultNaNLoss, FaultNodeDown,
-	FaultGPUReset, FaultRecoveryAction, FaultMIG, FaultNVLinkReplay, FaultNVLinkRecovery, FaultExporterCrash, FaultExporterHung, FaultNodeRemoved}
+	FaultGPUReset, FaultRecoveryAction, FaultMIG, FaultNVLinkReplay, FaultNVLinkRecovery, FaultExporterCrash, FaultExporterHung, FaultNodeRemoved,
+	FaultPStateChange, FaultSBEStorm, FaultStraggler, FaultTrainingSlowStart, FaultPCIeReplays, FaultNVLink5SymbolErrors}
 
-// DefaultFaultDuration applies when a fault gives none (gpu_reset: 30 s).
+// DefaultFaultDuration applies when a fault gives none (gpu_reset: 30 s,
+// pstate_change: 15 s).
 const DefaultFaultDuration = 5 * time.Minute
 
 // defaultDuration is the duration of a fault of kind that gives none.
 func defaultDuration(kind FaultKind) time.Duration {
-	if kind == FaultGPUReset {
+	switch kind {
+	case FaultGPUReset:
 		return 30 * time.Second
+	case FaultPStateChange:
+		return 15 * time.Second
 	}
 	return DefaultFaultDuration
 }
+
+// defaultSBEStormRate is an sbe_storm's corrected errors per minute when it
+// gives no Value.
+const defaultSBEStormRate = 2.0
+
+// defaultPCIeReplayRate is a pcie_replays fault's replays per minute when
+// it gives no Value.
+const defaultPCIeReplayRate = 20.0
+
+// defaultNVLink5SymbolErrorRate is an nvlink5_symbol_errors fault's errors
+// per minute when it gives no Value.
+const defaultNVLink5SymbolErrorRate = 6.0
+
+// defaultStragglerFactor is how much slower a straggler's iterations are
+// when its fault gives no Value.
+const defaultStragglerFactor = 1.5
 
 // Fault is one scheduled failure. At is an offset from Config.FaultOrigin.
 type Fault struct {
@@ -135,6 +184,11 @@ type Fault struct {
 	// Every repeats an xid fault's event at this interval while it lasts
 	// (0: once): the same code again, which the last-Xid gauge cannot show.
 	Every time.Duration
+	// Value is the level of the kinds that take one (0: their default):
+	// overheat's target temperature (°C), sbe_storm's,
+	// nvlink5_symbol_errors' errors and pcie_replays' replays per minute,
+	// straggler's iteration-time factor.
+	Value float64
 }
 
 // faultFile is the YAML schema: a top-level `faults:` list.
@@ -150,6 +204,7 @@ type faultYAML struct {
 	GPU      *int      `yaml:"gpu"`
 	Code     int       `yaml:"code"`
 	Every    string    `yaml:"every"`
+	Value    float64   `yaml:"value"`
 }
 
 // ParseFaultsYAML reads a fault schedule:
@@ -168,7 +223,7 @@ func ParseFaultsYAML(data []byte) ([]Fault, error) {
 		if y.GPU != nil {
 			gpu = *y.GPU
 		}
-		ft, err := newFault(y.Kind, y.At, y.Duration, y.Every, y.Node, gpu, y.Code)
+		ft, err := newFault(y.Kind, y.At, y.Duration, y.Every, y.Node, gpu, y.Code, y.Value)
 		if err != nil {
 			return nil, fmt.Errorf("fault %d: %w", i, err)
 		}
@@ -178,10 +233,11 @@ func ParseFaultsYAML(data []byte) ([]Fault, error) {
 }
 
 // ParseFaultSpec reads the flag form of one fault:
-// "kind=xid,at=10m,duration=1m,node=gpu-node-003,gpu=2,code=79[,every=1m]".
+// "kind=xid,at=10m,duration=1m,node=gpu-node-003,gpu=2,code=79[,every=1m]"
+// ("kind=overheat,...,value=86" for the kinds that take a Value).
 func ParseFaultSpec(spec string) (Fault, error) {
 	var kind, at, dur, every, node string
-	gpu, code := -1, 0
+	gpu, code, value := -1, 0, 0.0
 	for _, kv := range strings.Split(spec, ",") {
 		kv = strings.TrimSpace(kv)
 		if kv == "" {
@@ -207,6 +263,8 @@ func ParseFaultSpec(spec string) (Fault, error) {
 			gpu, err = strconv.Atoi(v)
 		case "code":
 			code, err = strconv.Atoi(v)
+		case "value":
+			value, err = strconv.ParseFloat(v, 64)
 		default:
 			return Fault{}, fmt.Errorf("fault %q: unknown key %q", spec, k)
 		}
@@ -214,7 +272,7 @@ func ParseFaultSpec(spec string) (Fault, error) {
 			return Fault{}, fmt.Errorf("fault %q: %s: %w", spec, k, err)
 		}
 	}
-	f, err := newFault(FaultKind(kind), at, dur, every, node, gpu, code)
+	f, err := newFault(FaultKind(kind), at, dur, every, node, gpu, code, value)
 	if err != nil {
 		return Fault{}, fmt.Errorf("fault %q: %w", spec, err)
 	}
@@ -232,8 +290,8 @@ func parseDur(s string) (time.Duration, error) {
 	return time.Duration(d), nil
 }
 
-func newFault(kind FaultKind, at, dur, every, node string, gpu, code int) (Fault, error) {
-	f := Fault{Kind: kind, Node: node, GPU: gpu, Code: code}
+func newFault(kind FaultKind, at, dur, every, node string, gpu, code int, value float64) (Fault, error) {
+	f := Fault{Kind: kind, Node: node, GPU: gpu, Code: code, Value: value}
 	if !validKind(kind) {
 		return f, fmt.Errorf("unknown kind %q (want one of %v)", kind, FaultKinds)
 	}
@@ -267,6 +325,12 @@ func checkFault(f Fault) error {
 		return fmt.Errorf("every %s: want at least 1s", f.Every)
 	case f.Every > 0 && f.Kind != FaultXid:
 		return fmt.Errorf("every applies to xid faults only, not %s", f.Kind)
+	case f.Value < 0 || math.IsNaN(f.Value) || math.IsInf(f.Value, 0):
+		return fmt.Errorf("value %g: want a positive number", f.Value)
+	case f.Value > 0 && !slices.Contains(valueKinds, f.Kind):
+		return fmt.Errorf("value applies to %v only, not %s", valueKinds, f.Kind)
+	case f.Kind == FaultOverheat && f.Value > 0 && (f.Value < 30 || f.Value > 120):
+		return fmt.Errorf("overheat value %g °C: want 30..120", f.Value)
 	}
 	return nil
 }
@@ -289,6 +353,7 @@ type activeFault struct {
 	gpu        int // -1: all GPUs
 	code       int
 	every      float64 // xid: repeat interval in seconds, 0: once
+	value      float64 // Fault.Value, its kind's default filled in
 }
 
 func (f *activeFault) activeAt(s float64) bool { return s >= f.start && s < f.end }
@@ -325,6 +390,9 @@ func (c *Cluster) resolveFaults(faults []Fault) error {
 		if f.Kind == FaultNVLinkReplay && c.hw.nvlink5 {
 			return fmt.Errorf("fault %d (%s): NVLink5 (%s) has no replay counter; use nvlink_crc_burst or nvlink_recovery", i, f.Kind, c.cfg.GPUModel)
 		}
+		if f.Kind == FaultNVLink5SymbolErrors && !c.hw.nvlink5 {
+			return fmt.Errorf("fault %d (%s): %s has no NVLink5 symbol error counter; use a B200 or nvlink_crc_burst", i, f.Kind, c.cfg.GPUModel)
+		}
 		d := f.Duration
 		if d <= 0 {
 			d = defaultDuration(f.Kind)
@@ -342,7 +410,7 @@ func (c *Cluster) resolveFaults(faults []Fault) error {
 		if f.Kind == FaultRecoveryAction && code == 0 {
 			code = 1 // GPU reset
 		}
-		c.faults = append(c.faults, activeFault{kind: f.Kind, start: start, end: end, node: n, gpu: gpu, code: code, every: f.Every.Seconds()})
+		c.faults = append(c.faults, activeFault{kind: f.Kind, start: start, end: end, node: n, gpu: gpu, code: code, every: f.Every.Seconds(), value: faultValue(f)})
 	}
 	sort.SliceStable(c.faults, func(i, j int) bool { return c.faults[i].start < c.faults[j].start })
 	for _, f := range c.faults {
@@ -351,6 +419,28 @@ func (c *Cluster) resolveFaults(faults []Fault) error {
 		}
 	}
 	return nil
+}
+
+// valueKinds are the kinds that take a Value.
+var valueKinds = []FaultKind{FaultOverheat, FaultSBEStorm, FaultStraggler, FaultPCIeReplays, FaultNVLink5SymbolErrors}
+
+// faultValue is f's Value or its kind's default.
+func faultValue(f Fault) float64 {
+	switch {
+	case f.Value > 0:
+		return f.Value
+	case f.Kind == FaultOverheat:
+		return overheatTemp
+	case f.Kind == FaultSBEStorm:
+		return defaultSBEStormRate
+	case f.Kind == FaultStraggler:
+		return defaultStragglerFactor
+	case f.Kind == FaultPCIeReplays:
+		return defaultPCIeReplayRate
+	case f.Kind == FaultNVLink5SymbolErrors:
+		return defaultNVLink5SymbolErrorRate
+	}
+	return 0
 }
 
 // jobCrashDelay is how long after a fatal GPU event its job's pods fail:
@@ -383,13 +473,19 @@ func (c *Cluster) nodeIndex(s string) (int, bool) {
 
 // gpuFaultActive reports whether a fault of kind hits (node, gpu) at s.
 func (c *Cluster) gpuFaultActive(kind FaultKind, node, gpu int, s float64) bool {
+	_, ok := c.gpuFaultAt(kind, node, gpu, s)
+	return ok
+}
+
+// gpuFaultAt returns the first fault of kind that hits (node, gpu) at s.
+func (c *Cluster) gpuFaultAt(kind FaultKind, node, gpu int, s float64) (*activeFault, bool) {
 	for i := range c.faults {
 		f := &c.faults[i]
 		if f.kind == kind && f.hitsGPU(node, gpu) && f.activeAt(s) {
-			return true
+			return f, true
 		}
 	}
-	return false
+	return nil, false
 }
 
 // nodeRemovedAt reports whether node has left the cluster at s.
@@ -432,9 +528,31 @@ func (c *Cluster) jobFaultActive(kind FaultKind, j *jobSlot, s float64) bool {
 }
 
 // jobStalledAt: a job stops iterating while any of its nodes has a
-// training_stall fault or is down (the collective waits for the lost rank).
+// training_stall fault or is down (the collective waits for the lost rank),
+// or a slow start holds its first step.
 func (c *Cluster) jobStalledAt(j *jobSlot, s float64) bool {
-	return c.jobFaultActive(FaultTrainingStall, j, s) || c.jobFaultActive(FaultNodeDown, j, s)
+	for i := range c.faults {
+		if f := &c.faults[i]; f.holdsJob(j) && f.activeAt(s) {
+			return true
+		}
+	}
+	return false
+}
+
+// holdsJob reports whether fault f stops job j's iterations while it
+// lasts: a training_stall or node_down on one of its nodes, or a
+// training_slow_start on one of its nodes that j started in.
+func (f *activeFault) holdsJob(j *jobSlot) bool {
+	if f.node < j.firstNode || f.node >= j.firstNode+j.size {
+		return false
+	}
+	switch f.kind {
+	case FaultTrainingStall, FaultNodeDown:
+		return true
+	case FaultTrainingSlowStart:
+		return j.start >= f.start && j.start < f.end
+	}
+	return false
 }
 
 // stalledTime returns how long job j was stalled within [a, b).
@@ -446,7 +564,7 @@ func (c *Cluster) stalledTime(j *jobSlot, a, b float64) float64 {
 	iv := buf[:0]
 	for i := range c.faults {
 		f := &c.faults[i]
-		if (f.kind != FaultTrainingStall && f.kind != FaultNodeDown) || f.node < j.firstNode || f.node >= j.firstNode+j.size {
+		if !f.holdsJob(j) {
 			continue
 		}
 		lo, hi := max(f.start, a), min(f.end, b)

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Faults start at t0+10m and last 5 minutes on a node that runs one job from
+// Faults start at t0+10m and last 5 minutes (unless they say) on a node that runs one job from
 // t0 to past t0+30m; each test compares with the same cluster without the
 // fault, before, during and after it.
 const (
@@ -28,11 +28,14 @@ func newFaultCase(t *testing.T, f Fault) *faultCase {
 	base := Config{Nodes: 16, Seed: 13, FaultOrigin: t0}
 	clean := newTestCluster(t, base)
 	node, job := busyNode(t, clean, t0, t0.Add(40*time.Minute))
-	f.At, f.Duration, f.Node = faultAt, faultDur, clean.nodes[node].hostname
+	if f.Duration == 0 {
+		f.Duration = faultDur
+	}
+	f.At, f.Node = faultAt, clean.nodes[node].hostname
 	base.Faults = []Fault{f}
 	return &faultCase{
 		clean: clean, faulty: newTestCluster(t, base), node: node, host: clean.nodes[node].hostname, job: job,
-		start: t0.Add(faultAt), end: t0.Add(faultAt + faultDur),
+		start: t0.Add(faultAt), end: t0.Add(faultAt + f.Duration),
 	}
 }
 

@@ -207,14 +207,33 @@ func (c *Cluster) dbeFaultEvents(node, gpu int, s float64) float64 {
 func (c *Cluster) periodicEvents(kind FaultKind, node, gpu int, s, period float64) float64 {
 	n := 0.0
 	for i := range c.faults {
-		f := &c.faults[i]
-		if f.kind != kind || !f.hitsGPU(node, gpu) || s < f.start {
-			continue
+		if f := &c.faults[i]; f.kind == kind && f.hitsGPU(node, gpu) {
+			n += f.eventsUpTo(s, period)
 		}
-		if s < f.end {
-			n += math.Floor((s-f.start)/period) + 1
-		} else {
-			n += math.Ceil((f.end - f.start) / period)
+	}
+	return n
+}
+
+// eventsUpTo counts fault f's events up to s: one at its start and one per
+// period while it lasts.
+func (f *activeFault) eventsUpTo(s, period float64) float64 {
+	switch {
+	case s < f.start:
+		return 0
+	case s < f.end:
+		return math.Floor((s-f.start)/period) + 1
+	}
+	return math.Ceil((f.end - f.start) / period)
+}
+
+// perMinuteEvents counts the events faults of kind (sbe_storm,
+// pcie_replays) put on (node, gpu) up to s, each at its own rate (value per
+// minute).
+func (c *Cluster) perMinuteEvents(kind FaultKind, node, gpu int, s float64) float64 {
+	n := 0.0
+	for i := range c.faults {
+		if f := &c.faults[i]; f.kind == kind && f.hitsGPU(node, gpu) {
+			n += f.eventsUpTo(s, 60/f.value)
 		}
 	}
 	return n
@@ -248,4 +267,30 @@ func (c *Cluster) faultSeconds(kind FaultKind, node, gpu int, s float64) float64
 		}
 	}
 	return total
+}
+
+// stragglerExtra is the iteration time the straggler faults on (node, gpu)
+// add to that rank's training_iteration_time_seconds_sum by st's instant:
+// (factor-1) times the job's iteration time while each fault held.
+func (c *Cluster) stragglerExtra(n *node, gi int, st *nodeStep) float64 {
+	ji := st.job
+	s := ji.start + st.sinceJob
+	extra := 0.0
+	for i := range c.faults {
+		f := &c.faults[i]
+		if f.kind != FaultStraggler || !f.hitsGPU(n.idx, gi) || s < f.start {
+			continue
+		}
+		a, b := math.Max(f.start, ji.start), math.Min(s, f.end)
+		if b > a {
+			extra += (f.value - 1) * (c.iterSum(ji, b) - c.iterSum(ji, a))
+		}
+	}
+	return extra
+}
+
+// iterSum is job ji's summed iteration time (one rank's, without noise) at s.
+func (c *Cluster) iterSum(ji *jobInfo, s float64) float64 {
+	_, sum, _, _ := ji.iterations(s - ji.start - c.stalledTime(&ji.jobSlot, ji.start, s))
+	return sum
 }

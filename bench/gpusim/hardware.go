@@ -14,6 +14,11 @@ const (
 	// per-link CRC/replay/recovery counters (DCGM's health watch reads only
 	// those on Blackwell, DcgmHealthWatch.cpp).
 	ModelB200 = "B200"
+	// ModelA100 is an HGX A100 80GB SXM4 board (NVLink3, PCIe Gen4 x16):
+	// DCGM's PCIe replay limit for its link is 16 a minute (31 at an
+	// H100's Gen5), which GPUPCIeReplayRate reads from modelName when the
+	// link fields are not exported.
+	ModelA100 = "A100"
 )
 
 // hardware is what a GPU model fixes: the modelName label, memory, power,
@@ -45,6 +50,13 @@ type migInstance struct {
 }
 
 var hardwareModels = map[string]*hardware{
+	ModelA100: {
+		name: "NVIDIA A100-SXM4-80GB", fbTotal: 81920, fbReserved: 567, pMax: 400,
+		memClock: 1593, idleSMClock: 210, boostSMClock: 1410,
+		gpuMaxOpTemp: 85, memMaxOpTemp: 95,
+		nvlinkMax: 600e9, // 12 NVLink3 links × 50 GB/s
+		mig:       []migInstance{{"3g.40gb", "1", 40192, 3}, {"2g.20gb", "5", 19968, 2}, {"1g.10gb", "13", 9856, 1}, {"1g.10gb", "14", 9856, 1}},
+	},
 	ModelH100: {
 		name: "NVIDIA H100 80GB HBM3", fbTotal: 81559, fbReserved: 583, pMax: 700,
 		memClock: 2619, idleSMClock: 345, boostSMClock: 1980,
@@ -67,7 +79,7 @@ var hardwareModels = map[string]*hardware{
 }
 
 // GPUModels lists the models Config.GPUModel accepts.
-func GPUModels() []string { return []string{ModelH100, ModelB200} }
+func GPUModels() []string { return []string{ModelH100, ModelB200, ModelA100} }
 
 func lookupHardware(model string) (*hardware, error) {
 	if hw, ok := hardwareModels[strings.ToUpper(model)]; ok {

@@ -65,16 +65,17 @@ const speedup = 40
 // dayUnsimulated are the classes of notifications.yaml that gpusim has no
 // fault for yet.
 var dayUnsimulated = []string{
-	"overheat", "pstate_change", "sbe_storm", "nvlink5_symbol_errors",
-	"pcie_replays_over_limit", "pcie_replays_under_limit",
-	"training_slow_start", "training_start_hang", "straggler",
-	"idle_allocation", "repeated_hardware_xids",
+	// These need history before the day (an hour without a step, `for:
+	// 30m`, Xids in three distinct hours).
+	"training_start_hang", "idle_allocation", "repeated_hardware_xids",
 }
 
 // The day's faults, keyed by the contract's class names. Faults start
 // faultsAt into the day, after history (counters, jobs, the exporter's
 // age) has built up; node 0 and 1 carry one GPU fault per GPU, nodes 2-5
-// and 15 a node fault each, the training faults hit jobs from node 8 on.
+// and 15 a node fault each, node 6 an ECC storm and PCIe replays, the
+// training faults hit jobs from node 8 on. Faults that need another GPU
+// model (or a job starting during the day) are in dayOtherClusters.
 const (
 	faultsAt = 12 * time.Minute
 	dayLen   = 32 * time.Minute
@@ -108,22 +109,79 @@ func dayFaults() map[string]gpusim.Fault {
 		"nvlink_crc":                gpu(gpusim.FaultNVLinkCRCBurst, "1", 3, 0),
 		"nvlink_replay":             gpu(gpusim.FaultNVLinkReplay, "1", 4, 0),
 		"mig_reconfigured":          gpu(gpusim.FaultMIG, "1", 5, 0),
-		"exporter_upgrade":          {Kind: gpusim.FaultExporterUpgrade, At: faultsAt, Node: "2"},
-		"node_down":                 {Kind: gpusim.FaultNodeDown, At: faultsAt, Duration: long, Node: "3"},
-		"exporter_crash":            {Kind: gpusim.FaultExporterCrash, At: faultsAt, Duration: long, Node: "4"},
-		"exporter_hung":             {Kind: gpusim.FaultExporterHung, At: faultsAt, Duration: long, Node: "5"},
+		// 86 °C: above GPUTemperatureHigh's 85 °C, below the H100's 87 °C.
+		"overheat": {Kind: gpusim.FaultOverheat, At: faultsAt, Duration: long, Node: "1", GPU: 6, Value: 86},
+		// One 15 s scrape with the HW-slowdown bit.
+		"pstate_change": {Kind: gpusim.FaultPStateChange, At: faultsAt, Duration: 15 * time.Second, Node: "1", GPU: 7},
+		// 2 corrected errors a minute: past 10 in the hour 6 minutes in.
+		"sbe_storm": {Kind: gpusim.FaultSBEStorm, At: faultsAt, Duration: long, Node: "6", GPU: 0, Value: 2},
+		// 20 replays a minute: under an H100's Gen5 x16 limit of 31.
+		"pcie_replays_under_limit": {Kind: gpusim.FaultPCIeReplays, At: faultsAt, Duration: long, Node: "6", GPU: 1, Value: 20},
+		"exporter_upgrade":         {Kind: gpusim.FaultExporterUpgrade, At: faultsAt, Node: "2"},
+		"node_down":                {Kind: gpusim.FaultNodeDown, At: faultsAt, Duration: long, Node: "3"},
+		"exporter_crash":           {Kind: gpusim.FaultExporterCrash, At: faultsAt, Duration: long, Node: "4"},
+		"exporter_hung":            {Kind: gpusim.FaultExporterHung, At: faultsAt, Duration: long, Node: "5"},
 		// The last node of its block: the slots kept empty for the
 		// autoscaler leave the training nodes' jobs alone.
 		"node_removed": {Kind: gpusim.FaultNodeRemoved, At: faultsAt, Node: "15"},
 	}
 }
 
-// trainingFault places a job-level fault on a node from dayTrainingFrom on
-// whose job runs from before the faults to the end of the day, in the
-// cluster cfg (with the day's other faults).
-func trainingFault(t *testing.T, cfg gpusim.Config, day0 time.Time, kind gpusim.FaultKind) gpusim.Fault {
-	node := busyNodeOf(t, cfg, day0.Add(faultsAt-time.Minute), day0.Add(dayLen), dayTrainingFrom)
-	return gpusim.Fault{Kind: kind, At: faultsAt, Duration: dayLen, Node: node}
+// dayCluster is one of the day's smaller clusters: the faults that need
+// another GPU model, each in a cluster of its own (its own label cluster;
+// hostnames like the main one's).
+type dayCluster struct {
+	cfg    gpusim.Config
+	faults map[string]gpusim.Fault
+}
+
+func dayOtherClusters(day0 time.Time) []dayCluster {
+	cluster := func(name, gpuModel string, seed uint64, faults map[string]gpusim.Fault) dayCluster {
+		cfg := gpusim.Config{Name: name, Nodes: 2, Seed: seed, GPUModel: gpuModel, TargetLabels: true, XidsPerGPUYear: -1,
+			Epoch: day0.Add(-dayEpochAge), FaultOrigin: day0}
+		for _, n := range sortedKeys(faults) {
+			cfg.Faults = append(cfg.Faults, faults[n])
+		}
+		return dayCluster{cfg: cfg, faults: faults}
+	}
+	return []dayCluster{
+		// Seed 19: node 0's job starts between 1 and 12 minutes into the day
+		// and runs past its end (the main cluster starts no job in the day).
+		cluster("gpu-cluster-a100", gpusim.ModelA100, 19, map[string]gpusim.Fault{
+			// 20 replays a minute: over an A100's Gen4 x16 limit of 16.
+			"pcie_replays_over_limit": {Kind: gpusim.FaultPCIeReplays, At: faultsAt, Duration: dayLen, Node: "1", GPU: 0, Value: 20},
+			// The job loads until 21 minutes into the day, then trains.
+			"training_slow_start": {Kind: gpusim.FaultTrainingSlowStart, At: time.Minute, Duration: 20 * time.Minute, Node: "0"},
+		}),
+		cluster("gpu-cluster-b200", gpusim.ModelB200, 5, map[string]gpusim.Fault{
+			"nvlink5_symbol_errors": {Kind: gpusim.FaultNVLink5SymbolErrors, At: faultsAt, Duration: dayLen, Node: "1", GPU: 2},
+		}),
+	}
+}
+
+// The training faults, each on a job of its own from node dayTrainingFrom
+// on (the cluster's jobs as cfg, with the day's other faults, places them):
+//   - training_stall: a job running from before the faults to the day's
+//     end stops iterating at faultsAt;
+//   - straggler: the rank on GPU 2 of a job running from 3 minutes into
+//     the day to its end iterates 1.5 times slower from 4 minutes on
+//     (TrainingStraggler needs 10 minutes of mean and `for: 15m`).
+func trainingFaults(t *testing.T, cfg gpusim.Config, day0 time.Time) map[string]gpusim.Fault {
+	sim, err := gpusim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken := map[string]bool{}
+	stall := jobNodeOf(t, sim, day0, taken, func(pod func(time.Duration) string) bool {
+		return pod(faultsAt-time.Minute) != "" && pod(faultsAt-time.Minute) == pod(dayLen)
+	})
+	straggler := jobNodeOf(t, sim, day0, taken, func(pod func(time.Duration) string) bool {
+		return pod(3*time.Minute) != "" && pod(3*time.Minute) == pod(dayLen)
+	})
+	return map[string]gpusim.Fault{
+		"training_stall": {Kind: gpusim.FaultTrainingStall, At: faultsAt, Duration: dayLen, Node: stall},
+		"straggler":      {Kind: gpusim.FaultStraggler, At: 4 * time.Minute, Duration: dayLen, Node: straggler, GPU: 2, Value: 1.5},
+	}
 }
 
 // contract is deploy/rules/testdata/notifications.yaml.
@@ -252,7 +310,7 @@ func startAlertmanagerWith(t *testing.T, bin, cfg string) string {
 
 // alertKey names a notified alert by what the contract scopes it with.
 func alertKey(l map[string]string) string {
-	k := l["alertname"] + " node=" + l["node"]
+	k := l["alertname"] + " cluster=" + l["cluster"] + " node=" + l["node"]
 	for _, n := range []string{"gpu", "xid", "reason", "counter", "namespace", "pod"} {
 		if v := l[n]; v != "" {
 			k += " " + n + "=" + v
@@ -282,11 +340,31 @@ func TestSimulatedDayNotifications(t *testing.T) {
 	for _, n := range sortedKeys(faults) {
 		cfg.Faults = append(cfg.Faults, faults[n])
 	}
-	faults["training_stall"] = trainingFault(t, cfg, day0, gpusim.FaultTrainingStall)
-	cfg.Faults = append(cfg.Faults, faults["training_stall"])
+	tf := trainingFaults(t, cfg, day0)
+	for _, n := range sortedKeys(tf) {
+		faults[n] = tf[n]
+		cfg.Faults = append(cfg.Faults, tf[n])
+	}
+	// Each class's fault and the cluster it is in.
+	others := dayOtherClusters(day0)
+	clusterOf := map[string]string{}
+	for n := range faults {
+		clusterOf[n] = cfg.Name
+	}
+	cfgs := []gpusim.Config{cfg}
+	for _, o := range others {
+		for n, f := range o.faults {
+			faults[n], clusterOf[n] = f, o.cfg.Name
+		}
+		cfgs = append(cfgs, o.cfg)
+	}
 	for _, cl := range c.Classes {
-		if _, ok := faults[cl.Fault]; !ok && !slices.Contains(dayUnsimulated, cl.Fault) {
+		_, simulated := faults[cl.Fault]
+		switch listed := slices.Contains(dayUnsimulated, cl.Fault); {
+		case !simulated && !listed:
 			t.Errorf("class %s of notifications.yaml is neither simulated nor listed as unsimulated", cl.Fault)
+		case simulated && listed:
+			t.Errorf("class %s is simulated but listed as unsimulated", cl.Fault)
 		}
 	}
 
@@ -306,26 +384,39 @@ func TestSimulatedDayNotifications(t *testing.T) {
 		c.Rules.Alertmanager.URLs = []string{proxy.URL}
 	})
 
-	sim, err := gpusim.New(cfg)
-	if err != nil {
-		t.Fatal(err)
+	// Every cluster's exporters are scraped at the same instants and sent
+	// with its own `cluster` label, as each cluster's Prometheus would.
+	type daySim struct {
+		sim *gpusim.Cluster
+		snd *gpusim.Sender
+		buf []gpusim.Series
 	}
-	hosts := sim.Hostnames()
-	snd, err := gpusim.NewSender(gpusim.SenderConfig{
-		URL: base + "/api/v1/write", Tenant: tenantID,
-		ExternalLabels: []gpusim.Label{{Name: "cluster", Value: cfg.Name}},
-		Logger:         slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
-	if err != nil {
-		t.Fatal(err)
+	hosts := map[string][]string{}
+	var sims []*daySim
+	for _, cc := range cfgs {
+		sim, err := gpusim.New(cc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hosts[cc.Name] = sim.Hostnames()
+		snd, err := gpusim.NewSender(gpusim.SenderConfig{
+			URL: base + "/api/v1/write", Tenant: tenantID,
+			ExternalLabels: []gpusim.Label{{Name: "cluster", Value: cc.Name}},
+			Logger:         slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sims = append(sims, &daySim{sim: sim, snd: snd})
 	}
 	ctx := context.Background()
-	var buf []gpusim.Series
 	scrape := func(ts time.Time) {
-		buf = sim.AppendSamples(buf[:0], ts, gpusim.Replica{})
-		buf = sim.AppendStaleMarkers(buf, ts, gpusim.Replica{})
-		if err := snd.Send(ctx, buf); err != nil {
-			t.Fatalf("remote write at %s: %v", ts, err)
+		for _, d := range sims {
+			d.buf = d.sim.AppendSamples(d.buf[:0], ts, gpusim.Replica{})
+			d.buf = d.sim.AppendStaleMarkers(d.buf, ts, gpusim.Replica{})
+			if err := d.snd.Send(ctx, d.buf); err != nil {
+				t.Fatalf("remote write at %s: %v", ts, err)
+			}
 		}
 	}
 	scrape(day0)
@@ -385,14 +476,14 @@ func TestSimulatedDayNotifications(t *testing.T) {
 		var idx int
 		fmt.Sscan(f.Node, &idx)
 		for _, e := range cl.Notify {
-			l := map[string]string{"alertname": e.Alertname, "xid": e.Xid, "reason": e.Reason, "counter": e.Counter}
+			l := map[string]string{"alertname": e.Alertname, "xid": e.Xid, "reason": e.Reason, "counter": e.Counter, "cluster": clusterOf[cl.Fault]}
 			switch e.Scope {
 			case "gpu":
-				l["node"], l["gpu"] = hosts[idx], fmt.Sprint(f.GPU)
+				l["node"], l["gpu"] = hosts[clusterOf[cl.Fault]][idx], fmt.Sprint(f.GPU)
 			case "node":
-				l["node"] = hosts[idx]
+				l["node"] = hosts[clusterOf[cl.Fault]][idx]
 			case "pod":
-				l["node"] = "pod"
+				l["node"], l["cluster"] = "pod", ""
 				podScoped[e.Alertname] = true
 			}
 			want[alertKey(l)] = true
@@ -456,29 +547,27 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// busyNodeOf returns the index (as gpusim.Fault.Node takes it) of the first
-// node from index `from` on whose GPU 0 runs the same pod at `a` and `b`.
-func busyNodeOf(t *testing.T, cfg gpusim.Config, a, b time.Time, from int) string {
+// jobNodeOf returns the index (as gpusim.Fault.Node takes it) of the first
+// node from dayTrainingFrom on whose GPU 0's pod, at offsets into the day,
+// satisfies want, and whose job is not in taken (it adds it).
+func jobNodeOf(t *testing.T, sim *gpusim.Cluster, day0 time.Time, taken map[string]bool, want func(pod func(time.Duration) string) bool) string {
 	t.Helper()
-	c, err := gpusim.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hosts := c.Hostnames()
-	podAt := func(at time.Time, host string) string {
-		for _, s := range c.AppendSamples(nil, at, gpusim.Replica{}) {
-			if s.Name() == "DCGM_FI_DEV_GPU_UTIL" && s.Get("Hostname") == host && s.Get("gpu") == "0" {
-				return s.Get("pod")
+	hosts := sim.Hostnames()
+	for i := dayTrainingFrom; i < len(hosts); i++ {
+		podAt := func(d time.Duration) string {
+			for _, s := range sim.AppendSamples(nil, day0.Add(d), gpusim.Replica{}) {
+				if s.Name() == "DCGM_FI_DEV_GPU_UTIL" && s.Get("Hostname") == hosts[i] && s.Get("gpu") == "0" {
+					return s.Get("pod")
+				}
 			}
+			return ""
 		}
-		return ""
-	}
-	for i := from; i < len(hosts); i++ {
-		if p := podAt(a, hosts[i]); p != "" && p == podAt(b, hosts[i]) {
+		if job := jobOfPod(podAt(dayLen)); !taken[job] && want(podAt) {
+			taken[job] = true
 			return fmt.Sprint(i)
 		}
 	}
-	t.Fatalf("no node from %d on runs one job from %s to %s", from, a.Format(time.TimeOnly), b.Format(time.TimeOnly))
+	t.Fatalf("no node from %d on runs a job as the fault needs", dayTrainingFrom)
 	return ""
 }
 

@@ -1,0 +1,338 @@
+package gpusim
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// hasDCGMLabels fails unless s carries every label dcgm-exporter 4.8.2 puts
+// on a GPU series.
+func hasDCGMLabels(t *testing.T, s Series) {
+	t.Helper()
+	for _, l := range DCGMLabelNames {
+		if s.Get(l) == "" {
+			t.Errorf("%s lacks label %s", s.String(), l)
+		}
+	}
+}
+
+// An overheat with a target below the GPU's maximum operating temperature
+// (86 °C on an H100 whose limit is 87 °C): the die settles at 86 °C, above
+// GPUTemperatureHigh's 85 °C for minutes, and the driver never engages its
+// SW thermal slowdown (no 0x20 bit, no SW thermal time).
+func TestFaultOverheatTarget(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultOverheat, GPU: 2, Value: 86})
+	_, nsBefore := fc.both(t, fc.start.Add(-time.Second), "DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS", "gpu", "2")
+	hot, last := 0, 0.0
+	for at := fc.start; at.Before(fc.end); at = at.Add(15 * time.Second) {
+		s := fc.gpuSeries(at, "DCGM_FI_DEV_GPU_TEMP", "2")
+		if len(s) != 1 {
+			t.Fatalf("at %s: %d temperature series", at.Sub(t0), len(s))
+		}
+		hasDCGMLabels(t, s[0])
+		if s[0].V > 86 {
+			t.Errorf("at %s: %v °C, above the fault's 86 °C target", at.Sub(t0), s[0].V)
+		}
+		if s[0].V > 85 {
+			hot++
+		}
+		last = s[0].V
+		if r := int(fc.gpuSeries(at, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "2")[0].V); r&ThrottleSWThermal != 0 {
+			t.Errorf("at %s: SW thermal slowdown (%#x) below the maximum operating temperature", at.Sub(t0), r)
+		}
+	}
+	// τ = 50 s: from ~70 °C the die passes 85.5 °C about 3.5 minutes in
+	// and stays there.
+	if hot < 6 || last != 86 {
+		t.Errorf("above 85 °C in %d scrapes of 15 s (want 6 of the last 1.5 minutes), last %v °C (want 86)", hot, last)
+	}
+	_, nsAfter := fc.both(t, fc.end.Add(10*time.Minute), "DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS", "gpu", "2")
+	if nsAfter != nsBefore {
+		t.Errorf("SW thermal slowdown time grew by %v ns at 86 °C", nsAfter-nsBefore)
+	}
+	if c, f := fc.both(t, fc.end.Add(-time.Second), "DCGM_FI_DEV_GPU_TEMP", "gpu", "3"); c != f {
+		t.Errorf("overheat leaked to GPU 3: %v vs %v", f, c)
+	}
+}
+
+// A P-state change: the HW-slowdown bit (0x8) in one scrape of 15 s, and
+// nothing else: clocks, the other bits and the time counters as without it.
+func TestFaultPStateChange(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultPStateChange, GPU: 1, Duration: defaultDuration(FaultPStateChange)})
+	const reasons = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
+	seen := 0
+	for at := fc.start.Add(-time.Minute); at.Before(fc.end.Add(time.Minute)); at = at.Add(15 * time.Second) {
+		c, f := fc.both(t, at, reasons, "gpu", "1")
+		if int(f)&ThrottleHWSlowdown != 0 {
+			seen++
+		}
+		if int(f)&^ThrottleHWSlowdown != int(c)&^ThrottleHWSlowdown {
+			t.Errorf("at %s: reasons %#x vs clean %#x beyond the 0x8 bit", at.Sub(t0), int(f), int(c))
+		}
+		if c, f := fc.both(t, at, "DCGM_FI_DEV_SM_CLOCK", "gpu", "1"); c != f {
+			t.Errorf("at %s: SM clock %v vs clean %v", at.Sub(t0), f, c)
+		}
+	}
+	if seen != 1 {
+		t.Errorf("HW slowdown in %d scrapes of 15 s, want 1", seen)
+	}
+	hasDCGMLabels(t, fc.gpuSeries(fc.start, reasons, "1")[0])
+	for _, n := range []string{"DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS", "DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN_NS"} {
+		if c, f := fc.both(t, fc.end.Add(time.Minute), n, "gpu", "1"); c != f {
+			t.Errorf("%s: %v vs clean %v", n, f, c)
+		}
+	}
+	if _, f := fc.both(t, fc.start, reasons, "gpu", "2"); int(f)&ThrottleHWSlowdown != 0 {
+		t.Errorf("P-state change leaked to GPU 2: %#x", int(f))
+	}
+}
+
+// An SBE storm: DCGM_FI_DEV_ECC_SBE_VOL_TOTAL grows by `value` a minute
+// while it lasts (12 a minute: 60 in its 5 minutes), then stays.
+func TestFaultSBEStorm(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultSBEStorm, GPU: 3, Value: 12})
+	const sbe = "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"
+	grew := func(at time.Time) float64 {
+		c0, f0 := fc.both(t, fc.start.Add(-time.Second), sbe, "gpu", "3")
+		c, f := fc.both(t, at, sbe, "gpu", "3")
+		return (f - f0) - (c - c0)
+	}
+	for _, tc := range []struct {
+		after time.Duration
+		want  float64
+	}{{0, 1}, {time.Minute, 13}, {faultDur - time.Second, 60}, {faultDur + time.Hour, 60}} {
+		if got := grew(fc.start.Add(tc.after)); got != tc.want {
+			t.Errorf("%s into the storm: %v more corrected errors than without it, want %v", tc.after, got, tc.want)
+		}
+	}
+	s := fc.gpuSeries(fc.end, sbe, "3")
+	if len(s) != 1 {
+		t.Fatalf("%d %s series", len(s), sbe)
+	}
+	hasDCGMLabels(t, s[0])
+	if c, f := fc.both(t, fc.end, sbe, "gpu", "2"); c != f {
+		t.Errorf("SBE storm leaked to GPU 2: %v vs %v", f, c)
+	}
+	// The default rate: 2 a minute.
+	d := newFaultCase(t, Fault{Kind: FaultSBEStorm, GPU: 3})
+	c0, f0 := d.both(t, d.start.Add(-time.Second), sbe, "gpu", "3")
+	c, f := d.both(t, d.end, sbe, "gpu", "3")
+	if got := (f - f0) - (c - c0); math.Abs(got-2*faultDur.Minutes()) > 0 {
+		t.Errorf("default storm: %v errors in %s, want %v", got, faultDur, 2*faultDur.Minutes())
+	}
+}
+
+// Value is refused where it means nothing or is out of range, and parsed
+// where it applies.
+func TestFaultValue(t *testing.T) {
+	for _, bad := range []string{"kind=xid,code=13,node=1,value=3", "kind=overheat,node=1,value=-1", "kind=overheat,node=1,value=300", "kind=sbe_storm,node=1,value=x"} {
+		if _, err := ParseFaultSpec(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	f, err := ParseFaultSpec("kind=overheat,node=1,gpu=0,value=86")
+	if err != nil || f.Value != 86 {
+		t.Errorf("overheat value: %+v %v", f, err)
+	}
+	fs, err := ParseFaultsYAML([]byte("faults:\n  - {kind: sbe_storm, node: 2, gpu: 1, value: 5}\n  - {kind: pstate_change, node: 2, gpu: 1}\n"))
+	if err != nil || len(fs) != 2 || fs[0].Value != 5 || fs[1].Duration != 15*time.Second {
+		t.Errorf("yaml: %+v %v", fs, err)
+	}
+}
+
+// trainingValue returns the training series named name of the rank on GPU gpu of the
+// fault's node, failing unless there is exactly one.
+func (fc *faultCase) trainingValue(t *testing.T, c *Cluster, at time.Time, name, gpu string) Series {
+	t.Helper()
+	s := find(c.AppendSamples(nil, at, Replica{}), name, "Hostname", fc.host, "rank", rankOf(fc, gpu))
+	if len(s) != 1 {
+		t.Fatalf("%s of rank on GPU %s at %s: %d series", name, gpu, at.Sub(t0), len(s))
+	}
+	return s[0]
+}
+
+func rankOf(fc *faultCase, gpu string) string {
+	var g int
+	for _, r := range gpu {
+		g = g*10 + int(r-'0')
+	}
+	return itoa((fc.node-fc.job.firstNode)*8 + g)
+}
+
+// A straggler: the rank on GPU 2 takes 1.5 times as long per iteration
+// while the fault lasts: its _sum grows 1.5 times as fast as its
+// neighbour's, its _count as the job's, and before the fault it is as
+// without it.
+func TestFaultStraggler(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultStraggler, GPU: 2})
+	const sum, count = "training_iteration_time_seconds_sum", "training_iteration_time_seconds_count"
+	before := fc.start.Add(-time.Second)
+	if c, f := fc.trainingValue(t, fc.clean, before, sum, "2"), fc.trainingValue(t, fc.faulty, before, sum, "2"); c.V != f.V {
+		t.Errorf("before: _sum %v vs clean %v", f.V, c.V)
+	}
+	grow := func(c *Cluster, gpu string) float64 {
+		return fc.trainingValue(t, c, fc.end, sum, gpu).V - fc.trainingValue(t, c, before, sum, gpu).V
+	}
+	slow, peer := grow(fc.faulty, "2"), grow(fc.faulty, "3")
+	if peer <= 0 || math.Abs(slow/peer-1.5) > 0.01 {
+		t.Errorf("during: straggler's _sum grew %v, its neighbour's %v (ratio %.3f), want 1.5", slow, peer, slow/peer)
+	}
+	if c, f := grow(fc.clean, "3"), peer; c != f {
+		t.Errorf("neighbour's _sum grew %v, clean %v", f, c)
+	}
+	for _, gpu := range []string{"2", "3"} {
+		if c, f := fc.trainingValue(t, fc.clean, fc.end, count, gpu), fc.trainingValue(t, fc.faulty, fc.end, count, gpu); c.V != f.V {
+			t.Errorf("rank on GPU %s: _count %v vs clean %v", gpu, f.V, c.V)
+		}
+	}
+	s := fc.trainingValue(t, fc.faulty, fc.end, sum, "2")
+	for _, l := range []string{"job_name", "namespace", "rank", "Hostname", "pod", "container"} {
+		if s.Get(l) == "" {
+			t.Errorf("%s lacks label %s", s.String(), l)
+		}
+	}
+	// After the fault the difference stays as it was at its end.
+	late := fc.end.Add(5 * time.Minute)
+	d0 := fc.trainingValue(t, fc.faulty, fc.end, sum, "2").V - fc.trainingValue(t, fc.clean, fc.end, sum, "2").V
+	d1 := fc.trainingValue(t, fc.faulty, late, sum, "2").V - fc.trainingValue(t, fc.clean, late, sum, "2").V
+	if math.Abs(d1-d0) > 1e-6*d0 {
+		t.Errorf("after: extra time %v, was %v at the fault's end", d1, d0)
+	}
+}
+
+// A slow start: a job starting on the node while the fault lasts exports
+// its iteration count at 0 until the fault ends, then trains.
+func TestFaultTrainingSlowStart(t *testing.T) {
+	base := Config{Nodes: 16, Seed: 13, FaultOrigin: t0}
+	clean := newTestCluster(t, base)
+	// A node whose job starts between t0+5m and t0+24h and runs 30 minutes.
+	node, start := -1, 0.0
+	for n := range clean.nodes {
+		g := &clean.groups[n/groupSize]
+		for k := g.window(clean.secs(t0)); k <= g.window(clean.secs(t0.Add(24*time.Hour))); k++ {
+			j := clean.slotOf(n, k)
+			if !j.idle && j.start >= clean.secs(t0.Add(5*time.Minute)) && j.start < clean.secs(t0.Add(24*time.Hour)) && j.end > j.start+1800 {
+				node, start = n, j.start
+				break
+			}
+		}
+		if node >= 0 {
+			break
+		}
+	}
+	if node < 0 {
+		t.Fatal("no job starts within the day")
+	}
+	at := time.Duration(start-clean.secs(t0))*time.Second - time.Minute
+	base.Faults = []Fault{{Kind: FaultTrainingSlowStart, At: at, Duration: 21 * time.Minute, Node: itoa(node)}}
+	c := newTestCluster(t, base)
+	host := clean.nodes[node].hostname
+	jobStart := t0.Add(at + time.Minute)
+	count := func(at time.Time) []Series {
+		return find(c.AppendSamples(nil, at, Replica{}), "training_iteration_time_seconds_count", "Hostname", host)
+	}
+	for _, d := range []time.Duration{time.Second, 10 * time.Minute, 20*time.Minute - time.Second} {
+		got := count(jobStart.Add(d))
+		if len(got) == 0 {
+			t.Fatalf("%s after the job's start: no iteration count", d)
+		}
+		for _, s := range got {
+			if s.V != 0 {
+				t.Errorf("%s after the job's start: rank %s at %v iterations, want 0 while loading", d, s.Get("rank"), s.V)
+			}
+		}
+	}
+	got := count(jobStart.Add(25 * time.Minute))
+	if len(got) == 0 || got[0].V == 0 {
+		t.Errorf("5 minutes after loading: %v, want iterations", got)
+	}
+	// A job already running when the fault starts is not held.
+	fc := newFaultCase(t, Fault{Kind: FaultTrainingSlowStart})
+	if c, f := fc.both(t, fc.end, "DCGM_FI_DEV_GPU_UTIL", "gpu", "0"); c != f {
+		t.Errorf("running job: GPU util %v vs clean %v", f, c)
+	}
+}
+
+// PCIe replays at 20 a minute: DCGM_FI_DEV_PCIE_REPLAY_COUNTER grows by 20
+// a minute more than without the fault, on its GPU only.
+func TestFaultPCIeReplays(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultPCIeReplays, GPU: 4})
+	const name = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
+	c0, f0 := fc.both(t, fc.start.Add(-time.Second), name, "gpu", "4")
+	if c0 != f0 {
+		t.Errorf("before: %v vs clean %v", f0, c0)
+	}
+	for _, tc := range []struct {
+		after time.Duration
+		want  float64
+	}{{0, 1}, {time.Minute, 21}, {faultDur + time.Hour, 100}} {
+		c, f := fc.both(t, fc.start.Add(tc.after), name, "gpu", "4")
+		if got := (f - f0) - (c - c0); got != tc.want {
+			t.Errorf("%s in: %v more replays than without the fault, want %v", tc.after, got, tc.want)
+		}
+	}
+	hasDCGMLabels(t, fc.gpuSeries(fc.end, name, "4")[0])
+	if c, f := fc.both(t, fc.end, name, "gpu", "5"); c != f {
+		t.Errorf("replays leaked to GPU 5: %v vs %v", f, c)
+	}
+}
+
+// An A100 cluster: dcgm-exporter's modelName for an A100 SXM4 80GB, the
+// NVLink3 CRC/replay/recovery counters (no NVLink5 fields), 400 W TDP.
+func TestModelA100(t *testing.T) {
+	c := newTestCluster(t, Config{Nodes: 2, Seed: 5, GPUModel: ModelA100})
+	got := c.AppendSamples(nil, t0, Replica{})
+	temps := find(got, "DCGM_FI_DEV_GPU_TEMP")
+	if len(temps) != 16 {
+		t.Fatalf("%d GPU temperatures, want 16", len(temps))
+	}
+	for _, s := range temps {
+		hasDCGMLabels(t, s)
+		if s.Get("modelName") != "NVIDIA A100-SXM4-80GB" {
+			t.Errorf("modelName %q", s.Get("modelName"))
+		}
+	}
+	if len(find(got, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL")) != 16 || len(find(got, "DCGM_FI_DEV_NVLINK_COUNT_RX_SYMBOL_ERRORS")) != 0 {
+		t.Error("an A100 exports the NVLink CRC counters and no NVLink5 fields")
+	}
+	for _, s := range find(got, "DCGM_FI_DEV_POWER_USAGE") {
+		if s.V > 400 {
+			t.Errorf("A100 at %v W, above its 400 W TDP", s.V)
+		}
+	}
+}
+
+// NVLink5 symbol errors on a B200: DCGM_FI_DEV_NVLINK_COUNT_RX_SYMBOL_ERRORS
+// grows by 6 a minute and no other NVLink5 field moves; an H100 refuses it.
+func TestFaultNVLink5SymbolErrors(t *testing.T) {
+	base := Config{Nodes: 2, Seed: 13, FaultOrigin: t0, GPUModel: ModelB200}
+	clean := newTestCluster(t, base)
+	base.Faults = []Fault{{Kind: FaultNVLink5SymbolErrors, At: faultAt, Duration: faultDur, Node: "1", GPU: 3}}
+	c := newTestCluster(t, base)
+	host := c.Hostnames()[1]
+	start, end := t0.Add(faultAt), t0.Add(faultAt+faultDur)
+	for _, d := range c.DCGMFamilies() {
+		if !strings.HasPrefix(d.Name, "DCGM_FI_DEV_NVLINK") {
+			continue
+		}
+		for _, at := range []time.Time{start.Add(-time.Second), start.Add(time.Minute), end.Add(time.Hour)} {
+			cv, fv := value(t, clean, at, d.Name, "Hostname", host, "gpu", "3"), value(t, c, at, d.Name, "Hostname", host, "gpu", "3")
+			want := 0.0
+			if d.Name == "DCGM_FI_DEV_NVLINK_COUNT_RX_SYMBOL_ERRORS" && !at.Before(start) {
+				want = min(float64(1+6*int(at.Sub(start).Minutes())), 6*faultDur.Minutes())
+			}
+			if d.Name == "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL" {
+				continue // traffic, not errors
+			}
+			if fv-cv != want {
+				t.Errorf("%s at %s: %v more than without the fault, want %v", d.Name, at.Sub(t0), fv-cv, want)
+			}
+		}
+	}
+	hasDCGMLabels(t, find(c.AppendSamples(nil, end, Replica{}), "DCGM_FI_DEV_NVLINK_COUNT_RX_SYMBOL_ERRORS", "Hostname", host, "gpu", "3")[0])
+	if _, err := New(Config{Nodes: 2, Faults: []Fault{{Kind: FaultNVLink5SymbolErrors, Node: "1", GPU: 3}}}); err == nil || !strings.Contains(err.Error(), "NVLink5") {
+		t.Errorf("nvlink5_symbol_errors on an H100: %v, want an error", err)
+	}
+}
