@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 
 	"github.com/thanos-io/objstore"
+
+	"github.com/gpustore/gpustore/pkg/block"
 )
 
 // PageCache holds fixed-size pages of bucket objects (index and chunk
@@ -31,6 +33,7 @@ type PageCache struct {
 	pages    map[pageKey]*list.Element
 	bytes    int64
 	inflight map[pageKey]*fetch
+	decoding map[string]*fetch // encoded objects being fetched whole, by name
 
 	hits, misses, evictions, fetchedBytes, requests atomic.Int64
 }
@@ -60,7 +63,7 @@ type fetch struct {
 func NewPageCache(pageSize, maxBytes int64) *PageCache {
 	return &PageCache{
 		pageSize: pageSize, maxBytes: maxBytes,
-		lru: list.New(), pages: map[pageKey]*list.Element{}, inflight: map[pageKey]*fetch{},
+		lru: list.New(), pages: map[pageKey]*list.Element{}, inflight: map[pageKey]*fetch{}, decoding: map[string]*fetch{},
 	}
 }
 
@@ -88,12 +91,21 @@ func (c *PageCache) Stats() CacheStats {
 	}
 }
 
-// object is one bucket object read through the cache.
+// object is one file of a block read through the cache.
 type object struct {
 	bkt  objstore.BucketReader
-	name string
-	size int64
+	name string // the bucket object
+	size int64  // the file's (decoded) size
+	// file says how the object is stored: an encoded one (zstd) is
+	// fetched whole and decoded, and all its pages go to the cache.
+	file block.File
 }
+
+func newObject(bkt objstore.BucketReader, m *block.Meta, f block.File) object {
+	return object{bkt: bkt, name: block.ObjectName(m.GPUStore.Tenant, m.ULID, f.ObjectRel()), size: f.SizeBytes, file: f}
+}
+
+func (o object) encoded() bool { return o.file.Encoding != block.EncodingNone }
 
 // Range returns bytes [start, end) of o. A range within one page is a
 // sub-slice of the cached page; a longer one is a copy.
@@ -216,15 +228,27 @@ func (c *PageCache) getPages(ctx context.Context, o object, first, last int64) (
 	return out, nil
 }
 
-// fetchRun reads pages first..last of o in one range request.
+// fetchRun reads pages first..last of o in one range request, or, for an
+// encoded object, the whole object (whose other pages it offers the cache).
 func (c *PageCache) fetchRun(ctx context.Context, o object, first, last int64) ([][]byte, error) {
 	start := first * c.pageSize
 	end := min(o.size, (last+1)*c.pageSize)
-	buf, err := readRange(ctx, o.bkt, o.name, start, end-start)
-	c.requests.Add(1)
-	c.fetchedBytes.Add(int64(len(buf)))
-	if err != nil {
-		return nil, err
+	var buf []byte
+	if o.encoded() {
+		whole, err := c.decoded(ctx, o)
+		if err != nil {
+			return nil, err
+		}
+		c.offer(o, 0, whole)
+		buf = whole[start:end]
+	} else {
+		var err error
+		buf, err = readRange(ctx, o.bkt, o.name, start, end-start)
+		c.requests.Add(1)
+		c.fetchedBytes.Add(int64(len(buf)))
+		if err != nil {
+			return nil, err
+		}
 	}
 	pages := make([][]byte, 0, last-first+1)
 	for p := first; p <= last; p++ {
@@ -234,6 +258,57 @@ func (c *PageCache) fetchRun(ctx context.Context, o object, first, last int64) (
 		pages = append(pages, append([]byte(nil), buf[lo:hi]...))
 	}
 	return pages, nil
+}
+
+// decoded fetches an encoded object whole and decodes it, once for all the
+// queries that miss its pages meanwhile (a waiter whose fetcher was
+// cancelled fetches it again itself).
+func (c *PageCache) decoded(ctx context.Context, o object) ([]byte, error) {
+	for {
+		c.mtx.Lock()
+		f, waiting := c.decoding[o.name]
+		if !waiting {
+			f = &fetch{done: make(chan struct{})}
+			c.decoding[o.name] = f
+		}
+		c.mtx.Unlock()
+		if waiting {
+			select {
+			case <-f.done:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			if f.abandoned {
+				continue
+			}
+			return f.data, f.err
+		}
+		obj, err := readRange(ctx, o.bkt, o.name, 0, o.file.StoredBytes)
+		c.requests.Add(1)
+		c.fetchedBytes.Add(int64(len(obj)))
+		if err == nil {
+			f.data, err = block.Decode(o.file, obj)
+		}
+		c.mtx.Lock()
+		delete(c.decoding, o.name)
+		f.err, f.abandoned = err, err != nil && ctx.Err() != nil
+		c.mtx.Unlock()
+		close(f.done)
+		return f.data, err
+	}
+}
+
+// readHeaderRange reads [off, off+length) of o for an index header load:
+// one range request on a plain object (not through the pages: the caller
+// offers what it keeps), the cached pages of an encoded one.
+func (c *PageCache) readHeaderRange(ctx context.Context, o object, off, length int64) ([]byte, error) {
+	if o.encoded() {
+		return c.Range(ctx, o, off, off+length)
+	}
+	buf, err := readRange(ctx, o.bkt, o.name, off, length)
+	c.requests.Add(1)
+	c.fetchedBytes.Add(int64(len(buf)))
+	return buf, err
 }
 
 // insertLocked adds a page, evicting the least recently used ones to stay

@@ -250,7 +250,7 @@ func BenchmarkLongRangeOverview(b *testing.B) {
 		for _, m := range metas[r] {
 			for _, f := range m.GPUStore.Files {
 				if f.RelPath == "index" {
-					index += f.SizeBytes
+					index += f.BucketBytes()
 				}
 			}
 			series, samples, chunks = series+int64(m.Stats.NumSeries), samples+int64(m.Stats.NumSamples), chunks+int64(m.Stats.NumChunks)
