@@ -207,6 +207,7 @@ func BenchmarkDashboardQueries(b *testing.B) {
 // GPUSTORE_BENCH_INTERVAL), compacted and downsampled, with Grafana's step
 // (≈ 3 h for 30 days: auto resolution reads 1h data, rate(x[5m]) 5m data),
 // against the same blocks read raw (max_source_resolution=raw).
+// GPUSTORE_BENCH_ENCODING=none stores the downsampled blocks' files plain.
 func BenchmarkLongRangeOverview(b *testing.B) {
 	ms := (14 * day).Milliseconds()
 	start := time.UnixMilli((gpusim.DefaultEpoch.UnixMilli() + ms - 1) / ms * ms).UTC()
@@ -238,6 +239,9 @@ func BenchmarkLongRangeOverview(b *testing.B) {
 	cfg.LeaseTTL = compact.DefaultConfig().LeaseTTL // a niced run beside others renews late
 	if os.Getenv("GPUSTORE_BENCH_FOLD") == "1" {    // pods folded in 5m and 1h gauges (opt-in)
 		cfg.DownsampleFoldLabels = []string{"pod"}
+	}
+	if v := os.Getenv("GPUSTORE_BENCH_ENCODING"); v != "" { // none: the downsampled files stored plain
+		cfg.DownsampleEncoding = v
 	}
 	c, _ := newCompactor(b, cfg, bkt, nil)
 	t0 := time.Now()
@@ -301,7 +305,9 @@ func BenchmarkLongRangeOverview(b *testing.B) {
 			}
 		}
 		b.Run(res, func(b *testing.B) {
+			cold := time.Now()
 			run(b) // warm the cache
+			b.Logf("cold round (every panel once, empty cache): %s", time.Since(cold).Round(time.Millisecond))
 			clear(took)
 			for b.Loop() {
 				run(b)
