@@ -250,8 +250,9 @@ func BenchmarkLongRangeOverview(b *testing.B) {
 	b.Logf("compacted and downsampled in %s: raw %d bytes, 5m %d, 1h %d", time.Since(t0).Round(time.Second),
 		bytes[0], bytes[downsample.Res5m], bytes[downsample.Res1h])
 	for _, r := range []int64{0, downsample.Res5m, downsample.Res1h} {
-		var index, series, samples, chunks int64
+		var index, series, samples, chunks, span int64
 		for _, m := range metas[r] {
+			span += m.MaxTime - m.MinTime
 			for _, f := range m.GPUStore.Files {
 				if f.RelPath == "index" {
 					index += f.BucketBytes()
@@ -259,8 +260,8 @@ func BenchmarkLongRangeOverview(b *testing.B) {
 			}
 			series, samples, chunks = series+int64(m.Stats.NumSeries), samples+int64(m.Stats.NumSamples), chunks+int64(m.Stats.NumChunks)
 		}
-		b.Logf("resolution %s: %d blocks, %d bytes (index %.1f %%), %d series, %d chunks, %d samples, %.2f bytes/sample",
-			downsample.ResolutionName(r), len(metas[r]), bytes[r], 100*float64(index)/float64(max(bytes[r], 1)),
+		b.Logf("resolution %s: %d blocks over %s, %d bytes (index %.1f %%), %d series, %d chunks, %d samples, %.2f bytes/sample",
+			downsample.ResolutionName(r), len(metas[r]), time.Duration(span)*time.Millisecond, bytes[r], 100*float64(index)/float64(max(bytes[r], 1)),
 			series, chunks, samples, float64(bytes[r])/float64(max(samples, 1)))
 	}
 	s, err := bucketstore.New(bucketstore.DefaultConfig(), bkt, quiet(), nil)
