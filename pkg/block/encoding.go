@@ -23,22 +23,27 @@ const (
 	// and postings repeat across series in ways per-chunk encodings cannot
 	// see), which range reads of the plain file could not buy back.
 	EncodingZstd = "zstd"
+	// EncodingZstdNoCRC is EncodingZstd of the file without the CRC32s the
+	// TSDB puts after each chunk and each index series entry (crcstrip.go),
+	// which decoding recomputes. A file whose layout is not the expected
+	// one is stored EncodingZstd instead.
+	EncodingZstdNoCRC = "zstd-nocrc"
 )
 
-// ParseEncoding checks a configured encoding ("none" or "zstd").
+// ParseEncoding checks a configured encoding ("none", "zstd" or "zstd-nocrc").
 func ParseEncoding(s string) (string, error) {
 	switch s {
 	case "", "none":
 		return EncodingNone, nil
-	case EncodingZstd:
-		return EncodingZstd, nil
+	case EncodingZstd, EncodingZstdNoCRC:
+		return s, nil
 	}
-	return "", fmt.Errorf("unknown block file encoding %q (none or zstd)", s)
+	return "", fmt.Errorf("unknown block file encoding %q (none, zstd or zstd-nocrc)", s)
 }
 
 // ObjectRel is the file's object path relative to the block.
 func (f File) ObjectRel() string {
-	if f.Encoding == EncodingZstd {
+	if f.Encoding != EncodingNone {
 		return f.RelPath + ".zst"
 	}
 	return f.RelPath
@@ -90,7 +95,7 @@ func Decode(f File, object []byte) ([]byte, error) {
 	switch f.Encoding {
 	case EncodingNone:
 		return object, nil
-	case EncodingZstd:
+	case EncodingZstd, EncodingZstdNoCRC:
 	default:
 		return nil, fmt.Errorf("%s: unknown encoding %q", f.RelPath, f.Encoding)
 	}
@@ -100,6 +105,11 @@ func Decode(f File, object []byte) ([]byte, error) {
 	out, err := zstdDecoder.DecodeAll(object, make([]byte, 0, f.SizeBytes))
 	if err != nil {
 		return nil, fmt.Errorf("decode %s: %w", f.RelPath, err)
+	}
+	if f.Encoding == EncodingZstdNoCRC {
+		if out, err = restoreCRCs(f.RelPath, out); err != nil {
+			return nil, err
+		}
 	}
 	if int64(len(out)) != f.SizeBytes {
 		return nil, fmt.Errorf("%w: %s decodes to %d bytes, meta.json says %d", ErrEncodedSize, f.RelPath, len(out), f.SizeBytes)
@@ -112,14 +122,21 @@ func Decode(f File, object []byte) ([]byte, error) {
 // The file is encoded in memory: only downsampled blocks' files are encoded,
 // and they are a few MB to a few hundred MB.
 func uploadEncoded(ctx context.Context, bkt objstore.Bucket, src, dst string, f File) (File, error) {
-	if f.Encoding != EncodingZstd {
-		return f, fmt.Errorf("%s: unknown encoding %q", f.RelPath, f.Encoding)
-	}
 	plain, err := os.ReadFile(src)
 	if err != nil {
 		return f, err
 	}
-	enc := zstdEncoder.EncodeAll(plain, make([]byte, 0, len(plain)/4))
+	content := plain
+	switch f.Encoding {
+	case EncodingZstd:
+	case EncodingZstdNoCRC:
+		if content, err = stripCRCs(f.RelPath, plain); err != nil {
+			content, f.Encoding = plain, EncodingZstd // not the layout expected: kept whole
+		}
+	default:
+		return f, fmt.Errorf("%s: unknown encoding %q", f.RelPath, f.Encoding)
+	}
+	enc := zstdEncoder.EncodeAll(content, make([]byte, 0, len(content)/4))
 	f.StoredBytes = int64(len(enc))
 	tmp, err := os.CreateTemp(filepath.Dir(src), ".encoded-*")
 	if err != nil {

@@ -19,13 +19,25 @@ import (
 // missing encoded object is the block's fault (the compactor marks it), not
 // a retryable bucket error.
 func TestEncodedUploadDownloadsAlike(t *testing.T) {
-	ctx := context.Background()
 	dir, meta := writeLocalBlock(t, "t")
+	stored := map[string]int64{}
+	for _, enc := range []string{EncodingZstd, EncodingZstdNoCRC} {
+		t.Run(enc, func(t *testing.T) { stored[enc] = encodedUploadDownloadsAlike(t, dir, meta, enc) })
+	}
+	// Each of the block's 8 series and 8 chunks keeps 4 bytes of CRC32
+	// that zstd cannot shrink.
+	if saved := stored[EncodingZstd] - stored[EncodingZstdNoCRC]; saved < 16*4-8 {
+		t.Errorf("zstd-nocrc stores %d bytes, zstd %d: want the CRCs' 64 bytes fewer", stored[EncodingZstdNoCRC], stored[EncodingZstd])
+	}
+}
+
+func encodedUploadDownloadsAlike(t *testing.T, dir string, meta Meta, encoding string) (stored int64) {
+	ctx := context.Background()
 	bkt, err := filesystem.NewBucket(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := UploadEncoded(ctx, bkt, dir, &meta, EncodingZstd); err != nil {
+	if err := UploadEncoded(ctx, bkt, dir, &meta, encoding); err != nil {
 		t.Fatal(err)
 	}
 	got, err := ReadMeta(ctx, bkt, "t", meta.ULID)
@@ -41,8 +53,9 @@ func TestEncodedUploadDownloadsAlike(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if f.Encoding != EncodingZstd || f.SizeBytes != int64(len(plain)) || f.StoredBytes <= 0 || f.StoredBytes >= f.SizeBytes {
-			t.Errorf("%s recorded as %+v, want zstd, %d bytes decoded, fewer stored", f.RelPath, f, len(plain))
+		stored += f.StoredBytes
+		if f.Encoding != encoding || f.SizeBytes != int64(len(plain)) || f.StoredBytes <= 0 || f.StoredBytes >= f.SizeBytes {
+			t.Errorf("%s recorded as %+v, want %s, %d bytes decoded, fewer stored", f.RelPath, f, encoding, len(plain))
 		}
 		if ok, _ := bkt.Exists(ctx, ObjectName("t", meta.ULID, f.RelPath)); ok {
 			t.Errorf("plain object %s uploaded beside the encoded one", f.RelPath)
@@ -80,5 +93,43 @@ func TestEncodedUploadDownloadsAlike(t *testing.T) {
 	}
 	if _, err := ParseEncoding("gzip"); err == nil {
 		t.Error("encoding gzip accepted")
+	}
+	return stored
+}
+
+// A file that is not laid out as the TSDB writes it (here a chunk segment
+// with one CRC wrong) is not stripped: zstd-nocrc stores it as zstd, and it
+// decodes to itself.
+func TestUnexpectedLayoutKeepsItsCRCs(t *testing.T) {
+	dir, meta := writeLocalBlock(t, "t")
+	seg := filepath.Join(dir, "chunks", "000001")
+	b, err := os.ReadFile(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-1] ^= 0xff // the last chunk's CRC
+	if err := os.WriteFile(seg, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stripCRCs("chunks/000001", b); err == nil {
+		t.Fatal("a segment with a wrong CRC stripped")
+	}
+	bkt, err := filesystem.NewBucket(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := UploadEncoded(context.Background(), bkt, dir, &meta, EncodingZstdNoCRC); err != nil {
+		t.Fatal(err)
+	}
+	f, _ := meta.File("chunks/000001")
+	if f.Encoding != EncodingZstd {
+		t.Fatalf("segment stored %q, want zstd", f.Encoding)
+	}
+	dst := filepath.Join(t.TempDir(), "seg")
+	if err := DownloadFile(context.Background(), bkt, ObjectName("t", meta.ULID, f.ObjectRel()), dst, f, errors.New("bad")); err != nil {
+		t.Fatal(err)
+	}
+	if back, _ := os.ReadFile(dst); !bytes.Equal(back, b) {
+		t.Fatal("segment does not decode to itself")
 	}
 }

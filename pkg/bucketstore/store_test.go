@@ -105,7 +105,7 @@ var matcherSets = [][]*labels.Matcher{
 // requires identical answers for selects, chunk selects, label names and
 // label values, with and without matchers.
 func TestQueriesMatchTheLocalBlock(t *testing.T) {
-	for _, enc := range []string{block.EncodingNone, block.EncodingZstd} {
+	for _, enc := range []string{block.EncodingNone, block.EncodingZstd, block.EncodingZstdNoCRC} {
 		t.Run("encoding="+cmp.Or(enc, "none"), func(t *testing.T) { queriesMatchTheLocalBlock(t, enc) })
 	}
 }

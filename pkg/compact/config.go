@@ -57,8 +57,10 @@ type Config struct {
 	DownsampleFoldLabels  flagext.StringSliceCSV `yaml:"downsample_fold_labels"`
 	DownsampleFoldMetrics string                 `yaml:"downsample_fold_metrics"`
 	// DownsampleEncoding is how the 5m and 1h blocks' index and chunk files
-	// are stored in the bucket: "zstd" (the default: compressed, read whole)
-	// or "none" (as the TSDB writes them, range-read). Raw blocks are
+	// are stored in the bucket: "zstd-nocrc" (the default: compressed
+	// without the TSDB's per-entry CRC32s, which reading recomputes; read
+	// whole), "zstd" (compressed as they are) or "none" (as the TSDB writes
+	// them, range-read). Raw blocks are
 	// always stored as they are. Blocks keep the encoding they were written
 	// with; readers read both.
 	DownsampleEncoding string `yaml:"downsample_encoding"`
@@ -82,7 +84,7 @@ func DefaultConfig() Config {
 		// Folding is asked for: it changes which series the 5m and 1h
 		// data hold. When on, its scope is dcgm-exporter's metrics.
 		DownsampleFoldMetrics: "DCGM_.+",
-		DownsampleEncoding:    block.EncodingZstd,
+		DownsampleEncoding:    block.EncodingZstdNoCRC,
 	}
 }
 
@@ -169,7 +171,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Downsample, "compact.downsample", c.Downsample, "Downsample finished blocks to 5m and 1h resolution (raw retention then waits for the 5m data).")
 	fs.Var(&c.DownsampleFoldLabels, "compact.downsample.fold-labels", "Comma-separated labels merged away when raw data is downsampled, for the gauges among the metrics of -compact.downsample.fold-metrics (e.g. pod: one 5m/1h series per GPU instead of one per GPU and pod; counters are never folded; queries naming them read raw data where it exists). Empty (the default): keep every label.")
 	fs.StringVar(&c.DownsampleFoldMetrics, "compact.downsample.fold-metrics", c.DownsampleFoldMetrics, "Regular expression (anchored) of the metric names whose series -compact.downsample.fold-labels applies to.")
-	fs.StringVar(&c.DownsampleEncoding, "compact.downsample.encoding", c.DownsampleEncoding, "How 5m and 1h blocks' index and chunk files are stored in the bucket: zstd (compressed, about a fifth of the bytes; readers fetch and decode a file whole) or none (as the TSDB writes them). Raw blocks are always stored as they are; blocks keep the encoding they were written with.")
+	fs.StringVar(&c.DownsampleEncoding, "compact.downsample.encoding", c.DownsampleEncoding, "How 5m and 1h blocks' index and chunk files are stored in the bucket: zstd-nocrc (compressed without the TSDB's per-chunk and per-series CRC32s, which readers recompute: about a fifth of the bytes; readers fetch and decode a file whole), zstd (compressed as they are) or none (as the TSDB writes them). Raw blocks are always stored as they are; blocks keep the encoding they were written with.")
 	fs.Var(&c.LeaseSettle, "compact.lease-settle", "Wait between writing a tenant's lease and reading it back; must exceed how long a bucket write can lag (below lease-ttl/3).")
 }
 

@@ -14,7 +14,7 @@ import (
 // TestEncodedDownsampledBlocksAnswerAlike: the same three days compacted and
 // downsampled twice in one bucket, once with the 5m and 1h files stored as
 // the TSDB writes them (as every block written before the encoding was) and
-// once zstd-encoded (the default), answer the dashboard panels and the
+// once zstd-encoded without the TSDB's CRCs (the default), answer the dashboard panels and the
 // downsampling checks at 5m and 1h bit for bit alike, once raw retention has
 // deleted the raw blocks (so only downsampled blocks answer); the compactor
 // reads its own encoded 5m blocks back to make the 1h ones; and the encoded
@@ -26,7 +26,7 @@ func TestEncodedDownsampledBlocksAnswerAlike(t *testing.T) {
 	dirs := sl.write(t, t.TempDir())
 	const plain, encoded = "plain", "zstd"
 	sizes := map[string]map[int64]int64{}
-	for tenant, enc := range map[string]string{plain: "none", encoded: "zstd"} {
+	for tenant, enc := range map[string]string{plain: "none", encoded: block.EncodingZstdNoCRC} {
 		upload(t, bkt, tenant, nil, dirs...)
 		cfg := testConfig()
 		cfg.Downsample = true
@@ -42,7 +42,7 @@ func TestEncodedDownsampledBlocksAnswerAlike(t *testing.T) {
 		for _, m := range st.live {
 			want := block.EncodingNone
 			if tenant == encoded && m.GPUStore.Downsample.Resolution != block.ResolutionRaw {
-				want = block.EncodingZstd
+				want = block.EncodingZstdNoCRC // not zstd: the CRCs are left out
 			}
 			for _, f := range m.GPUStore.Files {
 				if f.Encoding != want {
