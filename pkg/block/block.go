@@ -120,8 +120,10 @@ type File struct {
 	// Older gpustore versions do not know it and fail to find the object
 	// rather than misread it.
 	Encoding string `json:"encoding,omitempty"`
-	// StoredBytes is the size of an encoded file's object.
+	// StoredBytes is the size of an encoded file's object, Frames the
+	// number of its zstd frames (frames.go).
 	StoredBytes int64 `json:"stored_bytes,omitempty"`
+	Frames      int   `json:"frames,omitempty"`
 }
 
 // Dir is the bucket directory of a tenant's block.

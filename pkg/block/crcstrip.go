@@ -58,24 +58,22 @@ func crcLayout(rel string, file []byte) (crcEntries, error) {
 	return crcEntries{}, fmt.Errorf("no CRC layout for %s", rel)
 }
 
-// walkCRCs copies src to a new slice, leaving out (strip) or putting back
+// walkCRCs copies src, the bytes of the TSDB's file from offset base on (or
+// their stripped form when !strip), leaving out (strip) or putting back
 // (!strip) the CRC32 after each entry of l. Stripping checks each CRC it
 // leaves out, so a file whose layout is not the expected one is refused
-// rather than stored in a form that would not decode to it.
-func walkCRCs(src []byte, l crcEntries, strip bool) ([]byte, error) {
-	if int64(len(src)) < l.start {
-		return nil, fmt.Errorf("file of %d bytes, entries from %d", len(src), l.start)
-	}
+// rather than stored in a form that would not decode to it. at, when set,
+// is called after each entry with the offset in the TSDB's file and in the
+// output: the points where a frame of the stripped file may end.
+func walkCRCs(src []byte, l crcEntries, base int64, strip bool, at func(pos int64, outLen int)) ([]byte, error) {
 	out := make([]byte, 0, len(src)+len(src)/8)
-	out = append(out, src[:l.start]...)
-	si, pos := int(l.start), l.start // pos: offset in the TSDB's file
-	more := func() bool {
-		if l.end < 0 {
-			return si < len(src)
-		}
-		return pos < l.end
+	si, pos := 0, base // pos: offset in the TSDB's file
+	if pos < l.start {
+		n := int(min(l.start-pos, int64(len(src))))
+		out = append(out, src[:n]...)
+		si, pos = n, pos+int64(n)
 	}
-	for more() {
+	for si < len(src) && (l.end < 0 || pos < l.end) {
 		if pad := (l.align - pos%l.align) % l.align; pad > 0 {
 			if l.end >= 0 {
 				pad = min(pad, l.end-pos)
@@ -106,39 +104,12 @@ func walkCRCs(src []byte, l crcEntries, strip bool) ([]byte, error) {
 		} else {
 			out = binary.BigEndian.AppendUint32(out, sum)
 		}
+		if at != nil {
+			at(pos, len(out))
+		}
 	}
 	return append(out, src[si:]...), nil
 }
 
 func allZero(b []byte) bool { return len(bytes.Trim(b, "\x00")) == 0 }
 
-// stripCRCs returns the TSDB file rel without its entries' CRC32s, checked
-// to decode back to it.
-func stripCRCs(rel string, file []byte) ([]byte, error) {
-	l, err := crcLayout(rel, file)
-	if err != nil {
-		return nil, err
-	}
-	stripped, err := walkCRCs(file, l, true)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", rel, err)
-	}
-	back, err := restoreCRCs(rel, stripped)
-	if err != nil || !bytes.Equal(back, file) {
-		return nil, fmt.Errorf("%s: does not decode back to itself without its CRCs (%v)", rel, err)
-	}
-	return stripped, nil
-}
-
-// restoreCRCs is the inverse of stripCRCs.
-func restoreCRCs(rel string, stripped []byte) ([]byte, error) {
-	l, err := crcLayout(rel, stripped)
-	if err != nil {
-		return nil, err
-	}
-	out, err := walkCRCs(stripped, l, false)
-	if err != nil {
-		return nil, fmt.Errorf("%s: restore CRCs: %w", rel, err)
-	}
-	return out, nil
-}

@@ -1,6 +1,7 @@
 package block
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -99,45 +100,46 @@ func Decode(f File, object []byte) ([]byte, error) {
 	default:
 		return nil, fmt.Errorf("%s: unknown encoding %q", f.RelPath, f.Encoding)
 	}
-	if int64(len(object)) != f.StoredBytes {
+	if int64(len(object)) != f.StoredBytes || int64(len(object)) < SeekTableLen(f) {
 		return nil, fmt.Errorf("%w: %s.zst has %d bytes, meta.json says %d", ErrEncodedSize, f.RelPath, len(object), f.StoredBytes)
 	}
-	out, err := zstdDecoder.DecodeAll(object, make([]byte, 0, f.SizeBytes))
+	body := len(object) - int(SeekTableLen(f))
+	t, err := ParseSeekTable(f, object[body:])
 	if err != nil {
-		return nil, fmt.Errorf("decode %s: %w", f.RelPath, err)
+		return nil, err
 	}
-	if f.Encoding == EncodingZstdNoCRC {
-		if out, err = restoreCRCs(f.RelPath, out); err != nil {
-			return nil, err
-		}
-	}
-	if int64(len(out)) != f.SizeBytes {
-		return nil, fmt.Errorf("%w: %s decodes to %d bytes, meta.json says %d", ErrEncodedSize, f.RelPath, len(out), f.SizeBytes)
-	}
-	return out, nil
+	return DecodeFrames(f, t, 0, len(t.Frames)-1, object[:body])
 }
 
 // uploadEncoded uploads the local file src as f's object under the block
-// directory, encoded as f.Encoding says, and returns f with StoredBytes set.
-// The file is encoded in memory: only downsampled blocks' files are encoded,
-// and they are a few MB to a few hundred MB.
+// directory, encoded as f.Encoding says, and returns f with StoredBytes and
+// Frames set. The file is encoded in memory (downsampled blocks' files are
+// a few MB to a few hundred MB) and decoded again before it is stored.
 func uploadEncoded(ctx context.Context, bkt objstore.Bucket, src, dst string, f File) (File, error) {
 	plain, err := os.ReadFile(src)
 	if err != nil {
 		return f, err
 	}
-	content := plain
+	var enc []byte
 	switch f.Encoding {
 	case EncodingZstd:
+		enc, f.Frames, err = encodeFrames(f.RelPath, plain, false)
 	case EncodingZstdNoCRC:
-		if content, err = stripCRCs(f.RelPath, plain); err != nil {
-			content, f.Encoding = plain, EncodingZstd // not the layout expected: kept whole
+		if enc, f.Frames, err = encodeFrames(f.RelPath, plain, true); err != nil {
+			// Not the layout expected: stored with its CRCs.
+			f.Encoding = EncodingZstd
+			enc, f.Frames, err = encodeFrames(f.RelPath, plain, false)
 		}
 	default:
 		return f, fmt.Errorf("%s: unknown encoding %q", f.RelPath, f.Encoding)
 	}
-	enc := zstdEncoder.EncodeAll(content, make([]byte, 0, len(content)/4))
+	if err != nil {
+		return f, fmt.Errorf("encode %s: %w", f.RelPath, err)
+	}
 	f.StoredBytes = int64(len(enc))
+	if back, err := Decode(f, enc); err != nil || !bytes.Equal(back, plain) {
+		return f, fmt.Errorf("encode %s: does not decode back to itself (%v)", f.RelPath, err)
+	}
 	tmp, err := os.CreateTemp(filepath.Dir(src), ".encoded-*")
 	if err != nil {
 		return f, err

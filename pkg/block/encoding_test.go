@@ -111,7 +111,7 @@ func TestUnexpectedLayoutKeepsItsCRCs(t *testing.T) {
 	if err := os.WriteFile(seg, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := stripCRCs("chunks/000001", b); err == nil {
+	if _, _, err := encodeFrames("chunks/000001", b, true); err == nil {
 		t.Fatal("a segment with a wrong CRC stripped")
 	}
 	bkt, err := filesystem.NewBucket(t.TempDir())
@@ -131,5 +131,47 @@ func TestUnexpectedLayoutKeepsItsCRCs(t *testing.T) {
 	}
 	if back, _ := os.ReadFile(dst); !bytes.Equal(back, b) {
 		t.Fatal("segment does not decode to itself")
+	}
+}
+
+// With frames far smaller than the files (100 bytes: entries straddle
+// every cut), each frame of the index and of the chunk segment decodes on
+// its own to its bytes of the TSDB's file, with and without the CRCs, and
+// the seek table finds the frame of every offset.
+func TestEveryFrameDecodesAlone(t *testing.T) {
+	defer func(n int64) { FrameBytes = n }(FrameBytes)
+	FrameBytes = 100
+	dir, _ := writeLocalBlock(t, "t")
+	for _, rel := range []string{IndexFilename, "chunks/000001"} {
+		plain, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(rel)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, enc := range []string{EncodingZstd, EncodingZstdNoCRC} {
+			obj, frames, err := encodeFrames(rel, plain, enc == EncodingZstdNoCRC)
+			if err != nil {
+				t.Fatalf("%s %s: %v", rel, enc, err)
+			}
+			f := File{RelPath: rel, SizeBytes: int64(len(plain)), Encoding: enc, StoredBytes: int64(len(obj)), Frames: frames}
+			if frames < len(plain)/200 {
+				t.Fatalf("%s %s: %d frames for %d bytes", rel, enc, frames, len(plain))
+			}
+			st, err := ParseSeekTable(f, obj[len(obj)-int(SeekTableLen(f)):])
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, fr := range st.Frames {
+				got, err := DecodeFrames(f, st, k, k, obj[fr.EncStart:fr.EncStart+fr.EncSize])
+				if err != nil || !bytes.Equal(got, plain[fr.Start:fr.Start+fr.Size]) {
+					t.Fatalf("%s %s frame %d [%d,+%d): %v", rel, enc, k, fr.Start, fr.Size, err)
+				}
+				if st.FrameAt(fr.Start) != k || st.FrameAt(fr.Start+fr.Size-1) != k {
+					t.Fatalf("%s %s: FrameAt does not find frame %d", rel, enc, k)
+				}
+			}
+			if back, err := Decode(f, obj); err != nil || !bytes.Equal(back, plain) {
+				t.Fatalf("%s %s whole: %v", rel, enc, err)
+			}
+		}
 	}
 }

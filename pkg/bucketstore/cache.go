@@ -33,7 +33,7 @@ type PageCache struct {
 	pages    map[pageKey]*list.Element
 	bytes    int64
 	inflight map[pageKey]*fetch
-	decoding map[string]*fetch // encoded objects being fetched whole, by name
+	loading  map[string]*fetch // encoded objects' frames and seek tables being read, by object and frames
 
 	hits, misses, evictions, fetchedBytes, requests atomic.Int64
 }
@@ -63,7 +63,7 @@ type fetch struct {
 func NewPageCache(pageSize, maxBytes int64) *PageCache {
 	return &PageCache{
 		pageSize: pageSize, maxBytes: maxBytes,
-		lru: list.New(), pages: map[pageKey]*list.Element{}, inflight: map[pageKey]*fetch{}, decoding: map[string]*fetch{},
+		lru: list.New(), pages: map[pageKey]*list.Element{}, inflight: map[pageKey]*fetch{}, loading: map[string]*fetch{},
 	}
 }
 
@@ -96,13 +96,19 @@ type object struct {
 	bkt  objstore.BucketReader
 	name string // the bucket object
 	size int64  // the file's (decoded) size
-	// file says how the object is stored: an encoded one (zstd) is
-	// fetched whole and decoded, and all its pages go to the cache.
+	// file says how the object is stored: an encoded one (zstd frames) is
+	// read a frame at a time through its seek table (seek, read on first
+	// use), and every page of the frames read goes to the cache.
 	file block.File
+	seek *atomic.Pointer[block.SeekTable]
 }
 
 func newObject(bkt objstore.BucketReader, m *block.Meta, f block.File) object {
-	return object{bkt: bkt, name: block.ObjectName(m.GPUStore.Tenant, m.ULID, f.ObjectRel()), size: f.SizeBytes, file: f}
+	o := object{bkt: bkt, name: block.ObjectName(m.GPUStore.Tenant, m.ULID, f.ObjectRel()), size: f.SizeBytes, file: f}
+	if o.encoded() {
+		o.seek = &atomic.Pointer[block.SeekTable]{}
+	}
+	return o
 }
 
 func (o object) encoded() bool { return o.file.Encoding != block.EncodingNone }
@@ -228,27 +234,21 @@ func (c *PageCache) getPages(ctx context.Context, o object, first, last int64) (
 	return out, nil
 }
 
-// fetchRun reads pages first..last of o in one range request, or, for an
-// encoded object, the whole object (whose other pages it offers the cache).
+// fetchRun reads pages first..last of o in one range request: of the
+// pages, or, for an encoded object, of the frames that hold them (whose
+// other pages it offers the cache).
 func (c *PageCache) fetchRun(ctx context.Context, o object, first, last int64) ([][]byte, error) {
 	start := first * c.pageSize
 	end := min(o.size, (last+1)*c.pageSize)
 	var buf []byte
+	var err error
 	if o.encoded() {
-		whole, err := c.decoded(ctx, o)
-		if err != nil {
-			return nil, err
-		}
-		c.offer(o, 0, whole)
-		buf = whole[start:end]
+		buf, err = c.decodeRange(ctx, o, start, end)
 	} else {
-		var err error
-		buf, err = readRange(ctx, o.bkt, o.name, start, end-start)
-		c.requests.Add(1)
-		c.fetchedBytes.Add(int64(len(buf)))
-		if err != nil {
-			return nil, err
-		}
+		buf, err = c.fetch(ctx, o, start, end-start)
+	}
+	if err != nil {
+		return nil, err
 	}
 	pages := make([][]byte, 0, last-first+1)
 	for p := first; p <= last; p++ {
@@ -260,16 +260,65 @@ func (c *PageCache) fetchRun(ctx context.Context, o object, first, last int64) (
 	return pages, nil
 }
 
-// decoded fetches an encoded object whole and decodes it, once for all the
-// queries that miss its pages meanwhile (a waiter whose fetcher was
-// cancelled fetches it again itself).
-func (c *PageCache) decoded(ctx context.Context, o object) ([]byte, error) {
+// fetch reads length bytes at off of o's object in one request.
+func (c *PageCache) fetch(ctx context.Context, o object, off, length int64) ([]byte, error) {
+	buf, err := readRange(ctx, o.bkt, o.name, off, length)
+	c.requests.Add(1)
+	c.fetchedBytes.Add(int64(len(buf)))
+	return buf, err
+}
+
+// decodeRange returns bytes [start, end) of an encoded object's file: it
+// fetches and decodes the frames that hold them (one request) and offers
+// the cache every page they hold.
+func (c *PageCache) decodeRange(ctx context.Context, o object, start, end int64) ([]byte, error) {
+	t, err := c.seekTable(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	fa, fb := t.FrameAt(start), t.FrameAt(end-1)
+	a, b := t.Frames[fa], t.Frames[fb]
+	dec, err := c.shared(ctx, fmt.Sprintf("%s#%d-%d", o.name, fa, fb), func() ([]byte, error) {
+		enc, err := c.fetch(ctx, o, a.EncStart, b.EncStart+b.EncSize-a.EncStart)
+		if err != nil {
+			return nil, err
+		}
+		return block.DecodeFrames(o.file, t, fa, fb, enc)
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.offer(o, a.Start, dec)
+	return dec[start-a.Start : end-a.Start], nil
+}
+
+// seekTable returns an encoded object's seek table, read on first use.
+func (c *PageCache) seekTable(ctx context.Context, o object) (*block.SeekTable, error) {
+	if t := o.seek.Load(); t != nil {
+		return t, nil
+	}
+	n := block.SeekTableLen(o.file)
+	tail, err := c.shared(ctx, o.name+"#seek", func() ([]byte, error) { return c.fetch(ctx, o, o.file.StoredBytes-n, n) })
+	if err != nil {
+		return nil, err
+	}
+	t, err := block.ParseSeekTable(o.file, tail)
+	if err != nil {
+		return nil, err
+	}
+	o.seek.Store(t)
+	return t, nil
+}
+
+// shared runs load once for all the queries that ask for key meanwhile
+// (a waiter whose loader was cancelled loads again itself).
+func (c *PageCache) shared(ctx context.Context, key string, load func() ([]byte, error)) ([]byte, error) {
 	for {
 		c.mtx.Lock()
-		f, waiting := c.decoding[o.name]
+		f, waiting := c.loading[key]
 		if !waiting {
 			f = &fetch{done: make(chan struct{})}
-			c.decoding[o.name] = f
+			c.loading[key] = f
 		}
 		c.mtx.Unlock()
 		if waiting {
@@ -283,18 +332,13 @@ func (c *PageCache) decoded(ctx context.Context, o object) ([]byte, error) {
 			}
 			return f.data, f.err
 		}
-		obj, err := readRange(ctx, o.bkt, o.name, 0, o.file.StoredBytes)
-		c.requests.Add(1)
-		c.fetchedBytes.Add(int64(len(obj)))
-		if err == nil {
-			f.data, err = block.Decode(o.file, obj)
-		}
+		data, err := load()
 		c.mtx.Lock()
-		delete(c.decoding, o.name)
-		f.err, f.abandoned = err, err != nil && ctx.Err() != nil
+		delete(c.loading, key)
+		f.data, f.err, f.abandoned = data, err, err != nil && ctx.Err() != nil
 		c.mtx.Unlock()
 		close(f.done)
-		return f.data, err
+		return data, err
 	}
 }
 
@@ -305,10 +349,7 @@ func (c *PageCache) readHeaderRange(ctx context.Context, o object, off, length i
 	if o.encoded() {
 		return c.Range(ctx, o, off, off+length)
 	}
-	buf, err := readRange(ctx, o.bkt, o.name, off, length)
-	c.requests.Add(1)
-	c.fetchedBytes.Add(int64(len(buf)))
-	return buf, err
+	return c.fetch(ctx, o, off, length)
 }
 
 // insertLocked adds a page, evicting the least recently used ones to stay

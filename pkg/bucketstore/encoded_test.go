@@ -36,16 +36,21 @@ func encodedObject(t *testing.T, bkt objstore.Bucket) (object, []byte) {
 	return newObject(bkt, &m, f), want
 }
 
-// Queries that miss different pages of one encoded object while it is
-// fetched share that one fetch; when the fetching query is cancelled, a
-// waiter fetches the object itself rather than failing with its error.
+// Queries that miss different pages of one frame of an encoded object
+// while it is fetched share that one fetch; when the fetching query is
+// cancelled, a waiter fetches the frame itself rather than failing with its
+// error.
 func TestEncodedObjectFetchedOnceForConcurrentMisses(t *testing.T) {
 	inner := objstore.NewInMemBucket()
 	bkt := newGatedBucket(inner, func(string) bool { return true })
 	o, want := encodedObject(t, bkt)
-	bkt.open() // uploads done; gate the reads from here
+	bkt.open()
+	// The seek table, read once per object (by another cache here).
+	if _, err := NewPageCache(512, 1<<20).Range(context.Background(), o, 0, 1); err != nil {
+		t.Fatal(err)
+	}
 	bkt.mtx.Lock()
-	bkt.gate, bkt.ranges = make(chan struct{}), 0
+	bkt.gate, bkt.ranges = make(chan struct{}), 0 // gate the reads from here
 	bkt.mtx.Unlock()
 	if o.size < 3*512 {
 		t.Fatalf("segment of %d bytes: too small for three pages", o.size)
@@ -59,7 +64,7 @@ func TestEncodedObjectFetchedOnceForConcurrentMisses(t *testing.T) {
 		_, err := c.Range(ctx1, o, 0, 100)
 		err1 <- err
 	}()
-	<-bkt.held // the first query's fetch of the whole object is under way
+	<-bkt.held // the first query's fetch of the frame is under way
 
 	type result struct {
 		b   []byte
@@ -96,9 +101,10 @@ func TestEncodedObjectFetchedOnceForConcurrentMisses(t *testing.T) {
 	ranges := bkt.ranges
 	bkt.mtx.Unlock()
 	if ranges != 2 {
-		t.Errorf("%d fetches of the object, want 2 (the cancelled one and one for both waiters)", ranges)
+		t.Errorf("%d fetches of the frame, want 2 (the cancelled one and one for both waiters)", ranges)
 	}
-	// Every page is now cached: a read anywhere fetches nothing.
+	// Every page of the frame (here the whole file) is now cached: a read
+	// anywhere fetches nothing.
 	if b, err := c.Range(context.Background(), o, 512, o.size); err != nil || !bytes.Equal(b, want[512:]) {
 		t.Fatalf("cached read: %v", err)
 	}

@@ -108,6 +108,10 @@ func TestQueriesMatchTheLocalBlock(t *testing.T) {
 	for _, enc := range []string{block.EncodingNone, block.EncodingZstd, block.EncodingZstdNoCRC} {
 		t.Run("encoding="+cmp.Or(enc, "none"), func(t *testing.T) { queriesMatchTheLocalBlock(t, enc) })
 	}
+	// Frames of 3000 bytes: pages and reads straddle frames.
+	defer func(n int64) { block.FrameBytes = n }(block.FrameBytes)
+	block.FrameBytes = 3000
+	t.Run("encoding=zstd-nocrc,frames=3000", func(t *testing.T) { queriesMatchTheLocalBlock(t, block.EncodingZstdNoCRC) })
 }
 
 // queriesMatchTheLocalBlock: the block's files stored in encoding read like
