@@ -112,4 +112,3 @@ func walkCRCs(src []byte, l crcEntries, base int64, strip bool, at func(pos int6
 }
 
 func allZero(b []byte) bool { return len(bytes.Trim(b, "\x00")) == 0 }
-
