@@ -19,10 +19,11 @@ const (
 	// range-read it (raw blocks: large, read a few pages at a time).
 	EncodingNone = ""
 	// EncodingZstd stores a file zstd-compressed as the object
-	// <rel_path>.zst. Readers fetch and decode it whole: downsampled blocks
-	// are small, and their index and chunks shrink 4-8× (their XOR streams
-	// and postings repeat across series in ways per-chunk encodings cannot
-	// see), which range reads of the plain file could not buy back.
+	// <rel_path>.zst, in frames of about FrameBytes with a seek table at
+	// the end (frames.go), so readers fetch and decode only the frames they
+	// need. Downsampled blocks' index and chunks shrink 4-8× (their XOR
+	// streams, symbol references and postings repeat across series in ways
+	// per-chunk encodings cannot see).
 	EncodingZstd = "zstd"
 	// EncodingZstdNoCRC is EncodingZstd of the file without the CRC32s the
 	// TSDB puts after each chunk and each index series entry (crcstrip.go),
