@@ -139,8 +139,8 @@ func TestUnexpectedLayoutKeepsItsCRCs(t *testing.T) {
 // its own to its bytes of the TSDB's file, with and without the CRCs, and
 // the seek table finds the frame of every offset.
 func TestEveryFrameDecodesAlone(t *testing.T) {
-	defer func(n int64) { FrameBytes = n }(FrameBytes)
-	FrameBytes = 100
+	defer func(n, i int64) { FrameBytes, IndexFrameBytes = n, i }(FrameBytes, IndexFrameBytes)
+	FrameBytes, IndexFrameBytes = 100, 100
 	dir, _ := writeLocalBlock(t, "t")
 	for _, rel := range []string{IndexFilename, "chunks/000001"} {
 		plain, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(rel)))

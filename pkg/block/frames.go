@@ -8,7 +8,7 @@ import (
 )
 
 // An encoded file is a run of independent zstd frames, each holding about
-// FrameBytes of the TSDB's file, then a zstd skippable frame holding the
+// FrameBytes (IndexFrameBytes) of the TSDB's file, then a zstd skippable frame holding the
 // seek table: so a reader fetches and decodes only the frames that hold the
 // bytes it needs (a 1 h block of a 1024-GPU cluster's two weeks is over a
 // GB decoded), and a plain zstd decoder still decodes the whole object
@@ -25,11 +25,26 @@ const (
 	seekMagic      = 0x31545347 // "GST1"
 )
 
-// FrameBytes: 1 MiB frames cost a downsampled index 0-3 % over one frame
-// for the whole file (256 KiB frames: 28 %: its symbol references repeat
-// across the file) and a 32 KiB-page reader at most about 1 MiB of decoding
-// per miss. A variable for tests (small frames: many per file).
-var FrameBytes int64 = 1 << 20
+// FrameBytes and IndexFrameBytes: the bytes of the TSDB's file a frame of
+// a chunk segment and of an index holds. Measured on the 30-day bench's
+// 14-day blocks (bench/RESULTS.md): a chunk segment in 1 MiB frames costs
+// 1-7 % more than in one frame, an index 2.1× more (identical postings
+// lists, e.g. every series of a node under several labels, lie megabytes
+// apart), 1.3× in 4 MiB frames, nothing in 8 MiB (the whole index of one
+// node's two weeks). A miss decodes at most a frame's run: a few ms for
+// 8 MiB. Variables for tests (small frames: many per file).
+var (
+	FrameBytes      int64 = 1 << 20
+	IndexFrameBytes int64 = 8 << 20
+)
+
+// frameBytes is the frame size of the file rel.
+func frameBytes(rel string) int64 {
+	if rel == IndexFilename {
+		return IndexFrameBytes
+	}
+	return FrameBytes
+}
 
 // Frame is one zstd frame of an encoded file: bytes [Start, Start+Size) of
 // the TSDB's file, stored at [EncStart, EncStart+EncSize) of the object.
@@ -105,7 +120,7 @@ func DecodeFrames(f File, t *SeekTable, first, last int, enc []byte) ([]byte, er
 // returns it with the number of frames. stripCRC leaves out the entries'
 // CRCs (an error: the file is not laid out as expected).
 func encodeFrames(rel string, plain []byte, stripCRC bool) ([]byte, int, error) {
-	content, cuts, l := plain, []int64{0}, crcEntries{}
+	content, cuts, l, size := plain, []int64{0}, crcEntries{}, frameBytes(rel)
 	at := func(p int64) int64 { return p } // a cut's offset in content
 	if stripCRC {
 		var err error
@@ -143,11 +158,11 @@ func encodeFrames(rel string, plain []byte, stripCRC bool) ([]byte, int, error) 
 			return ends[i][1]
 		}
 		for last := int64(0); last < int64(len(plain)); last = cuts[len(cuts)-1] {
-			cuts = append(cuts, min(int64(len(plain)), next(last+FrameBytes)))
+			cuts = append(cuts, min(int64(len(plain)), next(last+size)))
 		}
 	} else {
 		for last := int64(0); last < int64(len(plain)); last = cuts[len(cuts)-1] {
-			cuts = append(cuts, min(int64(len(plain)), last+FrameBytes))
+			cuts = append(cuts, min(int64(len(plain)), last+size))
 		}
 	}
 	if len(cuts) == 1 { // an empty file: one empty frame

@@ -109,8 +109,8 @@ func TestQueriesMatchTheLocalBlock(t *testing.T) {
 		t.Run("encoding="+cmp.Or(enc, "none"), func(t *testing.T) { queriesMatchTheLocalBlock(t, enc) })
 	}
 	// Frames of 3000 bytes: pages and reads straddle frames.
-	defer func(n int64) { block.FrameBytes = n }(block.FrameBytes)
-	block.FrameBytes = 3000
+	defer func(n, i int64) { block.FrameBytes, block.IndexFrameBytes = n, i }(block.FrameBytes, block.IndexFrameBytes)
+	block.FrameBytes, block.IndexFrameBytes = 3000, 3000
 	t.Run("encoding=zstd-nocrc,frames=3000", func(t *testing.T) { queriesMatchTheLocalBlock(t, block.EncodingZstdNoCRC) })
 }
 
