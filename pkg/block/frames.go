@@ -28,9 +28,9 @@ const (
 // FrameBytes and IndexFrameBytes: the bytes of the TSDB's file a frame of
 // a chunk segment and of an index holds. Measured on the 30-day bench's
 // 14-day blocks (bench/RESULTS.md): a chunk segment in 1 MiB frames costs
-// 1-7 % more than in one frame, an index 2.1× more (identical postings
-// lists, e.g. every series of a node under several labels, lie megabytes
-// apart), 1.3× in 4 MiB frames, nothing in 8 MiB (the whole index of one
+// 1-7 % more than in one frame, an index 2.1× more (likely: repeated long
+// postings lists, e.g. every series of a node under several labels, lie
+// megabytes apart), 1.3× in 4 MiB frames, nothing in 8 MiB (the whole index of one
 // node's two weeks). A miss decodes at most a frame's run: a few ms for
 // 8 MiB. Variables for tests (small frames: many per file).
 var (
