@@ -110,10 +110,20 @@ type Downsample struct {
 	FoldedLabels []string `json:"folded_labels,omitempty"`
 }
 
-// File is one object of a block, by its path relative to the block.
+// File is one file of a block, by its path relative to the block.
 type File struct {
-	RelPath   string `json:"rel_path"`
-	SizeBytes int64  `json:"size_bytes"`
+	RelPath string `json:"rel_path"`
+	// SizeBytes is the file's size as the TSDB wrote it (decoded).
+	SizeBytes int64 `json:"size_bytes"`
+	// Encoding is how the file is stored in the bucket (EncodingNone: as
+	// is, object RelPath; EncodingZstd: compressed, object RelPath+".zst").
+	// Older gpustore versions do not know it and fail to find the object
+	// rather than misread it.
+	Encoding string `json:"encoding,omitempty"`
+	// StoredBytes is the size of an encoded file's object, Frames the
+	// number of its zstd frames (frames.go).
+	StoredBytes int64 `json:"stored_bytes,omitempty"`
+	Frames      int   `json:"frames,omitempty"`
 }
 
 // Dir is the bucket directory of a tenant's block.
@@ -221,6 +231,12 @@ type Linker interface {
 // block (after a failed or crashed attempt) overwrites what is there. A
 // bucket that is a Linker takes the segments and the index by hard link.
 func Upload(ctx context.Context, bkt objstore.Bucket, dir string, meta Meta) error {
+	return UploadEncoded(ctx, bkt, dir, &meta, EncodingNone)
+}
+
+// UploadEncoded is Upload with the segments and the index stored in the
+// given encoding; it sets meta's file list to what it uploaded.
+func UploadEncoded(ctx context.Context, bkt objstore.Bucket, dir string, meta *Meta, encoding string) error {
 	files, err := LocalFiles(dir)
 	if err != nil {
 		return err
@@ -229,8 +245,15 @@ func Upload(ctx context.Context, bkt objstore.Bucket, dir string, meta Meta) err
 	if err := meta.Validate(); err != nil {
 		return err
 	}
-	for _, f := range files {
-		if err := uploadFile(ctx, bkt, filepath.Join(dir, filepath.FromSlash(f.RelPath)), ObjectName(meta.GPUStore.Tenant, meta.ULID, f.RelPath)); err != nil {
+	for i, f := range files {
+		src := filepath.Join(dir, filepath.FromSlash(f.RelPath))
+		if encoding == EncodingNone {
+			err = uploadFile(ctx, bkt, src, ObjectName(meta.GPUStore.Tenant, meta.ULID, f.RelPath))
+		} else {
+			f.Encoding = encoding
+			files[i], err = uploadEncoded(ctx, bkt, src, ObjectName(meta.GPUStore.Tenant, meta.ULID, f.ObjectRel()), f)
+		}
+		if err != nil {
 			return err
 		}
 	}

@@ -54,9 +54,11 @@ type headerLoad struct {
 
 func newBucketBlock(bkt objstore.BucketReader, cache *PageCache, readahead int64, meta *block.Meta) (*bucketBlock, error) {
 	b := &bucketBlock{meta: meta, tenant: meta.GPUStore.Tenant, group: groupKey(meta), cache: cache, readahead: readahead}
-	b.index = object{bkt: bkt, name: block.ObjectName(b.tenant, meta.ULID, block.IndexFilename), size: meta.Size(block.IndexFilename)}
+	idx, _ := meta.File(block.IndexFilename)
+	b.index = newObject(bkt, meta, idx)
 	for _, rel := range meta.ChunkSegments() {
-		b.segments = append(b.segments, object{bkt: bkt, name: block.ObjectName(b.tenant, meta.ULID, rel), size: meta.Size(rel)})
+		f, _ := meta.File(rel)
+		b.segments = append(b.segments, newObject(bkt, meta, f))
 	}
 	for _, f := range meta.GPUStore.Files {
 		b.size += f.SizeBytes

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 
 	"github.com/thanos-io/objstore"
+
+	"github.com/gpustore/gpustore/pkg/block"
 )
 
 // PageCache holds fixed-size pages of bucket objects (index and chunk
@@ -31,6 +33,7 @@ type PageCache struct {
 	pages    map[pageKey]*list.Element
 	bytes    int64
 	inflight map[pageKey]*fetch
+	loading  map[string]*fetch // encoded objects' frames and seek tables being read, by object and frames
 
 	hits, misses, evictions, fetchedBytes, requests atomic.Int64
 }
@@ -60,7 +63,7 @@ type fetch struct {
 func NewPageCache(pageSize, maxBytes int64) *PageCache {
 	return &PageCache{
 		pageSize: pageSize, maxBytes: maxBytes,
-		lru: list.New(), pages: map[pageKey]*list.Element{}, inflight: map[pageKey]*fetch{},
+		lru: list.New(), pages: map[pageKey]*list.Element{}, inflight: map[pageKey]*fetch{}, loading: map[string]*fetch{},
 	}
 }
 
@@ -88,12 +91,27 @@ func (c *PageCache) Stats() CacheStats {
 	}
 }
 
-// object is one bucket object read through the cache.
+// object is one file of a block read through the cache.
 type object struct {
 	bkt  objstore.BucketReader
-	name string
-	size int64
+	name string // the bucket object
+	size int64  // the file's (decoded) size
+	// file says how the object is stored: an encoded one (zstd frames) is
+	// read a frame at a time through its seek table (seek, read on first
+	// use), and every page of the frames read goes to the cache.
+	file block.File
+	seek *atomic.Pointer[block.SeekTable]
 }
+
+func newObject(bkt objstore.BucketReader, m *block.Meta, f block.File) object {
+	o := object{bkt: bkt, name: block.ObjectName(m.GPUStore.Tenant, m.ULID, f.ObjectRel()), size: f.SizeBytes, file: f}
+	if o.encoded() {
+		o.seek = &atomic.Pointer[block.SeekTable]{}
+	}
+	return o
+}
+
+func (o object) encoded() bool { return o.file.Encoding != block.EncodingNone }
 
 // Range returns bytes [start, end) of o. A range within one page is a
 // sub-slice of the cached page; a longer one is a copy.
@@ -216,13 +234,19 @@ func (c *PageCache) getPages(ctx context.Context, o object, first, last int64) (
 	return out, nil
 }
 
-// fetchRun reads pages first..last of o in one range request.
+// fetchRun reads pages first..last of o in one range request: of the
+// pages, or, for an encoded object, of the frames that hold them (whose
+// other pages it offers the cache).
 func (c *PageCache) fetchRun(ctx context.Context, o object, first, last int64) ([][]byte, error) {
 	start := first * c.pageSize
 	end := min(o.size, (last+1)*c.pageSize)
-	buf, err := readRange(ctx, o.bkt, o.name, start, end-start)
-	c.requests.Add(1)
-	c.fetchedBytes.Add(int64(len(buf)))
+	var buf []byte
+	var err error
+	if o.encoded() {
+		buf, err = c.decodeRange(ctx, o, start, end)
+	} else {
+		buf, err = c.fetch(ctx, o, start, end-start)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -234,6 +258,98 @@ func (c *PageCache) fetchRun(ctx context.Context, o object, first, last int64) (
 		pages = append(pages, append([]byte(nil), buf[lo:hi]...))
 	}
 	return pages, nil
+}
+
+// fetch reads length bytes at off of o's object in one request.
+func (c *PageCache) fetch(ctx context.Context, o object, off, length int64) ([]byte, error) {
+	buf, err := readRange(ctx, o.bkt, o.name, off, length)
+	c.requests.Add(1)
+	c.fetchedBytes.Add(int64(len(buf)))
+	return buf, err
+}
+
+// decodeRange returns bytes [start, end) of an encoded object's file: it
+// fetches and decodes the frames that hold them (one request) and offers
+// the cache every page they hold.
+func (c *PageCache) decodeRange(ctx context.Context, o object, start, end int64) ([]byte, error) {
+	t, err := c.seekTable(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	fa, fb := t.FrameAt(start), t.FrameAt(end-1)
+	a, b := t.Frames[fa], t.Frames[fb]
+	dec, err := c.shared(ctx, fmt.Sprintf("%s#%d-%d", o.name, fa, fb), func() ([]byte, error) {
+		enc, err := c.fetch(ctx, o, a.EncStart, b.EncStart+b.EncSize-a.EncStart)
+		if err != nil {
+			return nil, err
+		}
+		return block.DecodeFrames(o.file, t, fa, fb, enc)
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.offer(o, a.Start, dec)
+	return dec[start-a.Start : end-a.Start], nil
+}
+
+// seekTable returns an encoded object's seek table, read on first use.
+func (c *PageCache) seekTable(ctx context.Context, o object) (*block.SeekTable, error) {
+	if t := o.seek.Load(); t != nil {
+		return t, nil
+	}
+	n := block.SeekTableLen(o.file)
+	tail, err := c.shared(ctx, o.name+"#seek", func() ([]byte, error) { return c.fetch(ctx, o, o.file.StoredBytes-n, n) })
+	if err != nil {
+		return nil, err
+	}
+	t, err := block.ParseSeekTable(o.file, tail)
+	if err != nil {
+		return nil, err
+	}
+	o.seek.Store(t)
+	return t, nil
+}
+
+// shared runs load once for all the queries that ask for key meanwhile
+// (a waiter whose loader was cancelled loads again itself).
+func (c *PageCache) shared(ctx context.Context, key string, load func() ([]byte, error)) ([]byte, error) {
+	for {
+		c.mtx.Lock()
+		f, waiting := c.loading[key]
+		if !waiting {
+			f = &fetch{done: make(chan struct{})}
+			c.loading[key] = f
+		}
+		c.mtx.Unlock()
+		if waiting {
+			select {
+			case <-f.done:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			if f.abandoned {
+				continue
+			}
+			return f.data, f.err
+		}
+		data, err := load()
+		c.mtx.Lock()
+		delete(c.loading, key)
+		f.data, f.err, f.abandoned = data, err, err != nil && ctx.Err() != nil
+		c.mtx.Unlock()
+		close(f.done)
+		return data, err
+	}
+}
+
+// readHeaderRange reads [off, off+length) of o for an index header load:
+// one range request on a plain object (not through the pages: the caller
+// offers what it keeps), the cached pages of an encoded one.
+func (c *PageCache) readHeaderRange(ctx context.Context, o object, off, length int64) ([]byte, error) {
+	if o.encoded() {
+		return c.Range(ctx, o, off, off+length)
+	}
+	return c.fetch(ctx, o, off, length)
 }
 
 // insertLocked adds a page, evicting the least recently used ones to stay

@@ -82,6 +82,12 @@ func writeBlock(t testing.TB, dir string, series []labels.Labels, mint, maxt, st
 // uploadBlock uploads a local block for tenant and returns its meta.
 func uploadBlock(t testing.TB, bkt objstore.Bucket, tenant, dir string) block.Meta {
 	t.Helper()
+	return uploadEncodedBlock(t, bkt, tenant, dir, block.EncodingNone)
+}
+
+// uploadEncodedBlock uploads with the block's files stored in encoding.
+func uploadEncodedBlock(t testing.TB, bkt objstore.Bucket, tenant, dir, encoding string) block.Meta {
+	t.Helper()
 	bm, err := block.ReadLocalMeta(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -89,11 +95,9 @@ func uploadBlock(t testing.TB, bkt objstore.Bucket, tenant, dir string) block.Me
 	meta := block.Meta{BlockMeta: bm, GPUStore: block.GPUStoreMeta{
 		Version: block.MetaVersion, Tenant: tenant, Labels: map[string]string{}, Source: block.SourceReceive,
 	}}
-	if err := block.Upload(context.Background(), bkt, dir, meta); err != nil {
+	if err := block.UploadEncoded(context.Background(), bkt, dir, &meta, encoding); err != nil {
 		t.Fatal(err)
 	}
-	files, _ := block.LocalFiles(dir)
-	meta.GPUStore.Files = files
 	return meta
 }
 

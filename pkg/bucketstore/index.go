@@ -91,9 +91,7 @@ func loadIndexHeader(ctx context.Context, c *PageCache, o object, decoder index.
 		return nil, fmt.Errorf("index %s: %w", o.name, encoding.ErrInvalidSize)
 	}
 	tailStart := max(0, o.size-min(headerReadAhead, max(32<<10, o.size/16)))
-	tail, err := readRange(ctx, o.bkt, o.name, tailStart, o.size-tailStart)
-	c.requests.Add(1)
-	c.fetchedBytes.Add(int64(len(tail)))
+	tail, err := c.readHeaderRange(ctx, o, tailStart, o.size-tailStart)
 	if err != nil {
 		return nil, err
 	}
@@ -116,6 +114,13 @@ func loadIndexHeader(ctx context.Context, c *PageCache, o object, decoder index.
 		case to <= int64(len(head)):
 			return newSection(c, o, io.NopCloser(bytes.NewReader(head[from:to])), from, to, off, false)
 		}
+		if o.encoded() {
+			b, err := c.Range(ctx, o, from, to)
+			if err != nil {
+				return nil, err
+			}
+			return newSection(c, o, io.NopCloser(bytes.NewReader(b)), from, to, off, false)
+		}
 		rc, err := o.bkt.GetRange(ctx, o.name, from, to-from)
 		c.requests.Add(1)
 		if err != nil {
@@ -124,9 +129,7 @@ func loadIndexHeader(ctx context.Context, c *PageCache, o object, decoder index.
 		return newSection(c, o, rc, from, to, off, true)
 	}
 	if symEnd := int64(h.toc.Series); symEnd <= headerReadAhead && symEnd <= tailStart {
-		head, err = readRange(ctx, o.bkt, o.name, 0, symEnd)
-		c.requests.Add(1)
-		c.fetchedBytes.Add(int64(len(head)))
+		head, err = c.readHeaderRange(ctx, o, 0, symEnd)
 		if err != nil {
 			return nil, err
 		}

@@ -1,6 +1,7 @@
 package bucketstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -104,10 +105,23 @@ var matcherSets = [][]*labels.Matcher{
 // requires identical answers for selects, chunk selects, label names and
 // label values, with and without matchers.
 func TestQueriesMatchTheLocalBlock(t *testing.T) {
+	for _, enc := range []string{block.EncodingNone, block.EncodingZstd, block.EncodingZstdNoCRC} {
+		t.Run("encoding="+cmp.Or(enc, "none"), func(t *testing.T) { queriesMatchTheLocalBlock(t, enc) })
+	}
+	// Frames of 3000 bytes: pages and reads straddle frames.
+	defer func(n, i int64) { block.FrameBytes, block.IndexFrameBytes = n, i }(block.FrameBytes, block.IndexFrameBytes)
+	block.FrameBytes, block.IndexFrameBytes = 3000, 3000
+	t.Run("encoding=zstd-nocrc,frames=3000", func(t *testing.T) { queriesMatchTheLocalBlock(t, block.EncodingZstdNoCRC) })
+}
+
+// queriesMatchTheLocalBlock: the block's files stored in encoding read like
+// the local block, whatever the page and cache sizes (a zstd-encoded object
+// is fetched whole, its pages offered to a cache that may not hold them).
+func queriesMatchTheLocalBlock(t *testing.T, encoding string) {
 	ctx := context.Background()
 	dir := writeBlock(t, t.TempDir(), testSeries(6), 0, 30*minute, 15_000)
 	bkt := objstore.NewInMemBucket()
-	uploadBlock(t, bkt, "team-a", dir)
+	uploadEncodedBlock(t, bkt, "team-a", dir, encoding)
 
 	local, err := tsdb.OpenBlock(quietLogger(), dir, nil, nil)
 	if err != nil {

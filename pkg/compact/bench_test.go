@@ -207,6 +207,7 @@ func BenchmarkDashboardQueries(b *testing.B) {
 // GPUSTORE_BENCH_INTERVAL), compacted and downsampled, with Grafana's step
 // (≈ 3 h for 30 days: auto resolution reads 1h data, rate(x[5m]) 5m data),
 // against the same blocks read raw (max_source_resolution=raw).
+// GPUSTORE_BENCH_ENCODING=none stores the downsampled blocks' files plain.
 func BenchmarkLongRangeOverview(b *testing.B) {
 	ms := (14 * day).Milliseconds()
 	start := time.UnixMilli((gpusim.DefaultEpoch.UnixMilli() + ms - 1) / ms * ms).UTC()
@@ -239,6 +240,9 @@ func BenchmarkLongRangeOverview(b *testing.B) {
 	if os.Getenv("GPUSTORE_BENCH_FOLD") == "1" {    // pods folded in 5m and 1h gauges (opt-in)
 		cfg.DownsampleFoldLabels = []string{"pod"}
 	}
+	if v := os.Getenv("GPUSTORE_BENCH_ENCODING"); v != "" { // none: the downsampled files stored plain
+		cfg.DownsampleEncoding = v
+	}
 	c, _ := newCompactor(b, cfg, bkt, nil)
 	t0 := time.Now()
 	st := compactUntilStable(b, c, bkt, "bench")
@@ -246,17 +250,18 @@ func BenchmarkLongRangeOverview(b *testing.B) {
 	b.Logf("compacted and downsampled in %s: raw %d bytes, 5m %d, 1h %d", time.Since(t0).Round(time.Second),
 		bytes[0], bytes[downsample.Res5m], bytes[downsample.Res1h])
 	for _, r := range []int64{0, downsample.Res5m, downsample.Res1h} {
-		var index, series, samples, chunks int64
+		var index, series, samples, chunks, span int64
 		for _, m := range metas[r] {
+			span += m.MaxTime - m.MinTime
 			for _, f := range m.GPUStore.Files {
 				if f.RelPath == "index" {
-					index += f.SizeBytes
+					index += f.BucketBytes()
 				}
 			}
 			series, samples, chunks = series+int64(m.Stats.NumSeries), samples+int64(m.Stats.NumSamples), chunks+int64(m.Stats.NumChunks)
 		}
-		b.Logf("resolution %s: %d blocks, %d bytes (index %.1f %%), %d series, %d chunks, %d samples, %.2f bytes/sample",
-			downsample.ResolutionName(r), len(metas[r]), bytes[r], 100*float64(index)/float64(max(bytes[r], 1)),
+		b.Logf("resolution %s: %d blocks over %s, %d bytes (index %.1f %%), %d series, %d chunks, %d samples, %.2f bytes/sample",
+			downsample.ResolutionName(r), len(metas[r]), time.Duration(span)*time.Millisecond, bytes[r], 100*float64(index)/float64(max(bytes[r], 1)),
 			series, chunks, samples, float64(bytes[r])/float64(max(samples, 1)))
 	}
 	s, err := bucketstore.New(bucketstore.DefaultConfig(), bkt, quiet(), nil)
@@ -301,7 +306,9 @@ func BenchmarkLongRangeOverview(b *testing.B) {
 			}
 		}
 		b.Run(res, func(b *testing.B) {
+			cold := time.Now()
 			run(b) // warm the cache
+			b.Logf("cold round (every panel once, empty cache): %s", time.Since(cold).Round(time.Millisecond))
 			clear(took)
 			for b.Loop() {
 				run(b)

@@ -47,7 +47,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -89,6 +88,8 @@ type Compactor struct {
 	dir    string
 	now    func() time.Time
 	fold   *downsample.Fold // labels merged away at downsampling (nil: none)
+	// encoding is how downsampled blocks' files are stored (block.Encoding*).
+	encoding string
 
 	// afterCompact is a test hook: called with the plan's working directory
 	// when the result is written, before anything is removed.
@@ -118,6 +119,7 @@ func New(cfg Config, bkt objstore.Bucket, dataDir string, limits Limits, logger 
 		empty:   map[ulid.ULID]struct{}{},
 	}
 	c.fold, _ = cfg.fold() // validated
+	c.encoding, _ = block.ParseEncoding(cfg.DownsampleEncoding)
 	c.m = newMetrics()
 	if reg != nil {
 		if err := reg.Register(c.m); err != nil {
@@ -740,9 +742,7 @@ func (p *pass) compactPlan(ctx context.Context, group string, plan []*block.Meta
 	var srcBytes int64
 	for i, m := range plan {
 		ids[i] = m.ULID
-		for _, f := range m.GPUStore.Files {
-			srcBytes += f.SizeBytes
-		}
+		srcBytes += m.BucketBytes()
 	}
 	mint, maxt := plan[0].MinTime, plan[0].MaxTime
 	for _, m := range plan {
@@ -863,18 +863,14 @@ func (p *pass) uploadResult(ctx context.Context, dir string, labels map[string]s
 	if err := block.WriteTypes(ctx, p.c.bkt, p.tenant, bm.ULID, types); err != nil {
 		return nil, 0, err
 	}
-	if err := block.Upload(ctx, p.c.bkt, dir, *meta); err != nil {
+	encoding := block.EncodingNone
+	if ds.Resolution != block.ResolutionRaw {
+		encoding = p.c.encoding
+	}
+	if err := block.UploadEncoded(ctx, p.c.bkt, dir, meta, encoding); err != nil {
 		return nil, 0, fmt.Errorf("upload %s block %s: %w", source, bm.ULID, err)
 	}
-	files, err := block.LocalFiles(dir)
-	if err != nil {
-		return nil, 0, err
-	}
-	meta.GPUStore.Files = files
-	var size int64
-	for _, f := range files {
-		size += f.SizeBytes
-	}
+	size := meta.BucketBytes()
 	p.blocks[bm.ULID] = &blockState{id: bm.ULID, meta: meta, hasMeta: true}
 	p.cov = nil // the new block may cover more
 	p.c.mtx.Lock()
@@ -932,7 +928,7 @@ func (p *pass) download(ctx context.Context, m *block.Meta, dir string) error {
 		return err
 	}
 	for _, f := range m.GPUStore.Files {
-		if err := p.downloadFile(ctx, block.ObjectName(p.tenant, m.ULID, f.RelPath), filepath.Join(dir, filepath.FromSlash(f.RelPath)), f.SizeBytes); err != nil {
+		if err := block.DownloadFile(ctx, p.c.bkt, block.ObjectName(p.tenant, m.ULID, f.ObjectRel()), filepath.Join(dir, filepath.FromSlash(f.RelPath)), f, errBlockUnreadable); err != nil {
 			return err
 		}
 	}
@@ -941,32 +937,6 @@ func (p *pass) download(ctx context.Context, m *block.Meta, dir string) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, block.MetaFilename), b, 0o644)
-}
-
-func (p *pass) downloadFile(ctx context.Context, name, dst string, size int64) error {
-	rc, err := p.c.bkt.Get(ctx, name)
-	if err != nil {
-		if p.c.bkt.IsObjNotFoundErr(err) {
-			return fmt.Errorf("%w: %s is missing", errBlockUnreadable, name)
-		}
-		return fmt.Errorf("download %s: %w", name, err)
-	}
-	defer rc.Close()
-	f, err := os.Create(dst)
-	if err != nil {
-		return err
-	}
-	n, err := io.Copy(f, rc)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("download %s: %w", name, err)
-	}
-	if n != size {
-		return fmt.Errorf("%w: %s has %d bytes, meta.json says %d", errBlockUnreadable, name, n, size)
-	}
-	return nil
 }
 
 // verifyBlock reads a local block whole: every series of the index and

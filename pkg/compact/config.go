@@ -10,6 +10,7 @@ import (
 	"github.com/grafana/dskit/flagext"
 	"github.com/prometheus/common/model"
 
+	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/downsample"
 )
 
@@ -55,6 +56,14 @@ type Config struct {
 	// (the default): off, every label is kept.
 	DownsampleFoldLabels  flagext.StringSliceCSV `yaml:"downsample_fold_labels"`
 	DownsampleFoldMetrics string                 `yaml:"downsample_fold_metrics"`
+	// DownsampleEncoding is how the 5m and 1h blocks' index and chunk files
+	// are stored in the bucket: "zstd-nocrc" (the default: compressed
+	// without the TSDB's per-entry CRC32s, which reading recomputes; read
+	// whole), "zstd" (compressed as they are) or "none" (as the TSDB writes
+	// them, range-read). Raw blocks are
+	// always stored as they are. Blocks keep the encoding they were written
+	// with; readers read both.
+	DownsampleEncoding string `yaml:"downsample_encoding"`
 }
 
 // DefaultConfig: 2h → 8h → 2d → 14d, a pass every 5 minutes, deletion 48h
@@ -75,6 +84,7 @@ func DefaultConfig() Config {
 		// Folding is asked for: it changes which series the 5m and 1h
 		// data hold. When on, its scope is dcgm-exporter's metrics.
 		DownsampleFoldMetrics: "DCGM_.+",
+		DownsampleEncoding:    block.EncodingZstdNoCRC,
 	}
 }
 
@@ -109,6 +119,9 @@ func (c Config) Validate() error {
 	errs = append(errs, c.validateRetentionOrder()...)
 	if _, err := c.fold(); err != nil {
 		errs = append(errs, err)
+	}
+	if _, err := block.ParseEncoding(c.DownsampleEncoding); err != nil {
+		errs = append(errs, fmt.Errorf("compact.downsample.encoding: %w", err))
 	}
 	if c.LeaseTTL <= 0 || c.LeaseSettle < 0 || c.LeaseSettle >= c.LeaseTTL/3 {
 		errs = append(errs, fmt.Errorf("compact lease: want ttl > 0 and 0 <= settle (%s) < ttl/3 (%s)", c.LeaseSettle, c.LeaseTTL/3))
@@ -158,6 +171,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Downsample, "compact.downsample", c.Downsample, "Downsample finished blocks to 5m and 1h resolution (raw retention then waits for the 5m data).")
 	fs.Var(&c.DownsampleFoldLabels, "compact.downsample.fold-labels", "Comma-separated labels merged away when raw data is downsampled, for the gauges among the metrics of -compact.downsample.fold-metrics (e.g. pod: one 5m/1h series per GPU instead of one per GPU and pod; counters are never folded; queries naming them read raw data where it exists). Empty (the default): keep every label.")
 	fs.StringVar(&c.DownsampleFoldMetrics, "compact.downsample.fold-metrics", c.DownsampleFoldMetrics, "Regular expression (anchored) of the metric names whose series -compact.downsample.fold-labels applies to.")
+	fs.StringVar(&c.DownsampleEncoding, "compact.downsample.encoding", c.DownsampleEncoding, "How 5m and 1h blocks' index and chunk files are stored in the bucket: zstd-nocrc (compressed without the TSDB's per-chunk and per-series CRC32s, which readers recompute: about a fifth of the bytes; readers fetch and decode a file whole), zstd (compressed as they are) or none (as the TSDB writes them). Raw blocks are always stored as they are; blocks keep the encoding they were written with.")
 	fs.Var(&c.LeaseSettle, "compact.lease-settle", "Wait between writing a tenant's lease and reading it back; must exceed how long a bucket write can lag (below lease-ttl/3).")
 }
 
