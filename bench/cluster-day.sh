@@ -45,6 +45,14 @@ DISK_NODES=${DISK_NODES:-8}
 DISK_HISTORY=${DISK_HISTORY:-5h}
 tools=${GPUSTORE_TOOLS_DIR:-$HOME/.cache/gpustore-tools/bin}
 root=$(cd "$(dirname "$0")/.." && pwd)
+for sys in $systems; do
+	case $sys in
+	prometheus | victoriametrics)
+		bin=$tools/$sys
+		[ "$sys" = victoriametrics ] && bin=$tools/victoria-metrics
+		[ -x "$bin" ] || { echo "$bin is missing: make tools (Prometheus), make bench-compare (VictoriaMetrics)" >&2; exit 2; } ;;
+	esac
+done
 work=${WORK:-$(mktemp -d)}
 GOFLAGS=-tags=dedupelabels go build -o "$work/" "$root/cmd/gpustore" "$root/bench/cmd/gpusim"
 pids=()
