@@ -32,7 +32,7 @@ UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./.
 # its concurrency: the lease's renewal and two compactors on one bucket.
 COMPACT_RACE_TESTS := TestLeaseExpiresAfterHolderDies|TestTwoCompactorsOneBucket|TestWorkingDirectoryBounded
 
-.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact bench-relabel bench-ring clean docker dashboards manifests docs dev-stack
+.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact bench-relabel bench-ring bench-cluster-day clean docker dashboards manifests docs dev-stack
 
 all: build
 
@@ -192,6 +192,15 @@ bench-compact:
 # node against 1, 3 and 5 receivers behind a distributor (RF 1 and 3).
 bench-ring:
 	bench/ring.sh
+
+# What holding the 1024-GPU cluster costs a day (HA pair in real time, then
+# hours of 8 nodes for bytes per sample and a full head's RSS), gpustore on
+# one node and on a 3-receiver ring at RF 3 beside Prometheus and
+# VictoriaMetrics (bench-compare installs it). ~12 minutes per two systems:
+# make bench-cluster-day CLUSTER_DAY_SYSTEMS="gpustore prometheus".
+CLUSTER_DAY_SYSTEMS ?= gpustore ring prometheus victoriametrics
+bench-cluster-day:
+	bench/cluster-day.sh "$(CLUSTER_DAY_SYSTEMS)"
 
 # Relabeling on ingest: CPU per million samples with no rules, the dcgm
 # preset and 20 user rules (known and new series), beside the Prometheus
