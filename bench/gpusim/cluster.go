@@ -229,7 +229,7 @@ type node struct {
 	overlayMnt  string
 	sysPods     [2]string
 	hostIP      string
-	nodeInfo    [10]Label // kube_node_info's labels
+	nodeInfo    [10]Label       // kube_node_info's labels
 	netDrop     [2][2]eventProc // [device][rx, tx]
 	cpuFactor   []float64
 }

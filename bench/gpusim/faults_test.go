@@ -452,7 +452,9 @@ func nodeFaultCluster(t *testing.T, f Fault) (*Cluster, string) {
 func TestFaultExporterCrash(t *testing.T) {
 	c, host := nodeFaultCluster(t, Fault{Kind: FaultExporterCrash})
 	start, end := t0.Add(faultAt), t0.Add(faultAt+faultDur)
-	dcgmUp := func(at time.Time) float64 { return value(t, c, at, "up", "job", "dcgm-exporter", "instance", host+":9400") }
+	dcgmUp := func(at time.Time) float64 {
+		return value(t, c, at, "up", "job", "dcgm-exporter", "instance", host+":9400")
+	}
 	for _, at := range []time.Time{start.Add(-15 * time.Second), end} {
 		if n := len(find(c.AppendSamples(nil, at, Replica{}), "DCGM_FI_DEV_GPU_TEMP", "Hostname", host)); n != 8 || dcgmUp(at) != 1 {
 			t.Errorf("at %s (exporter running): %d GPU temperatures, up %v; want 8 and 1", at.Format(time.TimeOnly), n, dcgmUp(at))
@@ -509,7 +511,9 @@ func TestFaultExporterHung(t *testing.T) {
 			t.Errorf("up of the hung exporter = %v, want 1 (it answers)", v)
 		}
 	}
-	e := func(at time.Time) float64 { return value(t, c, at, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Hostname", host, "gpu", "0") }
+	e := func(at time.Time) float64 {
+		return value(t, c, at, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Hostname", host, "gpu", "0")
+	}
 	if e(end) <= e(start) {
 		t.Errorf("energy does not move after the hang: %v -> %v", e(start), e(end))
 	}

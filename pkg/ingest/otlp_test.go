@@ -187,10 +187,10 @@ func TestOTLPStoresTranslatedSeries(t *testing.T) {
 		`{UUID="GPU-0", __name__="DCGM_FI_DEV_GPU_TEMP", gpu="0", instance="node-0:9400", job="dcgm-exporter", modelName="NVIDIA H100 80GB HBM3"}`: {60},
 		`{UUID="GPU-1", __name__="DCGM_FI_DEV_GPU_TEMP", gpu="1", instance="node-0:9400", job="dcgm-exporter", modelName="NVIDIA H100 80GB HBM3"}`: {61},
 		`{__name__="gpu_energy_mJ_total", gpu="0", instance="node-0:9400", job="dcgm-exporter"}`:                                                   {1000},
-		`{__name__="inference_latency_seconds", instance="node-0:9400", job="dcgm-exporter"}`:                                                  {-1},
-		`{__name__="target_info", host_name="node-0", instance="node-0:9400", job="dcgm-exporter", k8s_namespace_name="gpu-operator"}`:                                 {1},
-		`{__name__="training_iteration_time_seconds_count", instance="node-0:9400", job="dcgm-exporter"}`:                                      {10},
-		`{__name__="training_iteration_time_seconds_sum", instance="node-0:9400", job="dcgm-exporter"}`:                                        {12.5},
+		`{__name__="inference_latency_seconds", instance="node-0:9400", job="dcgm-exporter"}`:                                                      {-1},
+		`{__name__="target_info", host_name="node-0", instance="node-0:9400", job="dcgm-exporter", k8s_namespace_name="gpu-operator"}`:             {1},
+		`{__name__="training_iteration_time_seconds_count", instance="node-0:9400", job="dcgm-exporter"}`:                                          {10},
+		`{__name__="training_iteration_time_seconds_sum", instance="node-0:9400", job="dcgm-exporter"}`:                                            {12.5},
 	}
 	for le, n := range map[string]float64{"0.1": 1, "0.5": 3, "1": 6, "+Inf": 10} {
 		want[fmt.Sprintf(`{__name__="training_iteration_time_seconds_bucket", instance="node-0:9400", job="dcgm-exporter", le="%s"}`, le)] = []float64{n}
