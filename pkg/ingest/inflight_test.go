@@ -60,15 +60,22 @@ func bigRequest(t testing.TB, decoded int, ts int64) []byte {
 func TestInflightBytesBoundAllTenants(t *testing.T) {
 	// Bodies of 1 MiB decoded; the bound holds two requests' buffers (a
 	// body and one byte, the decoded body) and half of a third's.
+	// The limits are taken from the largest of the three bodies: snappy
+	// compresses each timestamp differently, so their sizes differ by tens of
+	// bytes.
 	now := nowMs()
-	body := bigRequest(t, 1<<20, now)
-	decoded, err := snappy.DecodedLen(body)
-	if err != nil {
-		t.Fatal(err)
+	body, third, fourth := bigRequest(t, 1<<20, now), bigRequest(t, 1<<20, now+1), bigRequest(t, 1<<20, now+2)
+	var maxBody, decoded int
+	for _, b := range [][]byte{body, third, fourth} {
+		n, err := snappy.DecodedLen(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		maxBody, decoded = max(maxBody, len(b)), max(decoded, n)
 	}
-	held := int64(len(body) + 1 + decoded)
+	held := int64(maxBody + 1 + decoded)
 	ti := newTestIngester(t, func(s *testSetup) {
-		s.ingest.MaxRequestBytes, s.ingest.MaxDecodedBytes = int64(len(body))+64, int64(decoded)+64
+		s.ingest.MaxRequestBytes, s.ingest.MaxDecodedBytes = int64(maxBody)+64, int64(decoded)+64
 		s.ingest.MaxInflightBytes = 2*held + held/2
 	})
 	block := blockingAppendable{entered: make(chan struct{}), release: make(chan struct{})}
@@ -88,13 +95,13 @@ func TestInflightBytesBoundAllTenants(t *testing.T) {
 	<-block.entered
 	<-block.entered
 	// Two decoded bodies are in flight: a third, of a third tenant, would pass the bound.
-	r := ti.post(t, ctV1, bigRequest(t, 1<<20, now+1), "X-Scope-OrgID", "c")
+	r := ti.post(t, ctV1, third, "X-Scope-OrgID", "c")
 	if r.code != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" || !strings.Contains(r.body, "max_inflight_bytes") {
 		t.Errorf("a write past the in-flight bound: %d, Retry-After %q: %s", r.code, r.header.Get("Retry-After"), r.body)
 	}
 	close(block.release)
 	wg.Wait()
-	if r := ti.post(t, ctV1, bigRequest(t, 1<<20, now+2), "X-Scope-OrgID", "c"); r.code != http.StatusNoContent {
+	if r := ti.post(t, ctV1, fourth, "X-Scope-OrgID", "c"); r.code != http.StatusNoContent {
 		t.Errorf("a write after the others finished: %d %s", r.code, r.body)
 	}
 	if n, err := testutil.GatherAndCount(ti.reg, "gpustore_ingest_inflight_bytes"); err != nil || n != 1 {
