@@ -243,6 +243,9 @@ type requestState struct {
 	// (otlp.go); nil until the first OTLP request.
 	otlp       *otlpTranslation
 	translated []byte
+	// objects is what pdata's objects of the OTLP request are estimated
+	// to take (otlp_shape.go), held in the in-flight bound.
+	objects int64
 }
 
 // decoder starts decoding body.
@@ -629,7 +632,7 @@ func (i *Ingester) hold(rs *requestState, bytes int) error {
 // releaseBuffers gives back what the request held of the in-flight bound.
 func (i *Ingester) releaseBuffers(rs *requestState) {
 	i.inflight.Release(rs.held)
-	rs.held = 0
+	rs.held, rs.objects = 0, 0
 }
 
 // bodyCut answers a body whose reading failed after n bytes. Every such

@@ -130,6 +130,9 @@ func (i *Ingester) readOTLP(r *http.Request, rs *requestState, asJSON bool) (pme
 			return pmetric.Metrics{}, err
 		}
 	}
+	if err := i.holdOTLPObjects(rs, buf, asJSON); err != nil {
+		return pmetric.Metrics{}, err
+	}
 	req := pmetricotlp.NewExportRequest()
 	if asJSON {
 		err = req.UnmarshalJSON(buf)
@@ -140,6 +143,24 @@ func (i *Ingester) readOTLP(r *http.Request, rs *requestState, asJSON bool) (pme
 		return pmetric.Metrics{}, &httpError{status: http.StatusBadRequest, msg: fmt.Sprintf("decode OTLP metrics export request: %v", err)}
 	}
 	return req.Metrics(), nil
+}
+
+// holdOTLPObjects judges the export request's shape (otlp_shape.go) and
+// holds the objects pdata will make of it in the in-flight bound, beside the
+// body's bytes. A request whose objects alone pass the bound could never be
+// decoded here: 413, which the exporter does not retry.
+func (i *Ingester) holdOTLPObjects(rs *requestState, body []byte, asJSON bool) error {
+	objects, err := otlpObjectBytes(body, asJSON)
+	if err != nil {
+		return err
+	}
+	rs.objects = objects
+	// Whether it could ever fit counts the bytes this request needs, not
+	// the capacity its pooled buffers kept from earlier requests.
+	if max := i.inflight.Max(); max > 0 && int64(len(rs.compressed)+len(body))+objects > max {
+		return tooLarge("the export request of %d bytes decodes into ~%d bytes of objects, more than ingest.max_inflight_bytes (%d) holds: send smaller batches", len(body), objects, max)
+	}
+	return i.hold(rs, cap(rs.compressed)+cap(rs.decoded)+int(objects))
 }
 
 // gunzip inflates body into rs.decoded, growing it (and what the request
@@ -220,7 +241,7 @@ func (i *Ingester) translateOTLP(ctx context.Context, st *tenantState, rs *reque
 		return nil, conv, err
 	}
 	conv.err = err
-	if herr := i.hold(rs, cap(rs.compressed)+cap(rs.decoded)+cap(rs.translated)); herr != nil {
+	if herr := i.hold(rs, cap(rs.compressed)+cap(rs.decoded)+int(rs.objects)+cap(rs.translated)); herr != nil {
 		return nil, conv, herr
 	}
 	if len(body) == 0 {
