@@ -291,8 +291,14 @@ func TestStalledBodiesFreeTheirWriteSlots(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Logf("writes through again %s after the slots were taken", time.Since(start).Round(time.Millisecond))
-	if n := cut.Load(); n != int32(cfg.MaxConcurrentWritesPerTenant) {
-		t.Errorf("%d stalled bodies were cut, want %d", n, cfg.MaxConcurrentWritesPerTenant)
+	// The first slot freed lets writes through; the other bodies are cut
+	// within moments of it (on a busy machine, 7 of 50 had been when the
+	// first write passed).
+	for n := cut.Load(); n != int32(cfg.MaxConcurrentWritesPerTenant); n = cut.Load() {
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("%d stalled bodies were cut, want %d", n, cfg.MaxConcurrentWritesPerTenant)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
