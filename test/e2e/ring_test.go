@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,6 +26,10 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/prompb"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
 	"gopkg.in/yaml.v3"
 
 	"github.com/gpustore/gpustore/bench/gpusim"
@@ -275,6 +280,60 @@ func TestRingReplicatedWrites(t *testing.T) {
 	retried, _ := ringMetric(promURL, "prometheus_remote_storage_samples_retried_total", nil)
 	sent, _ := ringMetric(promURL, "prometheus_remote_storage_samples_total", nil)
 	t.Logf("Prometheus sent %v samples, %v retried", sent, retried)
+
+	ringOTLP(t, c)
+}
+
+// ringOTLP: the OpenTelemetry SDK's OTLP/HTTP exporter writes GPU gauges to
+// the distributor, which translates them as one node does and replicates
+// the series like remote write's: the query process answers them, and every
+// series is on at least a write quorum of receivers.
+func ringOTLP(t *testing.T, c *ringCluster) {
+	t.Helper()
+	res := resource.NewSchemaless(attribute.String("service.name", "dcgm-exporter"), attribute.String("service.instance.id", "node-9:9400"))
+	exp := otlpExporter(t, c.front.url()+"/otlp/v1/metrics", "")
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithResource(res), sdkmetric.WithReader(sdkmetric.NewPeriodicReader(exp, sdkmetric.WithInterval(time.Hour))))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	temp, err := mp.Meter("dcgm").Float64Gauge("otlp.gpu.temperature")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const gpus = 4
+	ctx := context.Background()
+	for gpu := range gpus {
+		temp.Record(ctx, 60+float64(gpu), metric.WithAttributes(attribute.String("gpu", fmt.Sprint(gpu)), attribute.String("UUID", fmt.Sprintf("GPU-otlp-%d", gpu))))
+	}
+	from := time.Now().Add(-time.Second)
+	if err := mp.ForceFlush(ctx); err != nil {
+		t.Fatalf("OTLP export to the distributor: %v", err)
+	}
+	v, ws, err := ringQuery(c.front.url(), `sum(otlp_gpu_temperature{job="dcgm-exporter", instance="node-9:9400"}) and count(otlp_gpu_temperature) == 4`, time.Now())
+	if err != nil || len(ws) > 0 {
+		t.Fatalf("the OTLP series from the query process: %v, warnings %v", err, ws)
+	}
+	if vec, ok := v.(model.Vector); !ok || len(vec) != 1 || vec[0].Value != 60+61+62+63 {
+		t.Fatalf("sum of the 4 OTLP gauges = %v, want %d", v, 60+61+62+63)
+	}
+	holders := map[string]int{}
+	for _, r := range c.receivers {
+		got, err := ringRemoteRead(r.url(), from.UnixMilli(), time.Now().UnixMilli()+1)
+		if err != nil {
+			t.Fatalf("remote read %s: %v", r.name, err)
+		}
+		for k := range got {
+			if strings.Contains(k, "otlp_gpu_temperature") {
+				holders[k]++
+			}
+		}
+	}
+	if len(holders) != gpus {
+		t.Errorf("receivers hold %d OTLP series, want %d: %v", len(holders), gpus, holders)
+	}
+	for k, n := range holders {
+		if n < ringRF/2+1 {
+			t.Errorf("OTLP series %s is on %d receivers, less than a write quorum", k, n)
+		}
+	}
 }
 
 // TestRingReceiverKilled: a writer of its own remote-writes 64 GPU series to
