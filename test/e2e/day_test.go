@@ -479,7 +479,7 @@ func TestSimulatedDayNotifications(t *testing.T) {
 		c.Rules.Alertmanager.URLs = []string{proxy.URL}
 		// The head accepts samples down to half its block range below its
 		// newest one. The rules' first evaluations of the history run up
-		// to ~85 minutes behind its newest sample (see the backfill): a 6h
+		// to ~90 minutes behind its newest sample (see the backfill): a 6h
 		// block keeps their results in range (a 2h block takes an hour).
 		c.TSDB.BlockDuration = model.Duration(6 * time.Hour)
 	})
@@ -529,14 +529,15 @@ func TestSimulatedDayNotifications(t *testing.T) {
 	}
 	// The ruler gives a tenant the GPU pack once it holds GPU data of the
 	// last 2 hours (wall clock); the history starts before that. So the
-	// history is written up to its first scrape in that window, and once
+	// history is written up to a scrape in that window, and once
 	// the pack is loaded its groups are evaluated from the history's start
 	// up to there (a query at t reads no sample after t, so evaluating
 	// behind the writes gives what evaluating with them gives), then in
 	// step with the writes.
 	start := day0.Add(-historyLen)
 	written := start
-	for ; written.Before(time.Now().Add(-2*time.Hour + time.Minute)); written = written.Add(15 * time.Second) {
+	// (5 minutes into it: the ruler looks a moment later.)
+	for ; written.Before(time.Now().Add(-2*time.Hour + 5*time.Minute)); written = written.Add(15 * time.Second) {
 		scrape(written)
 	}
 	scrape(written)
