@@ -133,8 +133,8 @@ const (
 	// FaultIdleAllocation: the pod of the job running on the node holds the
 	// GPU but runs nothing on it while the fault lasts (its launcher started
 	// fewer processes than the GPUs it requested, or a notebook sits idle):
-	// utilisation, engine activity, clocks and power as an idle GPU's, no
-	// framebuffer in use, the pod/namespace/container labels of its
+	// utilisation, engine activity, clocks and power as an idle GPU's (no
+	// SW power-cap time either), no framebuffer in use, the pod/namespace/container labels of its
 	// allocation kept. The job's training series go on. No effect while no
 	// job runs on the node (no pod holds the GPU).
 	FaultIdleAllocation FaultKind = "idle_allocation"

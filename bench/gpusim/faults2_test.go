@@ -385,3 +385,44 @@ func TestFaultIdleAllocation(t *testing.T) {
 		t.Errorf("after: utilisation %v vs clean %v", f, c)
 	}
 }
+
+// An unused GPU never reaches its power cap: on a GPU whose job runs at its
+// cap, the SW power-cap time stands still while an idle_allocation holds it,
+// and goes on after it, as the clock-event bitmask (idle, no cap bit) says.
+func TestFaultIdleAllocationPowerCapTime(t *testing.T) {
+	base := Config{Nodes: 16, Seed: 13, FaultOrigin: t0}
+	clean := newTestCluster(t, base)
+	from, to := clean.secs(t0), clean.secs(t0.Add(40*time.Minute))
+	node, gi := -1, 0
+search:
+	for n := range clean.nodes {
+		g := &clean.groups[n/groupSize]
+		j := clean.slotOf(n, g.window(from))
+		for gi = range clean.nodes[n].gpus {
+			if j.running(from) && j.running(to) && clean.powerCapShare(&clean.nodes[n].gpus[gi], &j) > 0 {
+				node = n
+				break search
+			}
+		}
+	}
+	if node < 0 {
+		t.Fatal("no node runs a power-capped job through the fault")
+	}
+	host := clean.nodes[node].hostname
+	base.Faults = []Fault{{Kind: FaultIdleAllocation, At: faultAt, Duration: faultDur, Node: host, GPU: gi}}
+	faulty := newTestCluster(t, base)
+	const capNS = "DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP_NS"
+	at := func(c *Cluster, d time.Duration) float64 {
+		return value(t, c, t0.Add(d), capNS, "Hostname", host, "gpu", itoa(gi))
+	}
+	if c, f := at(clean, faultAt+faultDur)-at(clean, faultAt), at(faulty, faultAt+faultDur)-at(faulty, faultAt); c <= 0 || f != 0 {
+		t.Errorf("SW power-cap time during the fault: +%v ns (clean +%v ns); want none", f, c)
+	}
+	later := faultAt + faultDur + 10*time.Minute
+	if c, f := at(clean, later)-at(clean, faultAt+faultDur), at(faulty, later)-at(faulty, faultAt+faultDur); c != f {
+		t.Errorf("SW power-cap time after the fault: +%v ns, clean +%v ns", f, c)
+	}
+	if r := int(value(t, faulty, t0.Add(faultAt+time.Minute), "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Hostname", host, "gpu", itoa(gi))); r&ThrottleSWPowerCap != 0 {
+		t.Errorf("unused GPU's reasons %#x carry the SW power cap bit", r)
+	}
+}
