@@ -666,6 +666,9 @@ func (c *Cluster) meanPower(n *node, gi int, x float64) (act, base float64) {
 		if c.jobStalledAt(&j, x) {
 			act = gp.stallPower()
 		}
+		if c.gpuFaultActive(FaultIdleAllocation, n.idx, gi, x) {
+			act = gp.pIdle // nothing runs on it, not even a hung collective
+		}
 	}
 	if c.gpuFaultActive(FaultMIG, n.idx, gi, x) {
 		act = c.migPower(gp)
@@ -678,7 +681,7 @@ func (c *Cluster) meanPower(n *node, gi int, x float64) (act, base float64) {
 
 func (c *Cluster) powerFault(f *activeFault, node, gi int) bool {
 	switch f.kind {
-	case FaultThrottle, FaultThrottleThermal, FaultMIG:
+	case FaultThrottle, FaultThrottleThermal, FaultMIG, FaultIdleAllocation:
 		return f.hitsGPU(node, gi)
 	case FaultTrainingStall, FaultNodeDown, FaultTrainingSlowStart:
 		return f.node/groupSize == node/groupSize

@@ -27,7 +27,7 @@ type resetKey struct {
 // position and would otherwise replay from the epoch).
 func (c *Cluster) counters(n *node, gi int, s float64, sums *jobSums) gpuCounters {
 	gp := &n.gpus[gi]
-	v := c.rawCounters(n, gi, s, gp, sums.powerCap[gi])
+	v := c.rawCounters(n, gi, s, gp, sums.powerCap[gi]-c.unusedPowerCapSeconds(n, gi, s))
 	r, ok := c.lastReset(n.idx, gi, s)
 	if !ok {
 		return v
@@ -37,10 +37,32 @@ func (c *Cluster) counters(n *node, gi int, s float64, sums *jobSums) gpuCounter
 	if !cached {
 		cp := *gp
 		capSums := c.nodeCumAt(n, r)
-		base = c.rawCounters(n, gi, r, &cp, capSums.powerCap[gi])
+		base = c.rawCounters(n, gi, r, &cp, capSums.powerCap[gi]-c.unusedPowerCapSeconds(n, gi, r))
 		c.resetBase[k] = base
 	}
 	return v.minus(base)
+}
+
+// unusedPowerCapSeconds is the SW power-cap time the node's jobs would have
+// given (node, gpu) up to s while an idle_allocation fault left it unused:
+// nothing runs on it, so it never reaches its power cap.
+func (c *Cluster) unusedPowerCapSeconds(n *node, gi int, s float64) float64 {
+	g := &c.groups[n.idx/groupSize]
+	total := 0.0
+	for i := range c.faults {
+		f := &c.faults[i]
+		if f.kind != FaultIdleAllocation || !f.hitsGPU(n.idx, gi) || s <= f.start {
+			continue
+		}
+		lo, hi := math.Max(f.start, 0), math.Min(f.end, s)
+		for k := g.window(lo); lo < hi && k <= g.window(hi); k++ {
+			j := c.slotOf(n.idx, k)
+			if !j.idle {
+				total += overlap(j.start, j.end, lo, hi) * c.powerCapShare(&n.gpus[gi], &j)
+			}
+		}
+	}
+	return total
 }
 
 // rawCounters are the counters since the epoch (plus the background

@@ -96,7 +96,8 @@ func (c *Cluster) gpuValuesAt(n *node, gi int, st *nodeStep, s float64, tms int6
 	nz := func(i uint64) float64 { return sym(h4(c.seed, saltNoise, gp.id, uint64(tms)*64+i)) }
 	u := func(i uint64) float64 { return unit(h4(c.seed, saltNoise, gp.id, uint64(tms)*64+i)) }
 	v := gpuValues{fbTotal: hw.fbTotal, fbReserved: hw.fbReserved, noUtil: n.mig[gi]}
-	c.phaseValues(&v, gp, st, nz, u)
+	unused := st.job != nil && c.gpuFaultActive(FaultIdleAllocation, n.idx, gi, s)
+	c.phaseValues(&v, gp, st, unused, nz, u)
 	if n.mig[gi] {
 		v.power = c.migPower(gp) * (1 + 0.02*nz(10))
 		v.sm = hw.boostSMClock - 15*math.Floor(10*u(4))
@@ -124,7 +125,7 @@ func (c *Cluster) gpuValuesAt(n *node, gi int, st *nodeStep, s float64, tms int6
 	}
 	v.temp = math.Round(die + 0.4*nz(16))
 	v.memTemp = math.Round(mem + 0.5*nz(18))
-	if st.job != nil && !n.mig[gi] {
+	if st.job != nil && !n.mig[gi] && !unused {
 		fb := hw.fbTotal - hw.fbReserved
 		v.fbUsed = math.Min(fb, math.Round(st.job.fbFrac*fb*(1-math.Exp(-st.sinceJob/40))*(1+0.002*nz(19))))
 	}
@@ -152,10 +153,11 @@ func (c *Cluster) gpuValuesAt(n *node, gi int, st *nodeStep, s float64, tms int6
 
 // phaseValues sets the values the step cycle decides: utilisation, engine
 // activity, PCIe and NVLink traffic, power, SM clock and the power-cap bit.
-func (c *Cluster) phaseValues(v *gpuValues, gp *gpu, st *nodeStep, nz, u func(uint64) float64) {
+// An unused GPU (allocated, nothing running on it) reports as an idle one.
+func (c *Cluster) phaseValues(v *gpuValues, gp *gpu, st *nodeStep, unused bool, nz, u func(uint64) float64) {
 	hw := c.hw
 	ph := st.phase
-	if st.job == nil {
+	if st.job == nil || unused {
 		ph = phIdle
 	}
 	nvl := 0.0 // bytes/s over NVLink, TX+RX

@@ -130,12 +130,20 @@ const (
 	// minute (default 6) while it lasts, no other NVLink5 counter or BER
 	// moving: the least DCGM's NVLink5 health check fails a link on.
 	FaultNVLink5SymbolErrors FaultKind = "nvlink5_symbol_errors"
+	// FaultIdleAllocation: the pod of the job running on the node holds the
+	// GPU but runs nothing on it while the fault lasts (its launcher started
+	// fewer processes than the GPUs it requested, or a notebook sits idle):
+	// utilisation, engine activity, clocks and power as an idle GPU's (no
+	// SW power-cap time either), no framebuffer in use, the pod/namespace/container labels of its
+	// allocation kept. The job's training series go on. No effect while no
+	// job runs on the node (no pod holds the GPU).
+	FaultIdleAllocation FaultKind = "idle_allocation"
 )
 
 // FaultKinds lists every kind, for flag help and validation.
 var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultThrottleThermal, FaultHBMOverheat, FaultExporterUpgrade, FaultDriverUpgrade, FaultTrainingStall, FaultNaNLoss, FaultNodeDown,
 	FaultGPUReset, FaultRecoveryAction, FaultMIG, FaultNVLinkReplay, FaultNVLinkRecovery, FaultExporterCrash, FaultExporterHung, FaultNodeRemoved,
-	FaultPStateChange, FaultSBEStorm, FaultStraggler, FaultTrainingSlowStart, FaultPCIeReplays, FaultNVLink5SymbolErrors}
+	FaultPStateChange, FaultSBEStorm, FaultStraggler, FaultTrainingSlowStart, FaultPCIeReplays, FaultNVLink5SymbolErrors, FaultIdleAllocation}
 
 // DefaultFaultDuration applies when a fault gives none (gpu_reset: 30 s,
 // pstate_change: 15 s).

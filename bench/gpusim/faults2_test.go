@@ -336,3 +336,93 @@ func TestFaultNVLink5SymbolErrors(t *testing.T) {
 		t.Errorf("nvlink5_symbol_errors on an H100: %v, want an error", err)
 	}
 }
+
+// An idle allocation: the job's pod keeps GPU 3 (its pod, namespace and
+// container labels, as dcgm-exporter 4.8.2 maps them from the kubelet's
+// pod-resources API) while nothing runs on it: utilisation 0, no memory
+// in use, power at the GPU's idle level, and its energy counter grows at
+// that power. The node's other GPUs and the job's training series are as
+// without the fault, and GPU 3 is itself again after it.
+func TestFaultIdleAllocation(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultIdleAllocation, GPU: 3})
+	gp := &fc.faulty.nodes[fc.node].gpus[3]
+	for at := fc.start; at.Before(fc.end); at = at.Add(15 * time.Second) {
+		s := fc.gpuSeries(at, "DCGM_FI_DEV_GPU_UTIL", "3")
+		if len(s) != 1 {
+			t.Fatalf("at %s: %d utilisation series of GPU 3", at.Sub(t0), len(s))
+		}
+		hasDCGMLabels(t, s[0])
+		clean := nodeSeries(fc.clean, fc.node, at, "DCGM_FI_DEV_GPU_UTIL", "gpu", "3")[0]
+		for _, l := range []string{"pod", "namespace", "container"} {
+			if s[0].Get(l) == "" || s[0].Get(l) != clean.Get(l) {
+				t.Errorf("at %s: %s=%q, want the allocation's %q", at.Sub(t0), l, s[0].Get(l), clean.Get(l))
+			}
+		}
+		if s[0].V != 0 {
+			t.Errorf("at %s: utilisation %v%% of an unused GPU, want 0", at.Sub(t0), s[0].V)
+		}
+		if fb := fc.gpuSeries(at, "DCGM_FI_DEV_FB_USED", "3")[0].V; fb != 0 {
+			t.Errorf("at %s: %v MiB in use on an unused GPU", at.Sub(t0), fb)
+		}
+		if p := fc.gpuSeries(at, "DCGM_FI_DEV_POWER_USAGE", "3")[0].V; math.Abs(p-gp.pIdle) > 0.05*gp.pIdle {
+			t.Errorf("at %s: %v W, want the idle %v W", at.Sub(t0), p, gp.pIdle)
+		}
+		if c, f := fc.both(t, at, "DCGM_FI_DEV_GPU_UTIL", "gpu", "2"); c != f {
+			t.Errorf("at %s: GPU 2 utilisation %v vs clean %v", at.Sub(t0), f, c)
+		}
+		if c, f := fc.trainingValue(t, fc.clean, at, "training_iteration_time_seconds_count", "3"), fc.trainingValue(t, fc.faulty, at, "training_iteration_time_seconds_count", "3"); c.V != f.V {
+			t.Errorf("at %s: the job's steps %v vs clean %v", at.Sub(t0), f.V, c.V)
+		}
+	}
+	// Energy: the fault's 5 minutes at idle power (mJ), within a rounding.
+	e0 := fc.gpuSeries(fc.start, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "3")[0].V
+	e1 := fc.gpuSeries(fc.end, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "3")[0].V
+	if want := 1000 * gp.pIdle * faultDur.Seconds(); math.Abs(e1-e0-want) > 0.01*want {
+		t.Errorf("energy during the fault %v mJ, want %v (idle power)", e1-e0, want)
+	}
+	after := fc.end.Add(time.Minute)
+	if c, f := fc.both(t, after, "DCGM_FI_DEV_GPU_UTIL", "gpu", "3"); c != f || f < 50 {
+		t.Errorf("after: utilisation %v vs clean %v", f, c)
+	}
+}
+
+// An unused GPU never reaches its power cap: on a GPU whose job runs at its
+// cap, the SW power-cap time stands still while an idle_allocation holds it,
+// and goes on after it, as the clock-event bitmask (idle, no cap bit) says.
+func TestFaultIdleAllocationPowerCapTime(t *testing.T) {
+	base := Config{Nodes: 16, Seed: 13, FaultOrigin: t0}
+	clean := newTestCluster(t, base)
+	from, to := clean.secs(t0), clean.secs(t0.Add(40*time.Minute))
+	node, gi := -1, 0
+search:
+	for n := range clean.nodes {
+		g := &clean.groups[n/groupSize]
+		j := clean.slotOf(n, g.window(from))
+		for gi = range clean.nodes[n].gpus {
+			if j.running(from) && j.running(to) && clean.powerCapShare(&clean.nodes[n].gpus[gi], &j) > 0 {
+				node = n
+				break search
+			}
+		}
+	}
+	if node < 0 {
+		t.Fatal("no node runs a power-capped job through the fault")
+	}
+	host := clean.nodes[node].hostname
+	base.Faults = []Fault{{Kind: FaultIdleAllocation, At: faultAt, Duration: faultDur, Node: host, GPU: gi}}
+	faulty := newTestCluster(t, base)
+	const capNS = "DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP_NS"
+	at := func(c *Cluster, d time.Duration) float64 {
+		return value(t, c, t0.Add(d), capNS, "Hostname", host, "gpu", itoa(gi))
+	}
+	if c, f := at(clean, faultAt+faultDur)-at(clean, faultAt), at(faulty, faultAt+faultDur)-at(faulty, faultAt); c <= 0 || f != 0 {
+		t.Errorf("SW power-cap time during the fault: +%v ns (clean +%v ns); want none", f, c)
+	}
+	later := faultAt + faultDur + 10*time.Minute
+	if c, f := at(clean, later)-at(clean, faultAt+faultDur), at(faulty, later)-at(faulty, faultAt+faultDur); c != f {
+		t.Errorf("SW power-cap time after the fault: +%v ns, clean +%v ns", f, c)
+	}
+	if r := int(value(t, faulty, t0.Add(faultAt+time.Minute), "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Hostname", host, "gpu", itoa(gi))); r&ThrottleSWPowerCap != 0 {
+		t.Errorf("unused GPU's reasons %#x carry the SW power cap bit", r)
+	}
+}

@@ -55,20 +55,22 @@ import (
 // deduplication, inhibition and resolution then see the ordering and
 // overlaps the alerts would have in a real day.
 //
-// Classes the simulator cannot produce yet are listed by the test
-// (dayUnsimulated); the test fails if a class of the yaml is neither
-// simulated nor listed there.
+// Three classes need more history than the paced day (an hour without a
+// first step, `for: 30m`, Xids in three distinct hours): their cluster's
+// data starts before the day and is written and evaluated unpaced first,
+// its notifications dropped; their alerts fall due in the paced part (see
+// dayHistoryCluster).
+//
+// Classes the simulator cannot produce are listed by the test
+// (dayUnsimulated, empty now); the test fails if a class of the yaml is
+// neither simulated nor listed there.
 
 // speedup is how much faster than real time the simulated day runs.
 const speedup = 40
 
 // dayUnsimulated are the classes of notifications.yaml that gpusim has no
 // fault for yet.
-var dayUnsimulated = []string{
-	// These need history before the day (an hour without a step, `for:
-	// 30m`, Xids in three distinct hours).
-	"training_start_hang", "idle_allocation", "repeated_hardware_xids",
-}
+var dayUnsimulated = []string{}
 
 // The day's faults, keyed by the contract's class names. Faults start
 // faultsAt into the day, after history (counters, jobs, the exporter's
@@ -159,6 +161,89 @@ func dayOtherClusters(day0 time.Time) []dayCluster {
 	}
 }
 
+// The history cluster carries the classes that need more history than the
+// paced day: an hour without a first step, `for: 30m`, Xids in three
+// distinct hours. Its data starts historyLen before the day and is written
+// and evaluated unpaced (the backfill), with nothing reaching Alertmanager
+// (the proxy drops it, as if Alertmanager were unreachable), so the paced
+// part's Alertmanager timers are untouched; each alert falls due in the
+// paced part and goes through Alertmanager as any other. Seed 323 with 3
+// nodes places the jobs as the faults need (the test checks it):
+//   - training_start_hang: node 0's single-node job starts ~50 minutes
+//     before the day and loads until after it; TrainingJobNotStarting is
+//     due an hour after its start, ~10 minutes into the day;
+//   - idle_allocation: node 1's job runs through the day; its pod holds
+//     GPU 3 unused from 25 minutes before the day, so GPUUtilizationLow
+//     (`for: 30m`) is due ~5 minutes into the day;
+//   - repeated_hardware_xids: GPU 5 of node 2 (in neither job) falls off
+//     the bus (Xid 79, back after a 3-minute power cycle) in each of the
+//     three hours that end dayHour into the day, all before the day; the
+//     third hour bucket of GPURMACandidate's 1h subquery closes dayHour
+//     into the day, so it is due at the health group's next evaluation,
+//     long after the last Xid's P0 pages (muted with the backfill)
+//     resolved.
+const (
+	historyLen  = 110 * time.Minute
+	historyIdle = 25 * time.Minute
+)
+
+func dayHistoryCluster(day0 time.Time) dayCluster {
+	end := dayLen + 10*time.Minute // past the day's end: nothing resolves in it
+	faults := map[string]gpusim.Fault{
+		"training_start_hang": {Kind: gpusim.FaultTrainingSlowStart, At: -time.Hour, Duration: time.Hour + end, Node: "0"},
+		"idle_allocation":     {Kind: gpusim.FaultIdleAllocation, At: -historyIdle, Duration: historyIdle + end, Node: "1", GPU: 3},
+	}
+	// GPURMACandidate's hour buckets end dayHour-2h, dayHour-1h and
+	// dayHour into the day. An Xid is recent (gpu:xid_errors:recent) for
+	// up to 10 minutes: the first two come 11 minutes before their bucket
+	// ends, the third 6 minutes into its bucket, so its pages resolve long
+	// before the day.
+	var xids []gpusim.Fault
+	for _, at := range []time.Duration{dayHour - 2*time.Hour - 11*time.Minute, dayHour - time.Hour - 11*time.Minute, dayHour - time.Hour + 6*time.Minute} {
+		xids = append(xids, gpusim.Fault{Kind: gpusim.FaultXid, Code: 79, At: at, Duration: 3 * time.Minute, Node: "2", GPU: 5})
+	}
+	faults["repeated_hardware_xids"] = xids[0]
+	cfg := gpusim.Config{Name: "gpu-cluster-history", Nodes: 3, Seed: 323, TargetLabels: true, XidsPerGPUYear: -1,
+		Epoch: day0.Add(-dayEpochAge), FaultOrigin: day0}
+	for _, n := range sortedKeys(faults) {
+		if n != "repeated_hardware_xids" {
+			cfg.Faults = append(cfg.Faults, faults[n])
+		}
+	}
+	cfg.Faults = append(cfg.Faults, xids...)
+	return dayCluster{cfg: cfg, faults: faults}
+}
+
+// checkHistoryJobs fails unless the history cluster's jobs are where
+// dayHistoryCluster's faults need them (a job ended by one of node 2's Xid
+// 79s would not run on to the day's end), and returns the namespace and
+// pod that hold the idle GPU.
+func checkHistoryJobs(t *testing.T, cfg gpusim.Config, day0 time.Time) (namespace, pod string) {
+	t.Helper()
+	sim, err := gpusim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	podAt := func(node int, gpu string, d time.Duration) (ns, pod string) {
+		for _, s := range sim.AppendSamples(nil, day0.Add(d), gpusim.Replica{}) {
+			if s.Name() == "DCGM_FI_DEV_GPU_UTIL" && s.Get("Hostname") == sim.Hostnames()[node] && s.Get("gpu") == gpu {
+				return s.Get("namespace"), s.Get("pod")
+			}
+		}
+		return "", ""
+	}
+	_, before := podAt(0, "0", -55*time.Minute)
+	_, hang := podAt(0, "0", -45*time.Minute)
+	if _, last := podAt(0, "0", dayLen); before != "" || hang == "" || last != hang {
+		t.Fatalf("history node 0: pods %q, %q, %q at -55m, -45m and the day's end; want one job starting in between and running on", before, hang, last)
+	}
+	namespace, pod = podAt(1, "3", -historyIdle)
+	if _, last := podAt(1, "3", dayLen); pod == "" || last != pod || jobOfPod(pod) == jobOfPod(hang) {
+		t.Fatalf("history node 1 GPU 3: pods %q at -%s, %q at the day's end; want one pod of another job than node 0's %q holding it", pod, historyIdle, last, hang)
+	}
+	return namespace, pod
+}
+
 // The training faults, each on a job of its own from node dayTrainingFrom
 // on (the cluster's jobs as cfg, with the day's other faults, places them):
 //   - training_stall: a job running from before the faults to the day's
@@ -214,9 +299,14 @@ func (c *simClock) real(t time.Time) time.Time {
 }
 
 // amTimeProxy forwards gpustore's notifier's POSTs to Alertmanager with
-// startsAt/endsAt mapped from simulated to real time.
-func amTimeProxy(t *testing.T, clock *simClock, amURL string) *httptest.Server {
+// startsAt/endsAt mapped from simulated to real time. While muted it
+// accepts and drops them (the backfill's notifications).
+func amTimeProxy(t *testing.T, clock *simClock, amURL string, muted *atomic.Bool) *httptest.Server {
 	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if muted.Load() {
+			_, _ = io.Copy(io.Discard, r.Body)
+			return
+		}
 		var alerts []map[string]any
 		if err := json.NewDecoder(r.Body).Decode(&alerts); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
@@ -347,6 +437,9 @@ func TestSimulatedDayNotifications(t *testing.T) {
 	}
 	// Each class's fault and the cluster it is in.
 	others := dayOtherClusters(day0)
+	history := dayHistoryCluster(day0)
+	idleNamespace, idlePod := checkHistoryJobs(t, history.cfg, day0)
+	others = append(others, history)
 	clusterOf := map[string]string{}
 	for n := range faults {
 		clusterOf[n] = cfg.Name
@@ -373,7 +466,9 @@ func TestSimulatedDayNotifications(t *testing.T) {
 	defer hookSrv.Close()
 	amURL := startAlertmanagerWith(t, amBin, shippedAlertmanagerConfig(t, hookSrv.URL+"/hook"))
 	clock := &simClock{}
-	proxy := amTimeProxy(t, clock, amURL)
+	var muted atomic.Bool
+	muted.Store(true)
+	proxy := amTimeProxy(t, clock, amURL, &muted)
 	defer proxy.Close()
 
 	const tenantID = "gpu-day"
@@ -382,14 +477,20 @@ func TestSimulatedDayNotifications(t *testing.T) {
 		c.Rules.ManualEvaluation = true
 		c.Rules.TenantPollInterval = model.Duration(100 * time.Millisecond)
 		c.Rules.Alertmanager.URLs = []string{proxy.URL}
+		// The head accepts samples down to half its block range below its
+		// newest one. The rules' first evaluations of the history run up
+		// to ~90 minutes behind its newest sample (see the backfill): a 6h
+		// block keeps their results in range (a 2h block takes an hour).
+		c.TSDB.BlockDuration = model.Duration(6 * time.Hour)
 	})
 
 	// Every cluster's exporters are scraped at the same instants and sent
 	// with its own `cluster` label, as each cluster's Prometheus would.
 	type daySim struct {
-		sim *gpusim.Cluster
-		snd *gpusim.Sender
-		buf []gpusim.Series
+		sim  *gpusim.Cluster
+		snd  *gpusim.Sender
+		buf  []gpusim.Series
+		from time.Time // its first scrape
 	}
 	hosts := map[string][]string{}
 	var sims []*daySim
@@ -407,11 +508,18 @@ func TestSimulatedDayNotifications(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sims = append(sims, &daySim{sim: sim, snd: snd})
+		from := day0
+		if cc.Name == history.cfg.Name {
+			from = day0.Add(-historyLen)
+		}
+		sims = append(sims, &daySim{sim: sim, snd: snd, from: from})
 	}
 	ctx := context.Background()
 	scrape := func(ts time.Time) {
 		for _, d := range sims {
+			if ts.Before(d.from) {
+				continue
+			}
 			d.buf = d.sim.AppendSamples(d.buf[:0], ts, gpusim.Replica{})
 			d.buf = d.sim.AppendStaleMarkers(d.buf, ts, gpusim.Replica{})
 			if err := d.snd.Send(ctx, d.buf); err != nil {
@@ -419,7 +527,20 @@ func TestSimulatedDayNotifications(t *testing.T) {
 			}
 		}
 	}
-	scrape(day0)
+	// The ruler gives a tenant the GPU pack once it holds GPU data of the
+	// last 2 hours (wall clock); the history starts before that. So the
+	// history is written up to a scrape in that window, and once
+	// the pack is loaded its groups are evaluated from the history's start
+	// up to there (a query at t reads no sample after t, so evaluating
+	// behind the writes gives what evaluating with them gives), then in
+	// step with the writes.
+	start := day0.Add(-historyLen)
+	written := start
+	// (5 minutes into it: the ruler looks a moment later.)
+	for ; written.Before(time.Now().Add(-2*time.Hour + 5*time.Minute)); written = written.Add(15 * time.Second) {
+		scrape(written)
+	}
+	scrape(written)
 	waitFor(t, 30*time.Second, "the GPU pack loaded for the tenant", func() error {
 		if m := a.Ruler.Manager(tenantID); m == nil || len(m.RuleGroups()) == 0 {
 			return fmt.Errorf("no rule groups yet")
@@ -429,21 +550,12 @@ func TestSimulatedDayNotifications(t *testing.T) {
 	groups := a.Ruler.Manager(tenantID).RuleGroups()
 	next := make([]time.Time, len(groups))
 	for i, g := range groups {
-		next[i] = g.EvalTimestamp(day0.UnixNano()).Add(g.Interval())
+		next[i] = g.EvalTimestamp(start.UnixNano()).Add(g.Interval())
 	}
 	evalCtx := user.InjectOrgID(ctx, tenantID)
-
-	realStart := time.Now()
-	var maxLag time.Duration
-	for ts := day0.Add(15 * time.Second); !ts.After(day0.Add(dayLen)); ts = ts.Add(15 * time.Second) {
-		// Pace: simulated time runs speedup times faster than real time.
-		due := realStart.Add(ts.Sub(day0) / speedup)
-		if d := time.Until(due); d > 0 {
-			time.Sleep(d)
-		} else if -d > maxLag {
-			maxLag = -d
-		}
-		scrape(ts)
+	// evalUpTo evaluates every group at each of its slots up to ts, in
+	// time order.
+	evalUpTo := func(ts time.Time) {
 		for {
 			i := -1
 			for j := range groups {
@@ -459,6 +571,38 @@ func TestSimulatedDayNotifications(t *testing.T) {
 			next[i] = next[i].Add(groups[i].Interval())
 		}
 		clock.set(ts)
+	}
+	step := func(ts time.Time) {
+		scrape(ts)
+		evalUpTo(ts)
+	}
+
+	// The backfill: the history cluster's hours before the day, unpaced,
+	// its notifications dropped.
+	backfillStart := time.Now()
+	evalUpTo(written) // the evaluations behind the writes
+	for ts := written.Add(15 * time.Second); ts.Before(day0); ts = ts.Add(15 * time.Second) {
+		step(ts)
+	}
+	t.Logf("backfilled %s of history in %s (unpaced)", historyLen, time.Since(backfillStart).Round(100*time.Millisecond))
+	// What the notifier still holds from the backfill may reach
+	// Alertmanager from here on: alerts firing at the day's start (the
+	// notifier resends them in the day anyway) and resolved ones that
+	// Alertmanager never notified (it notifies a group only with firing
+	// alerts in it).
+	muted.Store(false)
+
+	realStart := time.Now()
+	var maxLag time.Duration
+	for ts := day0; !ts.After(day0.Add(dayLen)); ts = ts.Add(15 * time.Second) {
+		// Pace: simulated time runs speedup times faster than real time.
+		due := realStart.Add(ts.Sub(day0) / speedup)
+		if d := time.Until(due); d > 0 {
+			time.Sleep(d)
+		} else if -d > maxLag {
+			maxLag = -d
+		}
+		step(ts)
 	}
 	t.Logf("simulated %s in %s (x%d; the evaluation lagged the pace by up to %s)", dayLen, time.Since(realStart).Round(time.Second), speedup, maxLag.Round(time.Millisecond))
 	// Alertmanager flushes what the last evaluations sent: two of its
@@ -480,6 +624,10 @@ func TestSimulatedDayNotifications(t *testing.T) {
 			switch e.Scope {
 			case "gpu":
 				l["node"], l["gpu"] = hosts[clusterOf[cl.Fault]][idx], fmt.Sprint(f.GPU)
+				if f.Kind == gpusim.FaultIdleAllocation {
+					// The alert is about the allocation: it keeps its pod.
+					l["namespace"], l["pod"] = idleNamespace, idlePod
+				}
 			case "node":
 				l["node"] = hosts[clusterOf[cl.Fault]][idx]
 			case "pod":
