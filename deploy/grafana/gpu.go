@@ -80,9 +80,13 @@ func clusterOverview() *dashboard.DashboardBuilder {
 }
 
 // energyByPod is each pod's GPU energy (mJ) over the dashboard's range, per
-// GPU it held.
+// GPU it held. A MIG GPU's instances repeat the GPU's counter: the largest
+// is taken. An exporter restart or upgrade cuts the counter into pieces with
+// different `instance` (and Hostname/hostname, which stay apart and are
+// added by the panels' sums): the pieces are added, each holds the energy
+// of its own part of the range.
 func energyByPod() string {
-	return `max without (instance, container, GPU_I_ID, GPU_I_PROFILE) (increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{` + cl + `, pod!=""}[$__range]))`
+	return `sum without (instance) (max without (container, GPU_I_ID, GPU_I_PROFILE) (increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{` + cl + `, pod!=""}[$__range])))`
 }
 
 func nodeDetail() *dashboard.DashboardBuilder {
