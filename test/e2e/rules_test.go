@@ -131,14 +131,7 @@ func packCopy(t *testing.T) map[string][]byte {
 	t.Helper()
 	out := map[string][]byte{}
 	for _, name := range []string{"gpu-alerts.yml", "xid-catalog.yml"} {
-		b, err := fs.ReadFile(rulepack.FS, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rgs, errs := rulefmt.Parse(b, false, model.UTF8Validation, parser.NewParser(parser.Options{}), slog.New(slog.DiscardHandler))
-		if len(errs) > 0 {
-			t.Fatalf("%s: %v", name, errs)
-		}
+		rgs := parsePackFile(t, name)
 		shortened := 0
 		for gi := range rgs.Groups {
 			rgs.Groups[gi].Interval = model.Duration(time.Second)
@@ -165,10 +158,8 @@ func packCopy(t *testing.T) map[string][]byte {
 	return out
 }
 
-// getJSON GETs path from gpustore as tenantID and decodes the answer.
-// packRecordExpr is the expression of the recording rule record in the
-// shipped pack's file name.
-func packRecordExpr(t *testing.T, name, record string) string {
+// parsePackFile parses the shipped pack's rule file name.
+func parsePackFile(t *testing.T, name string) *rulefmt.RuleGroups {
 	t.Helper()
 	b, err := fs.ReadFile(rulepack.FS, name)
 	if err != nil {
@@ -178,7 +169,14 @@ func packRecordExpr(t *testing.T, name, record string) string {
 	if len(errs) > 0 {
 		t.Fatalf("%s: %v", name, errs)
 	}
-	for _, g := range rgs.Groups {
+	return rgs
+}
+
+// packRecordExpr is the expression of the recording rule record in the
+// shipped pack's file name.
+func packRecordExpr(t *testing.T, name, record string) string {
+	t.Helper()
+	for _, g := range parsePackFile(t, name).Groups {
 		for _, r := range g.Rules {
 			if r.Record == record {
 				return r.Expr
@@ -189,6 +187,7 @@ func packRecordExpr(t *testing.T, name, record string) string {
 	return ""
 }
 
+// getJSON GETs path from gpustore as tenantID and decodes the answer.
 func getJSON(t *testing.T, base, path, tenantID string, out any) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, base+path, nil)
