@@ -37,7 +37,7 @@ func clusterOverview() *dashboard.DashboardBuilder {
 		// GPU_TEMP rather than GPU_UTIL: NVML has no utilisation for a GPU
 		// in MIG mode, so a MIG GPU would not be counted.
 		WithPanel(statPanel("GPUs", "GPUs reporting to dcgm-exporter, each once (MIG GPUs included).", unitCount,
-			q(`count by (cluster) (`+gpuLevel(`DCGM_FI_DEV_GPU_TEMP{`+cl+`}`)+`)`, ""))).
+			q(`count by (cluster) (`+gpuOnce(`DCGM_FI_DEV_GPU_TEMP{`+cl+`}`)+`)`, ""))).
 		// The rule pack's count: reporting GPUs that have no row-remap
 		// failure, no pending recovery action and no P0 Xid in the last
 		// hour. The document subtracted count(XID_ERRORS > 0), but the Xid
@@ -46,9 +46,9 @@ func clusterOverview() *dashboard.DashboardBuilder {
 			q(`cluster:gpu_available:count{`+cl+`}`, "")).
 			Thresholds(thresholds(step(nil, "red"), step(cog.ToPtr(1.0), "green")))).
 		WithPanel(statPanel("Total power", "Power drawn by all GPUs of the cluster, each GPU once.", unitKilowatt,
-			q(`sum(`+gpuLevel(`DCGM_FI_DEV_POWER_USAGE{`+cl+`}`)+`) / 1000`, ""))).
+			q(`sum(`+gpuOnce(`DCGM_FI_DEV_POWER_USAGE{`+cl+`}`)+`) / 1000`, ""))).
 		WithPanel(gaugePanel("Average GPU utilisation", "Mean DCGM_FI_DEV_GPU_UTIL over the GPUs not in MIG mode (NVML reports no utilisation for those).", unitPercent, 0, 100,
-			q(`avg(`+gpuLevel(`DCGM_FI_DEV_GPU_UTIL{`+cl+`}`)+`)`, "")).
+			q(`avg(`+gpuOnce(`DCGM_FI_DEV_GPU_UTIL{`+cl+`}`)+`)`, "")).
 			Thresholds(thresholds(step(nil, "red"), step(cog.ToPtr(30.0), "orange"), step(cog.ToPtr(70.0), "green")))).
 		WithPanel(statPanel("Hottest GPU", "Highest GPU temperature in the cluster.", unitCelsius,
 			q(`max(DCGM_FI_DEV_GPU_TEMP{`+cl+`})`, "")).Thresholds(tempThresholds())).
