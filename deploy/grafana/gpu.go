@@ -37,7 +37,7 @@ func clusterOverview() *dashboard.DashboardBuilder {
 		// GPU_TEMP rather than GPU_UTIL: NVML has no utilisation for a GPU
 		// in MIG mode, so a MIG GPU would not be counted.
 		WithPanel(statPanel("GPUs", "GPUs reporting to dcgm-exporter, each once (MIG GPUs included).", unitCount,
-			q(`count by (cluster) (`+gpuLevel(`DCGM_FI_DEV_GPU_TEMP{`+cl+`}`)+`)`, ""))).
+			q(`count by (cluster) (`+gpuOnce(`DCGM_FI_DEV_GPU_TEMP{`+cl+`}`)+`)`, ""))).
 		// The rule pack's count: reporting GPUs that have no row-remap
 		// failure, no pending recovery action and no P0 Xid in the last
 		// hour. The document subtracted count(XID_ERRORS > 0), but the Xid
@@ -46,9 +46,9 @@ func clusterOverview() *dashboard.DashboardBuilder {
 			q(`cluster:gpu_available:count{`+cl+`}`, "")).
 			Thresholds(thresholds(step(nil, "red"), step(cog.ToPtr(1.0), "green")))).
 		WithPanel(statPanel("Total power", "Power drawn by all GPUs of the cluster, each GPU once.", unitKilowatt,
-			q(`sum(`+gpuLevel(`DCGM_FI_DEV_POWER_USAGE{`+cl+`}`)+`) / 1000`, ""))).
+			q(`sum(`+gpuOnce(`DCGM_FI_DEV_POWER_USAGE{`+cl+`}`)+`) / 1000`, ""))).
 		WithPanel(gaugePanel("Average GPU utilisation", "Mean DCGM_FI_DEV_GPU_UTIL over the GPUs not in MIG mode (NVML reports no utilisation for those).", unitPercent, 0, 100,
-			q(`avg(`+gpuLevel(`DCGM_FI_DEV_GPU_UTIL{`+cl+`}`)+`)`, "")).
+			q(`avg(`+gpuOnce(`DCGM_FI_DEV_GPU_UTIL{`+cl+`}`)+`)`, "")).
 			Thresholds(thresholds(step(nil, "red"), step(cog.ToPtr(30.0), "orange"), step(cog.ToPtr(70.0), "green")))).
 		WithPanel(statPanel("Hottest GPU", "Highest GPU temperature in the cluster.", unitCelsius,
 			q(`max(DCGM_FI_DEV_GPU_TEMP{`+cl+`})`, "")).Thresholds(tempThresholds())).
@@ -80,9 +80,13 @@ func clusterOverview() *dashboard.DashboardBuilder {
 }
 
 // energyByPod is each pod's GPU energy (mJ) over the dashboard's range, per
-// GPU it held.
+// GPU it held. A MIG GPU's instances repeat the GPU's counter: the largest
+// is taken. An exporter restart or upgrade cuts the counter into pieces with
+// different `instance` (and Hostname/hostname, which stay apart and are
+// added by the panels' sums): the pieces are added, each holds the energy
+// of its own part of the range.
 func energyByPod() string {
-	return `max without (instance, container, GPU_I_ID, GPU_I_PROFILE) (increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{` + cl + `, pod!=""}[$__range]))`
+	return `sum without (instance) (max without (container, GPU_I_ID, GPU_I_PROFILE) (increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{` + cl + `, pod!=""}[$__range])))`
 }
 
 func nodeDetail() *dashboard.DashboardBuilder {

@@ -44,6 +44,15 @@ func gpuLevel(expr string) string {
 	return "max without (instance, pod, namespace, container, GPU_I_ID, GPU_I_PROFILE) (" + expr + ")"
 }
 
+// gpuOnce reduces DCGM series to one per GPU for cluster-wide counts and
+// sums, as the rule pack's cluster:* records do: gpuLevel, and also without
+// Hostname/hostname (the UUID tells GPUs apart), so that a GPU whose old
+// series is still in the lookback after an exporter upgrade renamed the
+// label counts once. Not for panels that group by Hostname.
+func gpuOnce(expr string) string {
+	return "max without (instance, pod, namespace, container, GPU_I_ID, GPU_I_PROFILE, Hostname, hostname) (" + expr + ")"
+}
+
 // instanceLevel reduces DCGM series to one per GPU or MIG instance: for
 // the fields an instance has of its own (framebuffer, profiling).
 func instanceLevel(expr string) string {

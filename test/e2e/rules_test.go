@@ -131,14 +131,7 @@ func packCopy(t *testing.T) map[string][]byte {
 	t.Helper()
 	out := map[string][]byte{}
 	for _, name := range []string{"gpu-alerts.yml", "xid-catalog.yml"} {
-		b, err := fs.ReadFile(rulepack.FS, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rgs, errs := rulefmt.Parse(b, false, model.UTF8Validation, parser.NewParser(parser.Options{}), slog.New(slog.DiscardHandler))
-		if len(errs) > 0 {
-			t.Fatalf("%s: %v", name, errs)
-		}
+		rgs := parsePackFile(t, name)
 		shortened := 0
 		for gi := range rgs.Groups {
 			rgs.Groups[gi].Interval = model.Duration(time.Second)
@@ -163,6 +156,35 @@ func packCopy(t *testing.T) map[string][]byte {
 		out[name] = y
 	}
 	return out
+}
+
+// parsePackFile parses the shipped pack's rule file name.
+func parsePackFile(t *testing.T, name string) *rulefmt.RuleGroups {
+	t.Helper()
+	b, err := fs.ReadFile(rulepack.FS, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rgs, errs := rulefmt.Parse(b, false, model.UTF8Validation, parser.NewParser(parser.Options{}), slog.New(slog.DiscardHandler))
+	if len(errs) > 0 {
+		t.Fatalf("%s: %v", name, errs)
+	}
+	return rgs
+}
+
+// packRecordExpr is the expression of the recording rule record in the
+// shipped pack's file name.
+func packRecordExpr(t *testing.T, name, record string) string {
+	t.Helper()
+	for _, g := range parsePackFile(t, name).Groups {
+		for _, r := range g.Rules {
+			if r.Record == record {
+				return r.Expr
+			}
+		}
+	}
+	t.Fatalf("%s records no %s", name, record)
+	return ""
 }
 
 // getJSON GETs path from gpustore as tenantID and decodes the answer.
@@ -460,6 +482,23 @@ func TestRulesAlertToRealAlertmanager(t *testing.T) {
 	getJSON(t, base, "/api/v1/query?query="+url.QueryEscape(fmt.Sprintf(`count(DCGM_FI_DEV_GPU_UTIL{hostname=%q})`, upgraded)), tenantID, &upg)
 	if len(upg.Data.Result) != 1 {
 		t.Errorf("no DCGM series of %s with label hostname after its exporter upgrade: %v", upgraded, upg.Data.Result)
+	}
+	// The simulator writes no staleness markers: for the 15 s lookback after
+	// the upgrade (start+20s) the upgraded node's GPUs are there under both
+	// names. The pack's GPU counts (their expressions, at start+25s) still
+	// count each GPU once: 16, of which GPU 5 of the first node is out for
+	// its Xid 79 (they counted 24 and 23 while they kept Hostname/hostname).
+	for record, want := range map[string]string{"cluster:gpu_total:count": "16", "cluster:gpu_available:count": "15"} {
+		var count struct {
+			Data struct {
+				Result []struct{ Value [2]any }
+			}
+		}
+		at := fmt.Sprintf("%d", start.Add(25*time.Second).Unix())
+		getJSON(t, base, "/api/v1/query?time="+at+"&query="+url.QueryEscape(packRecordExpr(t, "gpu-recording.yml", record)), tenantID, &count)
+		if len(count.Data.Result) != 1 || count.Data.Result[0].Value[1] != want {
+			t.Errorf("%s at start+25s = %v, want %s (each GPU of the upgraded node once)", record, count.Data.Result, want)
+		}
 	}
 	// Each fault brought its own alerts and nothing else; GPUs 0 and 7 of
 	// the first node and every GPU of the upgraded node stay quiet (a rule
