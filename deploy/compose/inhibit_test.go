@@ -75,7 +75,7 @@ type alert struct {
 func gpuAlert(name, prio, cluster, node, gpu, uuid string, extra ...string) map[string]string {
 	l := map[string]string{
 		"alertname": name, "priority": prio, "severity": map[string]string{"P0": "critical", "P1": "warning", "P2": "info"}[prio],
-		"category": "hardware", "cluster": cluster, "tenant": "gpu-prod", "node": node, "Hostname": node,
+		"category": "hardware", "cluster": cluster, "tenant": "gpu-prod", "node": node,
 		"gpu": gpu, "UUID": uuid, "pci_bus_id": "00000000:18:00.0", "device": "nvidia" + gpu,
 		"modelName": "NVIDIA H100 80GB HBM3", "DCGM_FI_DRIVER_VERSION": "570.172.08", "job": "dcgm-exporter",
 	}
@@ -93,8 +93,8 @@ type inhibitionCase struct {
 }
 
 // The label sets are those the GPU rule pack gives its alerts
-// (deploy/rules/tests: GPU alerts carry node and UUID, GPUMissing node and
-// UUID without Hostname, node-scoped alerts node, training alerts the pod's
+// (deploy/rules/tests: GPU alerts carry node and UUID and, since issue 31,
+// never Hostname/hostname; node-scoped alerts node, training alerts the pod's
 // labels), with gpustore's tenant and the sender's cluster.
 func inhibitionCases() []inhibitionCase {
 	const cl = "gpu-cluster-prod-01"

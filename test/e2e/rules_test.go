@@ -382,14 +382,16 @@ func TestRulesAlertToRealAlertmanager(t *testing.T) {
 	})
 	for k, want := range map[string]string{
 		"node": node, "gpu": "2", "severity": "info", "priority": "P2", "category": "hardware",
-		"Hostname": node, "modelName": "NVIDIA H100 80GB HBM3", "cluster": "gpu-cluster-e2e",
+		"modelName": "NVIDIA H100 80GB HBM3", "cluster": "gpu-cluster-e2e",
 		"source": "gpustore-e2e", "tenant": tenantID,
 	} {
 		if got := hot.Labels[k]; got != want {
 			t.Errorf("GPUTemperatureHigh label %s = %q, want %q (labels %v)", k, got, want, hot.Labels)
 		}
 	}
-	for _, gone := range []string{"instance", "pod"} {
+	// node names the host: with the exporter's Hostname/hostname or its pod
+	// address among the labels, an exporter upgrade would page again.
+	for _, gone := range []string{"instance", "pod", "Hostname", "hostname"} {
 		if _, ok := hot.Labels[gone]; ok {
 			t.Errorf("GPUTemperatureHigh keeps label %s: %v", gone, hot.Labels)
 		}
