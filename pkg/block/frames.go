@@ -152,13 +152,14 @@ func AppendFrames(dst []byte, f File, t *SeekTable, first, last int, enc []byte)
 		return nil, fmt.Errorf("%w: %s: frames %d-%d are %d bytes, not %d", ErrEncodedSize, f.RelPath, first, last, len(enc), b.EncStart+b.EncSize-a.EncStart)
 	}
 	want, n := b.Start+b.Size-a.Start, len(dst)
+	dst = grown(dst, want)
 	var out []byte
 	var err error
 	if t.crc.align > 0 && t.crc.holds(a.Start, want) {
 		// Decoded into scratch, then copied with the CRCs put back.
 		sp := stripped.Get().(*[]byte)
 		defer stripped.Put(sp)
-		if *sp, err = zstdDecoder.DecodeAll(enc, (*sp)[:0]); err != nil {
+		if *sp, err = zstdDecoder.DecodeAll(enc, grown((*sp)[:0], want)); err != nil {
 			return nil, fmt.Errorf("decode %s: %w", f.RelPath, err)
 		}
 		if out, err = walkCRCs(dst, *sp, t.crc, a.Start, false, nil); err != nil {
@@ -171,6 +172,16 @@ func AppendFrames(dst []byte, f File, t *SeekTable, first, last int, enc []byte)
 		return nil, fmt.Errorf("%w: %s: frames %d-%d decode to %d bytes, not %d", ErrEncodedSize, f.RelPath, first, last, len(out)-n, want)
 	}
 	return out, nil
+}
+
+// grown returns b with room for n more bytes: appended in one allocation,
+// not in the doublings of append (a pooled buffer may come back small
+// after the pool was emptied).
+func grown(b []byte, n int64) []byte {
+	if int64(cap(b)-len(b)) >= n {
+		return b
+	}
+	return append(make([]byte, 0, int64(len(b))+n), b...)
 }
 
 // stripped holds buffers for frames decoded before their CRCs are put back.
