@@ -8,9 +8,9 @@ import (
 	"sync"
 )
 
-// An encoded file is a run of independent zstd frames, each holding about
-// FrameBytes (IndexFrameBytes) of the TSDB's file, then a zstd skippable frame holding the
-// seek table: so a reader fetches and decodes only the frames that hold the
+// An encoded file is a run of independent zstd frames, each holding a part
+// of the TSDB's file (frameZones: of about FrameBytes of a chunk segment,
+// an index's sections), then a zstd skippable frame holding the seek table: so a reader fetches and decodes only the frames that hold the
 // bytes it needs (a 1 h block of a 1024-GPU cluster's two weeks is over a
 // GB decoded), and a plain zstd decoder still decodes the whole object
 // (it skips skippable frames). With the CRCs left out, frames end between
