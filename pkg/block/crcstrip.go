@@ -31,6 +31,12 @@ type crcEntries struct {
 	extra      int
 }
 
+// holds reports whether bytes [off, off+n) of the TSDB's file hold CRCs of
+// l: frames outside its entries decode as they are.
+func (l crcEntries) holds(off, n int64) bool {
+	return off+n > l.start && (l.end < 0 || off < l.end)
+}
+
 // Index table of contents: six big-endian offsets and a CRC32 at the end of
 // the file; the series section runs from the second to the third.
 const indexTOCLen = 6*8 + crc32.Size
@@ -58,15 +64,14 @@ func crcLayout(rel string, file []byte) (crcEntries, error) {
 	return crcEntries{}, fmt.Errorf("no CRC layout for %s", rel)
 }
 
-// walkCRCs copies src, the bytes of the TSDB's file from offset base on (or
+// walkCRCs appends to out src, the bytes of the TSDB's file from offset base on (or
 // their stripped form when !strip), leaving out (strip) or putting back
 // (!strip) the CRC32 after each entry of l. Stripping checks each CRC it
 // leaves out, so a file whose layout is not the expected one is refused
 // rather than stored in a form that would not decode to it. at, when set,
 // is called after each entry with the offset in the TSDB's file and in the
 // output: the points where a frame of the stripped file may end.
-func walkCRCs(src []byte, l crcEntries, base int64, strip bool, at func(pos int64, outLen int)) ([]byte, error) {
-	out := make([]byte, 0, len(src)+len(src)/8)
+func walkCRCs(out, src []byte, l crcEntries, base int64, strip bool, at func(pos int64, outLen int)) ([]byte, error) {
 	si, pos := 0, base // pos: offset in the TSDB's file
 	if pos < l.start {
 		n := int(min(l.start-pos, int64(len(src))))

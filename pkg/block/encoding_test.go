@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/prometheus/tsdb/index"
 	"github.com/thanos-io/objstore/providers/filesystem"
 )
 
@@ -139,8 +140,10 @@ func TestUnexpectedLayoutKeepsItsCRCs(t *testing.T) {
 // its own to its bytes of the TSDB's file, with and without the CRCs, and
 // the seek table finds the frame of every offset.
 func TestEveryFrameDecodesAlone(t *testing.T) {
-	defer func(n, i int64) { FrameBytes, IndexFrameBytes = n, i }(FrameBytes, IndexFrameBytes)
-	FrameBytes, IndexFrameBytes = 100, 100
+	defer func(n, i, s, p int64) {
+		FrameBytes, IndexFrameBytes, SeriesFrameBytes, PostingsFrameBytes = n, i, s, p
+	}(FrameBytes, IndexFrameBytes, SeriesFrameBytes, PostingsFrameBytes)
+	FrameBytes, IndexFrameBytes, SeriesFrameBytes, PostingsFrameBytes = 100, 100, 100, 100
 	dir, _ := writeLocalBlock(t, "t")
 	for _, rel := range []string{IndexFilename, "chunks/000001"} {
 		plain, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(rel)))
@@ -165,6 +168,11 @@ func TestEveryFrameDecodesAlone(t *testing.T) {
 				if err != nil || !bytes.Equal(got, plain[fr.Start:fr.Start+fr.Size]) {
 					t.Fatalf("%s %s frame %d [%d,+%d): %v", rel, enc, k, fr.Start, fr.Size, err)
 				}
+				// Appended after what a reused buffer holds.
+				got, err = AppendFrames([]byte("held"), f, st, k, k, obj[fr.EncStart:fr.EncStart+fr.EncSize])
+				if err != nil || string(got[:4]) != "held" || !bytes.Equal(got[4:], plain[fr.Start:fr.Start+fr.Size]) {
+					t.Fatalf("%s %s frame %d appended: %v", rel, enc, k, err)
+				}
 				if st.FrameAt(fr.Start) != k || st.FrameAt(fr.Start+fr.Size-1) != k {
 					t.Fatalf("%s %s: FrameAt does not find frame %d", rel, enc, k)
 				}
@@ -175,3 +183,57 @@ func TestEveryFrameDecodesAlone(t *testing.T) {
 		}
 	}
 }
+
+// An index's frames end where its sections do (the series section in
+// frames of about SeriesFrameBytes, each ending after a series entry:
+// TestEveryFrameDecodesAlone), so a
+// query decodes only the sections it reads; a frame of another section
+// holds no CRCs to put back.
+func TestIndexFramesEndAtSections(t *testing.T) {
+	defer func(s int64) { SeriesFrameBytes = s }(SeriesFrameBytes)
+	SeriesFrameBytes = 200
+	dir, _ := writeLocalBlock(t, "t")
+	plain, err := os.ReadFile(filepath.Join(dir, IndexFilename))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, frames, err := encodeFrames(IndexFilename, plain, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := File{RelPath: IndexFilename, SizeBytes: int64(len(plain)), Encoding: EncodingZstdNoCRC, StoredBytes: int64(len(obj)), Frames: frames}
+	st, err := ParseSeekTable(f, obj[len(obj)-int(SeekTableLen(f)):])
+	if err != nil {
+		t.Fatal(err)
+	}
+	starts := map[int64]bool{}
+	for _, fr := range st.Frames {
+		starts[fr.Start] = true
+	}
+	toc, err := index.NewTOCFromByteSlice(realByteSlice(plain[len(plain)-indexTOCLen:]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, off := range map[string]uint64{"series": toc.Series, "postings": toc.Postings, "label indices table": toc.LabelIndicesTable, "postings offset table": toc.PostingsTable} {
+		if !starts[int64(off)] {
+			t.Errorf("no frame starts at the %s section (%d): frames %+v", name, off, st.Frames)
+		}
+	}
+	series := 0
+	for _, fr := range st.Frames {
+		if fr.Start >= int64(toc.Series) && fr.Start < int64(toc.LabelIndices) {
+			series++
+		}
+		if !st.crc.holds(fr.Start, fr.Size) != (fr.Start >= int64(toc.LabelIndices) || fr.Start+fr.Size <= int64(toc.Series)) {
+			t.Errorf("frame %+v: holds CRCs %v", fr, st.crc.holds(fr.Start, fr.Size))
+		}
+	}
+	if want := (int(toc.LabelIndices-toc.Series) + 199) / 200; series < want/2 || series > want+1 {
+		t.Errorf("%d frames in a series section of %d bytes, want about %d", series, toc.LabelIndices-toc.Series, want)
+	}
+}
+
+type realByteSlice []byte
+
+func (b realByteSlice) Len() int                    { return len(b) }
+func (b realByteSlice) Range(start, end int) []byte { return b[start:end] }

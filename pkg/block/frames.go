@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 )
 
-// An encoded file is a run of independent zstd frames, each holding about
-// FrameBytes (IndexFrameBytes) of the TSDB's file, then a zstd skippable frame holding the
-// seek table: so a reader fetches and decodes only the frames that hold the
+// An encoded file is a run of independent zstd frames, each holding a part
+// of the TSDB's file (frameZones: of about FrameBytes of a chunk segment,
+// an index's sections), then a zstd skippable frame holding the seek table: so a reader fetches and decodes only the frames that hold the
 // bytes it needs (a 1 h block of a 1024-GPU cluster's two weeks is over a
 // GB decoded), and a plain zstd decoder still decodes the whole object
 // (it skips skippable frames). With the CRCs left out, frames end between
@@ -25,25 +26,66 @@ const (
 	seekMagic      = 0x31545347 // "GST1"
 )
 
-// FrameBytes and IndexFrameBytes: the bytes of the TSDB's file a frame of
-// a chunk segment and of an index holds. Measured on the 30-day bench's
-// 14-day blocks (bench/RESULTS.md): a chunk segment in 1 MiB frames costs
-// 1-7 % more than in one frame, an index 2.1× more (likely: repeated long
-// postings lists, e.g. every series of a node under several labels, lie
-// megabytes apart), 1.3× in 4 MiB frames, nothing in 8 MiB (the whole index of one
-// node's two weeks). A miss decodes at most a frame's run: a few ms for
-// 8 MiB. Variables for tests (small frames: many per file).
+// FrameBytes, IndexFrameBytes, SeriesFrameBytes and PostingsFrameBytes:
+// the bytes of the TSDB's file a frame holds, in a chunk segment, in an
+// index's symbols and tables, its series section and its postings section.
+// An index's frames end at its sections' ends, so a query decodes only the
+// sections it reads: opening a block reads the symbols and the postings
+// offset table, a selector one postings list and the series entries it
+// names (contiguous: series are sorted by labels, metric name first).
+// Measured on the 30-day bench's 14-day blocks (bench/RESULTS.md): a chunk
+// segment in 1 MiB frames costs 1-7 % more than in one frame; an index in
+// uniform 1 MiB frames 2.1× more (likely: repeated long postings lists, e.g.
+// every series of a node under several labels, lie megabytes apart) and in
+// 8 MiB frames nothing (the whole index of one node's two weeks), but a
+// miss then decoded the whole index. Variables for tests (small frames:
+// many per file).
 var (
-	FrameBytes      int64 = 1 << 20
-	IndexFrameBytes int64 = 8 << 20
+	FrameBytes         int64 = 1 << 20
+	IndexFrameBytes    int64 = 8 << 20
+	SeriesFrameBytes   int64 = 256 << 10
+	PostingsFrameBytes int64 = 8 << 20
 )
 
-// frameBytes is the frame size of the file rel.
-func frameBytes(rel string) int64 {
-	if rel == IndexFilename {
-		return IndexFrameBytes
+// SectionFrames false cuts an index evenly in frames of IndexFrameBytes,
+// as gpustore did before an index's sections had frames of their own
+// (blocks written so are read alike: the seek table says where frames
+// end). For tests that read such blocks.
+var SectionFrames = true
+
+// zone is a part of a file cut into frames of about size bytes, up to end.
+type zone struct{ end, size int64 }
+
+// frameZones returns how the file rel is cut into frames: an index by its
+// sections (one zone per section of its table of contents, when it has a
+// plausible one), any other file in frames of FrameBytes.
+func frameZones(rel string, plain []byte) []zone {
+	n := int64(len(plain))
+	if rel != IndexFilename {
+		return []zone{{n, FrameBytes}}
 	}
-	return FrameBytes
+	if n < indexTOCLen || !SectionFrames {
+		return []zone{{n, IndexFrameBytes}}
+	}
+	var toc [6]int64 // symbols, series, label indices, label indices table, postings, postings table
+	for i := range toc {
+		toc[i] = int64(binary.BigEndian.Uint64(plain[n-indexTOCLen+8*int64(i):]))
+	}
+	// In the file: symbols, series, label indices, postings, label
+	// indices table, postings offset table, TOC.
+	ends := []zone{
+		{toc[1], IndexFrameBytes},    // header and symbols
+		{toc[2], SeriesFrameBytes},   // series
+		{toc[4], IndexFrameBytes},    // label indices (none since Prometheus 2.x)
+		{toc[3], PostingsFrameBytes}, // postings
+		{n, IndexFrameBytes},         // tables and TOC
+	}
+	for i, z := range ends {
+		if z.end <= 0 || z.end > n || (i > 0 && z.end < ends[i-1].end) {
+			return []zone{{n, IndexFrameBytes}} // not a TOC we know: cut evenly
+		}
+	}
+	return ends
 }
 
 // Frame is one zstd frame of an encoded file: bytes [Start, Start+Size) of
@@ -98,44 +140,74 @@ func ParseSeekTable(f File, tail []byte) (*SeekTable, error) {
 // encoded file hold; enc is the object's bytes of those frames.
 func DecodeFrames(f File, t *SeekTable, first, last int, enc []byte) ([]byte, error) {
 	a, b := t.Frames[first], t.Frames[last]
+	return AppendFrames(make([]byte, 0, b.Start+b.Size-a.Start), f, t, first, last, enc)
+}
+
+// AppendFrames is DecodeFrames appending to dst: a reader that copies the
+// bytes elsewhere (the bucket store's pages) decodes into a reused buffer,
+// without allocating and clearing a frame's size of memory each time.
+func AppendFrames(dst []byte, f File, t *SeekTable, first, last int, enc []byte) ([]byte, error) {
+	a, b := t.Frames[first], t.Frames[last]
 	if int64(len(enc)) != b.EncStart+b.EncSize-a.EncStart {
 		return nil, fmt.Errorf("%w: %s: frames %d-%d are %d bytes, not %d", ErrEncodedSize, f.RelPath, first, last, len(enc), b.EncStart+b.EncSize-a.EncStart)
 	}
-	out, err := zstdDecoder.DecodeAll(enc, nil)
-	if err != nil {
-		return nil, fmt.Errorf("decode %s: %w", f.RelPath, err)
-	}
-	if t.crc.align > 0 {
-		if out, err = walkCRCs(out, t.crc, a.Start, false, nil); err != nil {
+	want, n := b.Start+b.Size-a.Start, len(dst)
+	dst = grown(dst, want)
+	var out []byte
+	var err error
+	if t.crc.align > 0 && t.crc.holds(a.Start, want) {
+		// Decoded into scratch, then copied with the CRCs put back.
+		sp := stripped.Get().(*[]byte)
+		defer stripped.Put(sp)
+		if *sp, err = zstdDecoder.DecodeAll(enc, grown((*sp)[:0], want)); err != nil {
+			return nil, fmt.Errorf("decode %s: %w", f.RelPath, err)
+		}
+		if out, err = walkCRCs(dst, *sp, t.crc, a.Start, false, nil); err != nil {
 			return nil, fmt.Errorf("%s: put back CRCs: %w", f.RelPath, err)
 		}
+	} else if out, err = zstdDecoder.DecodeAll(enc, dst); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", f.RelPath, err)
 	}
-	if want := b.Start + b.Size - a.Start; int64(len(out)) != want {
-		return nil, fmt.Errorf("%w: %s: frames %d-%d decode to %d bytes, not %d", ErrEncodedSize, f.RelPath, first, last, len(out), want)
+	if int64(len(out)-n) != want {
+		return nil, fmt.Errorf("%w: %s: frames %d-%d decode to %d bytes, not %d", ErrEncodedSize, f.RelPath, first, last, len(out)-n, want)
 	}
 	return out, nil
 }
+
+// grown returns b with room for n more bytes: appended in one allocation,
+// not in the doublings of append (a pooled buffer may come back small
+// after the pool was emptied).
+func grown(b []byte, n int64) []byte {
+	if int64(cap(b)-len(b)) >= n {
+		return b
+	}
+	return append(make([]byte, 0, int64(len(b))+n), b...)
+}
+
+// stripped holds buffers for frames decoded before their CRCs are put back.
+var stripped = sync.Pool{New: func() any { return new([]byte) }}
 
 // encodeFrames encodes the TSDB file rel (plain) as an object of frames and
 // returns it with the number of frames. stripCRC leaves out the entries'
 // CRCs (an error: the file is not laid out as expected).
 func encodeFrames(rel string, plain []byte, stripCRC bool) ([]byte, int, error) {
-	content, cuts, l, size := plain, []int64{0}, crcEntries{}, frameBytes(rel)
-	at := func(p int64) int64 { return p } // a cut's offset in content
+	content, cuts, l := plain, []int64{0}, crcEntries{}
+	at := func(p int64) int64 { return p }   // a cut's offset in content
+	next := func(p int64) int64 { return p } // where a frame wanting to end at p may end
 	if stripCRC {
 		var err error
 		if l, err = crcLayout(rel, plain); err != nil {
 			return nil, 0, err
 		}
 		var ends [][2]int64 // entry ends: offset in plain, in content
-		if content, err = walkCRCs(plain, l, 0, true, func(pos int64, n int) { ends = append(ends, [2]int64{pos, int64(n)}) }); err != nil {
+		if content, err = walkCRCs(make([]byte, 0, len(plain)), plain, l, 0, true, func(pos int64, n int) { ends = append(ends, [2]int64{pos, int64(n)}) }); err != nil {
 			return nil, 0, err
 		}
 		removed := int64(len(plain) - len(content))
 		inside := func(p int64) bool { return p > l.start && (l.end < 0 || p < l.end) }
 		// A frame may end outside the entries anywhere, inside only
 		// after an entry.
-		next := func(p int64) int64 {
+		next = func(p int64) int64 {
 			if !inside(p) {
 				return p
 			}
@@ -157,13 +229,13 @@ func encodeFrames(rel string, plain []byte, stripCRC bool) ([]byte, int, error) 
 			i := sort.Search(len(ends), func(i int) bool { return ends[i][0] >= p })
 			return ends[i][1]
 		}
-		for last := int64(0); last < int64(len(plain)); last = cuts[len(cuts)-1] {
-			cuts = append(cuts, min(int64(len(plain)), next(last+size)))
+	}
+	zones := frameZones(rel, plain)
+	for last, z := int64(0), 0; last < int64(len(plain)); last = cuts[len(cuts)-1] {
+		for zones[z].end <= last {
+			z++
 		}
-	} else {
-		for last := int64(0); last < int64(len(plain)); last = cuts[len(cuts)-1] {
-			cuts = append(cuts, min(int64(len(plain)), last+size))
-		}
+		cuts = append(cuts, min(int64(len(plain)), next(min(zones[z].end, last+zones[z].size))))
 	}
 	if len(cuts) == 1 { // an empty file: one empty frame
 		cuts = append(cuts, 0)

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/thanos-io/objstore"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/gpustore/gpustore/pkg/block"
 )
@@ -33,9 +34,9 @@ type PageCache struct {
 	pages    map[pageKey]*list.Element
 	bytes    int64
 	inflight map[pageKey]*fetch
-	loading  map[string]*fetch // encoded objects' frames and seek tables being read, by object and frames
+	loading  map[string]*loadCall // encoded objects' frames and seek tables being read, by object and frame
 
-	hits, misses, evictions, fetchedBytes, requests atomic.Int64
+	hits, misses, evictions, fetchedBytes, requests, decodedBytes atomic.Int64
 }
 
 type pageKey struct {
@@ -63,7 +64,7 @@ type fetch struct {
 func NewPageCache(pageSize, maxBytes int64) *PageCache {
 	return &PageCache{
 		pageSize: pageSize, maxBytes: maxBytes,
-		lru: list.New(), pages: map[pageKey]*list.Element{}, inflight: map[pageKey]*fetch{}, loading: map[string]*fetch{},
+		lru: list.New(), pages: map[pageKey]*list.Element{}, inflight: map[pageKey]*fetch{}, loading: map[string]*loadCall{},
 	}
 }
 
@@ -77,6 +78,8 @@ type CacheStats struct {
 	// FetchedBytes and Requests count what was read from the bucket through
 	// the cache (pages) and by block opening (index headers).
 	FetchedBytes, Requests int64
+	// DecodedBytes counts what decoding encoded objects' frames gave.
+	DecodedBytes int64
 }
 
 // Stats returns the cache's counters.
@@ -87,7 +90,7 @@ func (c *PageCache) Stats() CacheStats {
 	return CacheStats{
 		Bytes: b, MaxBytes: c.maxBytes, Pages: n,
 		Hits: c.hits.Load(), Misses: c.misses.Load(), Evictions: c.evictions.Load(),
-		FetchedBytes: c.fetchedBytes.Load(), Requests: c.requests.Load(),
+		FetchedBytes: c.fetchedBytes.Load(), Requests: c.requests.Load(), DecodedBytes: c.decodedBytes.Load(),
 	}
 }
 
@@ -238,15 +241,12 @@ func (c *PageCache) getPages(ctx context.Context, o object, first, last int64) (
 // pages, or, for an encoded object, of the frames that hold them (whose
 // other pages it offers the cache).
 func (c *PageCache) fetchRun(ctx context.Context, o object, first, last int64) ([][]byte, error) {
+	if o.encoded() {
+		return c.decodePages(ctx, o, first, last)
+	}
 	start := first * c.pageSize
 	end := min(o.size, (last+1)*c.pageSize)
-	var buf []byte
-	var err error
-	if o.encoded() {
-		buf, err = c.decodeRange(ctx, o, start, end)
-	} else {
-		buf, err = c.fetch(ctx, o, start, end-start)
-	}
+	buf, err := c.fetch(ctx, o, start, end-start)
 	if err != nil {
 		return nil, err
 	}
@@ -268,28 +268,90 @@ func (c *PageCache) fetch(ctx context.Context, o object, off, length int64) ([]b
 	return buf, err
 }
 
-// decodeRange returns bytes [start, end) of an encoded object's file: it
-// fetches and decodes the frames that hold them (one request) and offers
-// the cache every page they hold.
-func (c *PageCache) decodeRange(ctx context.Context, o object, start, end int64) ([]byte, error) {
+// decodePages returns pages first..last of an encoded object's file: it
+// fetches and decodes each frame that holds them (one request a frame, in
+// parallel), once for all the queries that miss it meanwhile, and offers the cache
+// every whole page a frame holds. Loads are keyed by frame, not by run: a
+// run of pages and the read-ahead run after it often share a frame.
+func (c *PageCache) decodePages(ctx context.Context, o object, first, last int64) ([][]byte, error) {
 	t, err := c.seekTable(ctx, o)
 	if err != nil {
 		return nil, err
 	}
-	fa, fb := t.FrameAt(start), t.FrameAt(end-1)
-	a, b := t.Frames[fa], t.Frames[fb]
-	dec, err := c.shared(ctx, fmt.Sprintf("%s#%d-%d", o.name, fa, fb), func() ([]byte, error) {
-		enc, err := c.fetch(ctx, o, a.EncStart, b.EncStart+b.EncSize-a.EncStart)
-		if err != nil {
-			return nil, err
+	fa, fb := t.FrameAt(first*c.pageSize), t.FrameAt(min(o.size, (last+1)*c.pageSize)-1)
+	frames := make([]*framePages, fb-fa+1)
+	if fa == fb {
+		frames[0], err = c.frame(ctx, o, t, fa)
+	} else { // the frames' requests at once, not one round trip after the other
+		g, gctx := errgroup.WithContext(ctx)
+		for i := fa; i <= fb; i++ {
+			g.Go(func() (err error) {
+				frames[i-fa], err = c.frame(gctx, o, t, i)
+				return err
+			})
 		}
-		return block.DecodeFrames(o.file, t, fa, fb, enc)
-	})
+		err = g.Wait()
+	}
 	if err != nil {
 		return nil, err
 	}
-	c.offer(o, a.Start, dec)
-	return dec[start-a.Start : end-a.Start], nil
+	out := make([][]byte, last-first+1)
+	for _, fp := range frames {
+		for k, part := range fp.pages {
+			p := fp.first + int64(k)
+			if p < first || p > last {
+				continue
+			}
+			if out[p-first] == nil && int64(len(part)) == c.pageLen(o, p) {
+				out[p-first] = part // a whole page, as cached
+				continue
+			}
+			// A page two frames share: joined in a buffer of its own
+			// (the parts are shared with the frame's other readers).
+			if out[p-first] == nil {
+				out[p-first] = make([]byte, 0, c.pageLen(o, p))
+			}
+			out[p-first] = append(out[p-first], part...)
+		}
+	}
+	return out, nil
+}
+
+// framePages are a decoded frame's bytes cut at page boundaries: pages[k]
+// holds its bytes of page first+k (whole pages, which the cache holds too,
+// except the first and last, parts of pages the frame may share with its
+// neighbours).
+type framePages struct {
+	first int64
+	pages [][]byte
+}
+
+// decodeBufs hold frames decoded before they are cut into pages.
+var decodeBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+// frame returns frame i of an encoded object as pages, loading it once for
+// all the queries that ask meanwhile.
+func (c *PageCache) frame(ctx context.Context, o object, t *block.SeekTable, i int) (*framePages, error) {
+	return shared(c, ctx, fmt.Sprintf("%s#%d", o.name, i), func() (*framePages, error) {
+		fr := t.Frames[i]
+		enc, err := c.fetch(ctx, o, fr.EncStart, fr.EncSize)
+		if err != nil {
+			return nil, err
+		}
+		buf := decodeBufs.Get().(*[]byte)
+		defer decodeBufs.Put(buf)
+		dec, err := block.AppendFrames((*buf)[:0], o.file, t, i, i, enc)
+		if err != nil {
+			return nil, err
+		}
+		*buf = dec
+		c.decodedBytes.Add(int64(len(dec)))
+		return c.offer(o, fr.Start, dec), nil
+	})
+}
+
+func (c *PageCache) pageLen(o object, p int64) int64 {
+	return min(o.size, (p+1)*c.pageSize) - p*c.pageSize
 }
 
 // seekTable returns an encoded object's seek table, read on first use.
@@ -298,7 +360,7 @@ func (c *PageCache) seekTable(ctx context.Context, o object) (*block.SeekTable, 
 		return t, nil
 	}
 	n := block.SeekTableLen(o.file)
-	tail, err := c.shared(ctx, o.name+"#seek", func() ([]byte, error) { return c.fetch(ctx, o, o.file.StoredBytes-n, n) })
+	tail, err := shared(c, ctx, o.name+"#seek", func() ([]byte, error) { return c.fetch(ctx, o, o.file.StoredBytes-n, n) })
 	if err != nil {
 		return nil, err
 	}
@@ -312,34 +374,44 @@ func (c *PageCache) seekTable(ctx context.Context, o object) (*block.SeekTable, 
 
 // shared runs load once for all the queries that ask for key meanwhile
 // (a waiter whose loader was cancelled loads again itself).
-func (c *PageCache) shared(ctx context.Context, key string, load func() ([]byte, error)) ([]byte, error) {
+func shared[T any](c *PageCache, ctx context.Context, key string, load func() (T, error)) (T, error) {
 	for {
 		c.mtx.Lock()
-		f, waiting := c.loading[key]
+		l, waiting := c.loading[key]
 		if !waiting {
-			f = &fetch{done: make(chan struct{})}
-			c.loading[key] = f
+			l = &loadCall{done: make(chan struct{})}
+			c.loading[key] = l
 		}
 		c.mtx.Unlock()
 		if waiting {
 			select {
-			case <-f.done:
+			case <-l.done:
 			case <-ctx.Done():
-				return nil, ctx.Err()
+				var zero T
+				return zero, ctx.Err()
 			}
-			if f.abandoned {
+			if l.abandoned {
 				continue
 			}
-			return f.data, f.err
+			v, _ := l.val.(T)
+			return v, l.err
 		}
-		data, err := load()
+		v, err := load()
 		c.mtx.Lock()
 		delete(c.loading, key)
-		f.data, f.err, f.abandoned = data, err, err != nil && ctx.Err() != nil
+		l.val, l.err, l.abandoned = v, err, err != nil && ctx.Err() != nil
 		c.mtx.Unlock()
-		close(f.done)
-		return data, err
+		close(l.done)
+		return v, err
 	}
+}
+
+// loadCall is one load of shared, its result for the queries waiting on it.
+type loadCall struct {
+	done      chan struct{}
+	val       any
+	err       error
+	abandoned bool // the loading query's context ended: each waiter loads again
 }
 
 // readHeaderRange reads [off, off+length) of o for an index header load:
@@ -382,18 +454,26 @@ func (c *PageCache) removeLocked(e *list.Element) {
 }
 
 // offer caches the whole pages of o within buf, which holds o's bytes from
-// off (bytes a header load read anyway).
-func (c *PageCache) offer(o object, off int64, buf []byte) {
-	first := (off + c.pageSize - 1) / c.pageSize
+// off (bytes a header load read anyway, a decoded frame), and returns buf
+// copied page by page.
+func (c *PageCache) offer(o object, off int64, buf []byte) *framePages {
+	fp := &framePages{first: off / c.pageSize}
+	if len(buf) == 0 {
+		return fp
+	}
+	end := off + int64(len(buf))
+	for p := fp.first; p*c.pageSize < end; p++ {
+		// Copied before taking the lock: a decoded frame is a megabyte.
+		fp.pages = append(fp.pages, append([]byte(nil), buf[max(off, p*c.pageSize)-off:min(end, (p+1)*c.pageSize)-off]...))
+	}
 	c.mtx.Lock()
 	defer c.mtx.Unlock()
-	for p := first; ; p++ {
-		ps, pe := p*c.pageSize, min(o.size, (p+1)*c.pageSize)
-		if ps >= o.size || pe > off+int64(len(buf)) {
-			return
+	for k, data := range fp.pages {
+		if p := fp.first + int64(k); int64(len(data)) == c.pageLen(o, p) {
+			c.insertLocked(pageKey{o.name, p}, data)
 		}
-		c.insertLocked(pageKey{o.name, p}, append([]byte(nil), buf[ps-off:pe-off]...))
 	}
+	return fp
 }
 
 // Drop removes every page of the named objects (a block that left the bucket).

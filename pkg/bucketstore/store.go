@@ -803,8 +803,8 @@ type metrics struct {
 	// Selects reading downsampled blocks, by resolution.
 	downsampledSelects *prometheus.CounterVec
 
-	blocks, partial, hidden, headerBytes, syncSource, indexAge       *prometheus.Desc
-	cacheBytes, cacheMax, hits, misses, evictions, fetched, requests *prometheus.Desc
+	blocks, partial, hidden, headerBytes, syncSource, indexAge                *prometheus.Desc
+	cacheBytes, cacheMax, hits, misses, evictions, fetched, decoded, requests *prometheus.Desc
 }
 
 func newMetrics(s *Store) *metrics {
@@ -842,6 +842,7 @@ func newMetrics(s *Store) *metrics {
 		misses:      prometheus.NewDesc("gpustore_bucketstore_cache_misses_total", "Page reads that went to the bucket.", nil, nil),
 		evictions:   prometheus.NewDesc("gpustore_bucketstore_cache_evictions_total", "Pages evicted to stay within the bound.", nil, nil),
 		fetched:     prometheus.NewDesc("gpustore_bucketstore_fetched_bytes_total", "Bytes read from the bucket by queries (range requests).", nil, nil),
+		decoded:     prometheus.NewDesc("gpustore_bucketstore_decoded_bytes_total", "Bytes decoded from the zstd frames of encoded block files (5m and 1h blocks) read by queries.", nil, nil),
 		requests:    prometheus.NewDesc("gpustore_bucketstore_range_requests_total", "Range requests sent to the bucket by queries.", nil, nil),
 	}
 }
@@ -853,7 +854,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.syncDuration.Describe(ch)
 	m.queriedBlocks.Describe(ch)
 	m.downsampledSelects.Describe(ch)
-	for _, d := range []*prometheus.Desc{m.blocks, m.partial, m.hidden, m.syncSource, m.indexAge, m.headerBytes, m.cacheBytes, m.cacheMax, m.hits, m.misses, m.evictions, m.fetched, m.requests} {
+	for _, d := range []*prometheus.Desc{m.blocks, m.partial, m.hidden, m.syncSource, m.indexAge, m.headerBytes, m.cacheBytes, m.cacheMax, m.hits, m.misses, m.evictions, m.fetched, m.decoded, m.requests} {
 		ch <- d
 	}
 }
@@ -893,6 +894,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.misses, prometheus.CounterValue, float64(st.Misses))
 	ch <- prometheus.MustNewConstMetric(m.evictions, prometheus.CounterValue, float64(st.Evictions))
 	ch <- prometheus.MustNewConstMetric(m.fetched, prometheus.CounterValue, float64(st.FetchedBytes))
+	ch <- prometheus.MustNewConstMetric(m.decoded, prometheus.CounterValue, float64(st.DecodedBytes))
 	ch <- prometheus.MustNewConstMetric(m.requests, prometheus.CounterValue, float64(st.Requests))
 }
 

@@ -109,9 +109,17 @@ func TestQueriesMatchTheLocalBlock(t *testing.T) {
 		t.Run("encoding="+cmp.Or(enc, "none"), func(t *testing.T) { queriesMatchTheLocalBlock(t, enc) })
 	}
 	// Frames of 3000 bytes: pages and reads straddle frames.
-	defer func(n, i int64) { block.FrameBytes, block.IndexFrameBytes = n, i }(block.FrameBytes, block.IndexFrameBytes)
-	block.FrameBytes, block.IndexFrameBytes = 3000, 3000
+	defer func(n, i, s, p int64) {
+		block.FrameBytes, block.IndexFrameBytes, block.SeriesFrameBytes, block.PostingsFrameBytes = n, i, s, p
+	}(block.FrameBytes, block.IndexFrameBytes, block.SeriesFrameBytes, block.PostingsFrameBytes)
+	block.FrameBytes, block.IndexFrameBytes, block.SeriesFrameBytes, block.PostingsFrameBytes = 3000, 3000, 3000, 3000
 	t.Run("encoding=zstd-nocrc,frames=3000", func(t *testing.T) { queriesMatchTheLocalBlock(t, block.EncodingZstdNoCRC) })
+	// An index cut evenly, not by section, as blocks written before were.
+	defer func() { block.SectionFrames = true }()
+	block.SectionFrames = false
+	t.Run("encoding=zstd-nocrc,frames=3000,even", func(t *testing.T) { queriesMatchTheLocalBlock(t, block.EncodingZstdNoCRC) })
+	block.FrameBytes, block.IndexFrameBytes = 1<<20, 8<<20
+	t.Run("encoding=zstd-nocrc,frames=even-8MiB", func(t *testing.T) { queriesMatchTheLocalBlock(t, block.EncodingZstdNoCRC) })
 }
 
 // queriesMatchTheLocalBlock: the block's files stored in encoding read like
