@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
+	"github.com/prometheus/prometheus/tsdb/chunkenc"
 	"github.com/thanos-io/objstore/providers/filesystem"
 
 	"github.com/gpustore/gpustore/bench/gpusim"
@@ -210,4 +211,54 @@ func processCPU() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkSeries24h reads the 24 h of BenchmarkPanels24h's data of one
+// metric (64 GPUs) through the query path's merge of the bucket and the
+// local TSDB, without the engine and after the select: every sample
+// (Next), and a Seek per Grafana step (as the engine's plain selectors
+// do). It measures the iterators alone, which the engine's and the index's
+// noise hide in BenchmarkPanels24h.
+func BenchmarkSeries24h(b *testing.B) {
+	d := benchPanelData(b)
+	ctx := user.InjectOrgID(context.Background(), "bench")
+	rng := 24 * time.Hour
+	step := load.GrafanaStep(rng, panelInterval).Milliseconds()
+	mint, maxt := d.end.Add(-rng).UnixMilli(), d.end.UnixMilli()
+	q, err := d.queryable.Querier(mint, maxt)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer q.Close()
+	ss := q.Select(ctx, true, &storage.SelectHints{Start: mint, End: maxt, Step: step},
+		labels.MustNewMatcher(labels.MatchEqual, "__name__", "DCGM_FI_DEV_GPU_TEMP"))
+	var series []storage.Series
+	for ss.Next() {
+		series = append(series, ss.At())
+	}
+	if err := ss.Err(); err != nil || len(series) == 0 {
+		b.Fatalf("%d series, %v", len(series), err)
+	}
+	for _, mode := range []string{"next", "seek"} {
+		b.Run(mode, func(b *testing.B) {
+			var it chunkenc.Iterator
+			samples := 0
+			c0 := processCPU()
+			for b.Loop() {
+				for _, s := range series {
+					it = s.Iterator(it)
+					if mode == "next" {
+						for it.Next() != chunkenc.ValNone {
+							samples++
+						}
+						continue
+					}
+					for t := mint; t <= maxt && it.Seek(t) != chunkenc.ValNone; t += step {
+						samples++
+					}
+				}
+			}
+			b.ReportMetric(float64((processCPU()-c0).Nanoseconds())/float64(samples), "cpu-ns/read")
+		})
+	}
 }
