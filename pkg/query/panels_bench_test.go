@@ -61,12 +61,12 @@ func benchPanelData(b *testing.B) panelData {
 
 func buildPanelData() (panelData, error) {
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "gpustore-panels-bench-")
-	if err != nil {
+	// One folder, emptied at each process' start and left at its end (the
+	// queryable reads it until then), as pkg/compact's benchmarks do.
+	dir := filepath.Join(os.TempDir(), "gpustore-panels-bench")
+	if err := os.RemoveAll(dir); err != nil {
 		return panelData{}, err
 	}
-	// Left for the process' end: the queryable reads it. The OS temp
-	// folder is the benchmark's scratch space.
 	logger := slog.New(slog.DiscardHandler)
 	sim, err := gpusim.New(gpusim.Config{Nodes: panelNodes, TargetLabels: true})
 	if err != nil {
