@@ -501,9 +501,9 @@ func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt, f
 			}
 			bv = downsample.NewQuerier(ds)
 		}
-		qs = append(qs, spanQuerier{Querier: bv, lo: lo, hi: hi})
+		qs = append(qs, seriesset.SpanQuerier(bv, lo, hi))
 	}
-	return seriesset.NewMergeQuerier(qs, mergeSpans), nil
+	return seriesset.NewMergeQuerier(qs, seriesset.MergeSpans), nil
 }
 
 // plan is the segments a select reads (planner.plan), and the folded

@@ -67,6 +67,22 @@ func localMinTime(db *tenantdb.DB) int64 {
 	return from
 }
 
+// localDataFrom is the oldest time of any sample the local TSDB holds: its
+// oldest block's, its head's and its out-of-order head's (math.MaxInt64
+// when it holds none). openQuerier takes the older of the times before and
+// after it opens the TSDB's querier, which then holds no older sample: a
+// block it reads was in the TSDB before (it may be gone by retention
+// after) or was cut from the head or the out-of-order head after (their
+// samples were there before); a sample appended while the query runs is
+// the only one that may be older, and is not read (seriesset.SpanQuerier).
+func localDataFrom(db *tenantdb.DB) int64 {
+	from := localMinTime(db)
+	if h := db.Head(); h.NumSeries() > 0 {
+		from = min(from, h.MinOOOTime())
+	}
+	return from
+}
+
 // localFromQuerier tells a source's selects from when the local TSDB serves
 // the tenant's raw data (downsample.WithLocalFrom): the bucket store reads
 // that range raw, never downsampled beside the same samples.
@@ -150,13 +166,18 @@ func (q TenantQueryable) openQuerier(tenantID string, mint, maxt int64) (storage
 	local := noLocalBlocks
 	localFrom := int64(math.MaxInt64)
 	if db := q.DBs.Existing(tenantID); db != nil {
+		before := localDataFrom(db)
 		dq, err := db.Querier(mint, maxt)
 		if err != nil {
 			return nil, fmt.Errorf("open querier of tenant %q: %w", tenantID, err)
 		}
 		// Raw data answers the explicit aggregates of rewritten queries
-		// (see API.resolution) as downsampled data does.
-		qs = append(qs, downsample.NewRawQuerier(dq))
+		// (see API.resolution) as downsampled data does. Its series say
+		// the range they hold: beside the bucket's blocks that end before
+		// it, a series is read as the bucket's part, then the local one
+		// (seriesset.MergeSpans), not merged sample by sample.
+		from := min(max(mint, min(before, localDataFrom(db))), maxt)
+		qs = append(qs, seriesset.SpanQuerier(downsample.NewRawQuerier(dq), from, maxt))
 		local, localFrom = localBlocks(db), localMinTime(db)
 	}
 	var rq storage.Querier
@@ -194,7 +215,7 @@ func (q TenantQueryable) openQuerier(tenantID string, mint, maxt int64) (storage
 	case 1:
 		merged = qs[0]
 	default:
-		merged = seriesset.NewMergeQuerier(qs, seriesset.ChainedSeriesMerge)
+		merged = seriesset.NewMergeQuerier(qs, seriesset.MergeSpans)
 	}
 	if len(folders) > 0 {
 		return foldingQuerier{Querier: merged, folders: folders}, nil

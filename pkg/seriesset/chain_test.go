@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/prometheus/prometheus/model/histogram"
@@ -272,7 +273,7 @@ func BenchmarkChain(b *testing.B) {
 		for _, m := range []struct {
 			name  string
 			merge func(...storage.Series) storage.Series
-		}{{"prometheus", storage.ChainedSeriesMerge}, {"seriesset", ChainedSeriesMerge}} {
+		}{{"prometheus", storage.ChainedSeriesMerge}, {"seriesset", ChainedSeriesMerge}, {"spans", spanned(MergeSpans)}} {
 			s := m.merge(c.series...)
 			b.Run(c.name+"/next/"+m.name, func(b *testing.B) {
 				var it chunkenc.Iterator
@@ -292,5 +293,18 @@ func BenchmarkChain(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// spanned is merge over series that say their time range (SpanQuerier),
+// the range of each's timestamps.
+func spanned(merge func(...storage.Series) storage.Series) func(...storage.Series) storage.Series {
+	return func(series ...storage.Series) storage.Series {
+		out := make([]storage.Series, len(series))
+		for i, s := range series {
+			ts := s.(*sliceSeries).ts
+			out[i] = spanSeries{Series: s, lo: slices.Min(ts), hi: slices.Max(ts)}
+		}
+		return merge(out...)
 	}
 }

@@ -1,4 +1,4 @@
-package bucketstore
+package seriesset
 
 import (
 	"math/rand/v2"
@@ -25,8 +25,8 @@ func (s concatSample) Type() chunkenc.ValueType      { return chunkenc.ValFloat 
 func (s concatSample) Copy() chunks.Sample           { return s }
 
 // Time-disjoint pieces of a series, concatenated, read as the chained merge
-// reads them, through any mix of Next and Seek; overlapping pieces fall back
-// to the chained merge.
+// reads them, through any mix of Next and Seek, also where a concatenation
+// is one of the pieces; overlapping pieces fall back to the chained merge.
 func TestMergeSpansReadsLikeTheChainedMerge(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 5))
 	ls := labels.FromStrings("__name__", "x")
@@ -49,7 +49,10 @@ func TestMergeSpansReadsLikeTheChainedMerge(t *testing.T) {
 			}
 		}
 		rng.Shuffle(len(pieces), func(i, j int) { pieces[i], pieces[j] = pieces[j], pieces[i] })
-		got := mergeSpans(pieces...).Iterator(nil)
+		if len(pieces) > 2 && rng.IntN(3) == 0 { // a merge of merges (the bucket's blocks beside the local TSDB)
+			pieces = append([]storage.Series{MergeSpans(pieces[:2]...)}, pieces[2:]...)
+		}
+		got := MergeSpans(pieces...).Iterator(nil)
 		want := storage.ChainedSeriesMerge(pieces...).Iterator(nil)
 		for step := 0; step < 60; step++ {
 			var gv, wv chunkenc.ValueType
