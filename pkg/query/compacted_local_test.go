@@ -13,7 +13,6 @@ import (
 	"github.com/thanos-io/objstore/providers/filesystem"
 
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
@@ -57,10 +56,7 @@ func TestLocalBlocksBesideTheirCompactedCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, b := range db.Blocks() {
-		meta := block.Meta{BlockMeta: b.Meta(), GPUStore: block.GPUStoreMeta{Version: block.MetaVersion, Tenant: "t", Labels: map[string]string{}, Source: block.SourceReceive}}
-		if err := block.Upload(ctx, bkt, b.Dir(), meta); err != nil {
-			t.Fatal(err)
-		}
+		mustShip(t, ctx, bkt, b.Dir(), b.Meta(), "t")
 	}
 	ccfg := compact.DefaultConfig()
 	ccfg.BlockRanges = compact.DurationList{model.Duration(time.Minute), model.Duration(4 * time.Minute), model.Duration(16 * time.Minute)}
@@ -77,13 +73,7 @@ func TestLocalBlocksBesideTheirCompactedCopy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	store, err := bucketstore.New(bucketstore.DefaultConfig(), bkt, logger, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := mustSyncedStore(t, ctx, bkt)
 	var compacted, downsampled int
 	for _, m := range store.Blocks("t") {
 		switch {

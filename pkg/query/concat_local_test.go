@@ -18,7 +18,6 @@ import (
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
@@ -71,17 +70,8 @@ func TestBucketThenLocalReadInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	bkt := objstore.NewInMemBucket()
-	meta := block.Meta{BlockMeta: bm, GPUStore: block.GPUStoreMeta{Version: block.MetaVersion, Tenant: "t", Labels: map[string]string{}, Source: block.SourceReceive}}
-	if err := block.Upload(ctx, bkt, filepath.Join(dir, id.String()), meta); err != nil {
-		t.Fatal(err)
-	}
-	store, err := bucketstore.New(bucketstore.DefaultConfig(), bkt, logger, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustShip(t, ctx, bkt, filepath.Join(dir, id.String()), bm, "t")
+	store := mustSyncedStore(t, ctx, bkt)
 
 	// The local TSDB: [t0+1h, t0+2h) in its head, out-of-order samples
 	// allowed 3 h back.

@@ -19,8 +19,6 @@ import (
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
 	"github.com/thanos-io/objstore/providers/filesystem"
 
-	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
@@ -105,21 +103,12 @@ func TestDedupAcrossHeadLocalAndBucketBlocks(t *testing.T) {
 		}
 	}
 	for _, b := range odb.Blocks() {
-		meta := block.Meta{BlockMeta: b.Meta(), GPUStore: block.GPUStoreMeta{Version: block.MetaVersion, Tenant: "t", Labels: map[string]string{}, Source: block.SourceReceive}}
-		if err := block.Upload(ctx, bkt, b.Dir(), meta); err != nil {
-			t.Fatal(err)
-		}
+		mustShip(t, ctx, bkt, b.Dir(), b.Meta(), "t")
 	}
 	if err := old.Close(); err != nil {
 		t.Fatal(err)
 	}
-	store, err := bucketstore.New(bucketstore.DefaultConfig(), bkt, logger, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := mustSyncedStore(t, ctx, bkt)
 
 	// Minutes 4-12: local blocks, the newest minute and a half in the head.
 	dbs := open()

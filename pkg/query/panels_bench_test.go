@@ -23,7 +23,6 @@ import (
 	"github.com/gpustore/gpustore/bench/gpusim"
 	"github.com/gpustore/gpustore/bench/load"
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
@@ -115,8 +114,7 @@ func buildPanelData() (panelData, error) {
 		if err != nil {
 			return panelData{}, err
 		}
-		meta := block.Meta{BlockMeta: bm, GPUStore: block.GPUStoreMeta{Version: block.MetaVersion, Tenant: "bench", Labels: map[string]string{}, Source: block.SourceReceive}}
-		if err := block.Upload(ctx, bkt, bdir, meta); err != nil {
+		if err := shipReceived(ctx, bkt, bdir, bm, "bench"); err != nil {
 			return panelData{}, err
 		}
 	}
@@ -143,11 +141,8 @@ func buildPanelData() (panelData, error) {
 	if err := db.Compact(ctx); err != nil { // cuts the older local hours into blocks
 		return panelData{}, err
 	}
-	store, err := bucketstore.New(bucketstore.DefaultConfig(), bkt, logger, nil)
+	store, err := syncedStore(ctx, bkt)
 	if err != nil {
-		return panelData{}, err
-	}
-	if err := store.Sync(ctx); err != nil {
 		return panelData{}, err
 	}
 	return panelData{queryable: TenantQueryable{DBs: dbs, Sources: []Source{store}}, end: end.Add(-panelInterval), host: sim.Hostnames()[0]}, nil

@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
 	"github.com/thanos-io/objstore"
 
-	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
@@ -96,19 +95,10 @@ func TestBucketBlocksMergeWithLocalOnes(t *testing.T) {
 	bkt := objstore.NewInMemBucket()
 	for _, b := range blocks {
 		for _, tenant := range []string{"team-a", "team-b"} { // team-b: a tenant with nothing local
-			meta := block.Meta{BlockMeta: b.Meta(), GPUStore: block.GPUStoreMeta{Version: block.MetaVersion, Tenant: tenant, Labels: map[string]string{}, Source: block.SourceReceive}}
-			if err := block.Upload(ctx, bkt, b.Dir(), meta); err != nil {
-				t.Fatal(err)
-			}
+			mustShip(t, ctx, bkt, b.Dir(), b.Meta(), tenant)
 		}
 	}
-	store, err := bucketstore.New(bucketstore.DefaultConfig(), bkt, slog.New(slog.DiscardHandler), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := mustSyncedStore(t, ctx, bkt)
 	spy := &spySource{Store: store}
 
 	localOnly := TenantQueryable{DBs: dbs}
