@@ -125,12 +125,13 @@ func (i *Ingester) readOTLP(r *http.Request, rs *requestState, asJSON bool) (pme
 	if err != nil {
 		return pmetric.Metrics{}, err
 	}
-	if r.Header.Get("Content-Encoding") == "gzip" {
+	gzipped := r.Header.Get("Content-Encoding") == "gzip"
+	if gzipped {
 		if buf, err = i.gunzip(rs, buf); err != nil {
 			return pmetric.Metrics{}, err
 		}
 	}
-	if err := i.holdOTLPObjects(rs, buf, asJSON); err != nil {
+	if err := i.holdOTLPObjects(rs, buf, asJSON, gzipped); err != nil {
 		return pmetric.Metrics{}, err
 	}
 	req := pmetricotlp.NewExportRequest()
@@ -149,15 +150,20 @@ func (i *Ingester) readOTLP(r *http.Request, rs *requestState, asJSON bool) (pme
 // holds the objects pdata will make of it in the in-flight bound, beside the
 // body's bytes. A request whose objects alone pass the bound could never be
 // decoded here: 413, which the exporter does not retry.
-func (i *Ingester) holdOTLPObjects(rs *requestState, body []byte, asJSON bool) error {
+func (i *Ingester) holdOTLPObjects(rs *requestState, body []byte, asJSON, inflated bool) error {
 	objects, err := otlpObjectBytes(body, asJSON)
 	if err != nil {
 		return err
 	}
 	rs.objects = objects
-	// Whether it could ever fit counts the bytes this request needs, not
+	// Whether it could ever fit counts the bytes this request needs (the
+	// body as sent, the inflated one if it was gzipped, the objects), not
 	// the capacity its pooled buffers kept from earlier requests.
-	if max := i.inflight.Max(); max > 0 && int64(len(rs.compressed)+len(body))+objects > max {
+	need := int64(len(rs.compressed)) + objects
+	if inflated {
+		need += int64(len(body))
+	}
+	if max := i.inflight.Max(); max > 0 && need > max {
 		return tooLarge("the export request of %d bytes decodes into ~%d bytes of objects, more than ingest.max_inflight_bytes (%d) holds: send smaller batches", len(body), objects, max)
 	}
 	return i.hold(rs, cap(rs.compressed)+cap(rs.decoded)+int(objects))
