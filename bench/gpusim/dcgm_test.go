@@ -518,7 +518,9 @@ func TestNVLinkBandwidthIsThroughput(t *testing.T) {
 		}
 	}
 	if idle == 0 {
-		t.Skip("no idle GPU at t0 with this seed")
+		// The fixed seed has idle GPUs at t0; a seed without any would
+		// check nothing, so it fails rather than pass quietly.
+		t.Fatal("no idle GPU at t0 with this seed: the idle case checked nothing; pick a seed that has one")
 	}
 }
 
