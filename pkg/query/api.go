@@ -77,6 +77,10 @@ type Config struct {
 	// request (query, match[]) before anything parses it (bounds.go).
 	MaxExpressionBytes int `yaml:"max_expression_bytes"`
 	MaxExpressionDepth int `yaml:"max_expression_depth"`
+	// SeriesCacheSize bounds, in estimated bytes, the selectors resolved on
+	// immutable blocks (local and bucket) that queries keep for the next
+	// query of the same selector (pkg/blockquery); 0 keeps none.
+	SeriesCacheSize int64 `yaml:"series_cache_size_bytes"`
 }
 
 // DefaultConfig returns Prometheus' own defaults.
@@ -84,7 +88,8 @@ func DefaultConfig() Config {
 	return Config{Timeout: model.Duration(2 * time.Minute), MaxSamples: 50_000_000, MaxConcurrency: 20, LookbackDelta: model.Duration(5 * time.Minute), ReplicaLabels: flagext.StringSliceCSV{"__replica__"},
 		MaxSourceResolution: "auto", MinStepsPerSlice: defaultMinStepsPerSlice,
 		RemoteReadSampleLimit: 5e7, RemoteReadConcurrentLimit: 10, RemoteReadMaxBytesInFrame: 1 << 20,
-		MaxExpressionBytes: defaultMaxExpressionBytes, MaxExpressionDepth: defaultMaxExpressionDepth}
+		MaxExpressionBytes: defaultMaxExpressionBytes, MaxExpressionDepth: defaultMaxExpressionDepth,
+		SeriesCacheSize: 256 << 20}
 }
 
 // Validate checks the configuration.
@@ -97,6 +102,9 @@ func (c Config) Validate() error {
 	}
 	if c.RemoteReadSampleLimit < 0 || c.RemoteReadConcurrentLimit < 0 || c.RemoteReadMaxBytesInFrame <= 0 {
 		return errors.New("remote read sample and concurrent limits must not be negative (0: none), max bytes in frame must be positive")
+	}
+	if c.SeriesCacheSize < 0 {
+		return errors.New("query series cache size must not be negative")
 	}
 	if c.MaxExpressionBytes <= 0 || c.MaxExpressionDepth <= 0 {
 		return errors.New("query max expression bytes and depth must be positive")
