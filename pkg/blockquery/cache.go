@@ -59,6 +59,12 @@ type Cache struct {
 	bytes int64
 	lru   *list.List // of *entry, most recently used at the front
 	byKey map[string]*entry
+	// syms is the symbol table of every cached series' labels (in a
+	// dedupelabels build): labels of one table are equal when their
+	// encodings are, which the merges of blocks ask for every series
+	// (seriesset). It grows with every name and value cached; past
+	// maxSymbols the cache starts over with a new one.
+	syms *labels.SymbolTable
 
 	hits, misses, evictions prometheus.Counter
 	size                    prometheus.GaugeFunc
@@ -68,7 +74,7 @@ type Cache struct {
 // (every select resolves its selector from the index). Its metrics are
 // registered with reg when reg is not nil.
 func NewCache(maxBytes int64, reg prometheus.Registerer) *Cache {
-	c := &Cache{maxBytes: maxBytes, lru: list.New(), byKey: map[string]*entry{}}
+	c := &Cache{maxBytes: maxBytes, lru: list.New(), byKey: map[string]*entry{}, syms: labels.NewSymbolTable()}
 	c.hits = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "gpustore_blockquery_cache_hits_total", Help: "Selects on an immutable block answered from the series cache.",
 	})
@@ -132,6 +138,24 @@ func (c *Cache) put(key string, series []cachedSeries) {
 		c.bytes -= last.bytes
 		c.evictions.Inc()
 	}
+}
+
+// maxSymbols bounds the cache's symbol table: ~50 MB of strings and maps at
+// the length of a pod name.
+const maxSymbols = 1 << 20
+
+// symbols returns the table to build cached labels in, a new one (and an
+// empty cache) when the current one holds more than maxSymbols.
+func (c *Cache) symbols() *labels.SymbolTable {
+	c.mtx.Lock()
+	defer c.mtx.Unlock()
+	if c.syms.Len() > maxSymbols {
+		c.syms = labels.NewSymbolTable()
+		c.lru.Init()
+		c.byKey = map[string]*entry{}
+		c.bytes = 0
+	}
+	return c.syms
 }
 
 // estimate is the memory of an entry: its key, the series' label data and

@@ -152,3 +152,52 @@ func (f *flatIterator) AtT() int64 {
 
 func (f *flatIterator) AtST() int64 { return f.cur.AtST() }
 func (f *flatIterator) Err() error  { return f.err }
+
+// AppendFloats appends the series' samples in [mint, maxt] (and its own
+// range) chunk after chunk, each read with the chunk's own iterator and
+// nothing between (seriesset.FloatAppender). ok is false at the first
+// sample that is not a float.
+func (s *flatSeries) AppendFloats(ts []int64, fs []float64, mint, maxt int64) ([]int64, []float64, bool, error) {
+	mint, maxt = max(mint, s.mint), min(maxt, s.maxt)
+	var it chunkenc.Iterator
+	for _, c := range s.chunks {
+		if c.maxt < mint {
+			continue
+		}
+		if c.mint > maxt {
+			break
+		}
+		chk, iterable, err := s.cr.ChunkOrIterable(chunks.Meta{Ref: chunks.ChunkRef(c.ref), MinTime: c.mint, MaxTime: c.maxt})
+		if err != nil {
+			return ts, fs, true, err
+		}
+		if chk == nil {
+			it = iterable.Iterator(nil)
+		} else {
+			if chk.Encoding() != chunkenc.EncXOR {
+				return ts, fs, false, nil
+			}
+			it = chk.Iterator(it)
+		}
+		var vt chunkenc.ValueType
+		if c.mint < mint {
+			vt = it.Seek(mint)
+		} else {
+			vt = it.Next()
+		}
+		for ; vt == chunkenc.ValFloat; vt = it.Next() {
+			t, f := it.At()
+			if t > maxt {
+				return ts, fs, true, nil
+			}
+			ts, fs = append(ts, t), append(fs, f)
+		}
+		if vt != chunkenc.ValNone {
+			return ts, fs, false, nil
+		}
+		if err := it.Err(); err != nil {
+			return ts, fs, true, err
+		}
+	}
+	return ts, fs, true, nil
+}

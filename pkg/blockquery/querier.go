@@ -120,7 +120,11 @@ func (q *querier) resolve(ctx context.Context, ms []*labels.Matcher) ([]cachedSe
 		out     []cachedSeries
 		builder labels.ScratchBuilder
 		chks    []chunks.Meta
+		rehome  labels.ScratchBuilder // into the cache's symbol table
 	)
+	if q.c != nil {
+		rehome = labels.NewScratchBuilderWithSymbolTable(q.c.symbols(), 16)
+	}
 	for n := 0; p.Next(); n++ {
 		if n%1024 == 0 {
 			if err := ctx.Err(); err != nil {
@@ -136,7 +140,13 @@ func (q *querier) resolve(ctx context.Context, ms []*labels.Matcher) ([]cachedSe
 		if len(chks) == 0 {
 			continue
 		}
-		cs := cachedSeries{lset: builder.Labels(), chunks: make([]chunkMeta, len(chks))}
+		lset := builder.Labels()
+		if q.c != nil {
+			rehome.Reset()
+			lset.Range(func(l labels.Label) { rehome.Add(l.Name, l.Value) })
+			lset = rehome.Labels()
+		}
+		cs := cachedSeries{lset: lset, chunks: make([]chunkMeta, len(chks))}
 		for i, c := range chks {
 			cs.chunks[i] = chunkMeta{ref: uint64(c.Ref), mint: c.MinTime, maxt: c.MaxTime}
 		}

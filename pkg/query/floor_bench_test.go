@@ -2,6 +2,7 @@ package query
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -135,6 +136,30 @@ func BenchmarkIssuePanels(b *testing.B) {
 	}
 	q.Close()
 	b.Logf("%d series, %d samples", len(arr.series), n)
+	for _, n := range []int{1, 4, 8, 16, 32} {
+		for _, p := range issuePanels {
+			b.Run(fmt.Sprintf("sliced%d/%s", n, p), func(b *testing.B) {
+				c0 := processCPU()
+				steps := int(end.Sub(start)/step) + 1
+				per := (steps + n - 1) / n
+				for b.Loop() {
+					for i := 0; i < steps; i += per {
+						s := start.Add(time.Duration(i) * step)
+						e := start.Add(time.Duration(min(i+per, steps)-1) * step)
+						qry, err := engine.NewRangeQuery(ctx, d.queryable, nil, p, s, e, step)
+						if err != nil {
+							b.Fatal(err)
+						}
+						if r := qry.Exec(ctx); r.Err != nil {
+							b.Fatal(r.Err)
+						}
+						qry.Close()
+					}
+				}
+				b.ReportMetric(float64((processCPU()-c0).Microseconds())/1000/float64(b.N), "cpu-ms/op")
+			})
+		}
+	}
 	for _, src := range []struct {
 		name string
 		q    storage.Queryable

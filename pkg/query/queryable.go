@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/util/annotations"
 
+	"github.com/gpustore/gpustore/pkg/seriesset"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
@@ -126,10 +127,11 @@ func (t *tenantQuerier[S, Q]) Select(ctx context.Context, sortSeries bool, hints
 // asks (the engine does not; sorting the head's series by labels was 6 %
 // of a 1 h dashboard's CPU).
 func selectSamples(ctx context.Context, q storage.Querier, sortSeries bool, hints *storage.SelectHints, matchers ...*labels.Matcher) storage.SeriesSet {
+	ss := q.Select(ctx, sortSeries, hints, matchers...)
 	if replicaLabels := dedupLabels(ctx); len(replicaLabels) > 0 {
-		return timeoutSeriesSet{dedupSeriesSet(q.Select(ctx, sortSeries, hints, matchers...), replicaLabels, hints)}
+		ss = dedupSeriesSet(ss, replicaLabels, hints)
 	}
-	return timeoutSeriesSet{q.Select(ctx, sortSeries, hints, matchers...)}
+	return timeoutSeriesSet{seriesset.Decoded(ss)}
 }
 
 // selectChunks is selectSamples for chunk queries (remote read): merging
