@@ -81,6 +81,10 @@ type Config struct {
 	// immutable blocks (local and bucket) that queries keep for the next
 	// query of the same selector (pkg/blockquery); 0 keeps none.
 	SeriesCacheSize int64 `yaml:"series_cache_size_bytes"`
+	// PushDownRangeFunctions evaluates range functions (rate, *_over_time,
+	// ...) in the query path, over the decoded samples, with Prometheus'
+	// own implementations, instead of in the engine (pushdown.go).
+	PushDownRangeFunctions bool `yaml:"push_down_range_functions"`
 }
 
 // DefaultConfig returns Prometheus' own defaults.
@@ -89,7 +93,7 @@ func DefaultConfig() Config {
 		MaxSourceResolution: "auto", MinStepsPerSlice: defaultMinStepsPerSlice,
 		RemoteReadSampleLimit: 5e7, RemoteReadConcurrentLimit: 10, RemoteReadMaxBytesInFrame: 1 << 20,
 		MaxExpressionBytes: defaultMaxExpressionBytes, MaxExpressionDepth: defaultMaxExpressionDepth,
-		SeriesCacheSize: 256 << 20}
+		SeriesCacheSize: 256 << 20, PushDownRangeFunctions: true}
 }
 
 // Validate checks the configuration.
@@ -198,6 +202,8 @@ func New(opts Options) (*API, error) {
 		FeatureRegistry:          featureSet,
 	})
 
+	se := newSlicingEngine(engine, opts.Config.RangeParallelism, opts.Config.MinStepsPerSlice, opts.Registry)
+	se.pushDown, se.lookback = opts.Config.PushDownRangeFunctions, time.Duration(opts.Config.LookbackDelta)
 	q := TenantQueryable{DBs: opts.DBs, Sources: opts.Sources, Receivers: opts.Receivers, ReceiversLookback: opts.ReceiversLookback}
 	rr := opts.Rules
 	if rr == nil {
@@ -206,7 +212,7 @@ func New(opts Options) (*API, error) {
 	startTime := time.Now()
 	build := opts.BuildInfo
 	api := v1.NewAPI(
-		newSlicingEngine(engine, opts.Config.RangeParallelism, opts.Config.MinStepsPerSlice, opts.Registry), q, nil, q,
+		se, q, nil, q,
 		func(context.Context) v1.ScrapePoolsRetriever { return noTargets{} },
 		func(context.Context) v1.TargetRetriever { return noTargets{} },
 		func(context.Context) v1.AlertmanagerRetriever { return noAlertmanagers{} },

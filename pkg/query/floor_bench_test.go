@@ -2,7 +2,9 @@ package query
 
 import (
 	"context"
+
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"testing"
 	"time"
 
@@ -90,7 +92,7 @@ outer:
 		}
 		out = append(out, s)
 	}
-	return &listSet{s: out, i: -1}
+	return &arrListSet{s: out, i: -1}
 }
 func (q arrQ) LabelValues(context.Context, string, *storage.LabelHints, ...*labels.Matcher) ([]string, annotations.Annotations, error) {
 	return nil, nil, nil
@@ -100,15 +102,15 @@ func (q arrQ) LabelNames(context.Context, *storage.LabelHints, ...*labels.Matche
 }
 func (q arrQ) Close() error { return nil }
 
-type listSet struct {
+type arrListSet struct {
 	s []storage.Series
 	i int
 }
 
-func (l *listSet) Next() bool                        { l.i++; return l.i < len(l.s) }
-func (l *listSet) At() storage.Series                { return l.s[l.i] }
-func (l *listSet) Err() error                        { return nil }
-func (l *listSet) Warnings() annotations.Annotations { return nil }
+func (l *arrListSet) Next() bool                        { l.i++; return l.i < len(l.s) }
+func (l *arrListSet) At() storage.Series                { return l.s[l.i] }
+func (l *arrListSet) Err() error                        { return nil }
+func (l *arrListSet) Warnings() annotations.Annotations { return nil }
 
 func BenchmarkIssuePanels(b *testing.B) {
 	d := benchPanelData(b)
@@ -160,10 +162,14 @@ func BenchmarkIssuePanels(b *testing.B) {
 			})
 		}
 	}
+	pushed := newSlicingEngine(engine, 1, 1, prometheus.NewRegistry())
+	pushed.pushDown, pushed.lookback = true, 5*time.Minute
 	for _, src := range []struct {
 		name string
 		q    storage.Queryable
-	}{{"floor", arr}, {"gpustore", d.queryable}} {
+		e    promql.QueryEngine
+	}{{"floor", arr, engine}, {"gpustore", d.queryable, engine}, {"pushed", d.queryable, pushed}} {
+		engine := src.e
 		for _, p := range issuePanels {
 			b.Run(src.name+"/"+p, func(b *testing.B) {
 				c0 := processCPU()

@@ -58,6 +58,11 @@ func (s decodedSeries) Iterator(it chunkenc.Iterator) chunkenc.Iterator {
 	return d
 }
 
+// AppendFloats is the series' own (FloatAppender).
+func (s decodedSeries) AppendFloats(ts []int64, fs []float64, mint, maxt int64) ([]int64, []float64, bool, error) {
+	return AppendFloats(s.Series, ts, fs, mint, maxt)
+}
+
 const (
 	minTime = -1 << 63
 	maxTime = 1<<63 - 1
