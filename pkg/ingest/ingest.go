@@ -244,8 +244,11 @@ type requestState struct {
 	otlp       *otlpTranslation
 	translated []byte
 	// objects is what pdata's objects of the OTLP request are estimated
-	// to take (otlp_shape.go), held in the in-flight bound.
-	objects int64
+	// to take, translation what translating it will allocate
+	// (otlp_shape.go); both are held in the in-flight bound. need is what
+	// the request needs of the bound but for its translation (its bodies'
+	// bytes and its objects): whether it could ever fit.
+	objects, translation, need int64
 }
 
 // decoder starts decoding body.
@@ -629,10 +632,33 @@ func (i *Ingester) hold(rs *requestState, bytes int) error {
 	return nil
 }
 
-// releaseBuffers gives back what the request held of the in-flight bound.
+// releaseBuffers gives back what the request held of the in-flight bound,
+// and lets go of what the pooled state must not keep for the next request.
 func (i *Ingester) releaseBuffers(rs *requestState) {
 	i.inflight.Release(rs.held)
-	rs.held, rs.objects = 0, 0
+	rs.held, rs.objects, rs.translation, rs.need = 0, 0, 0, 0
+	rs.release()
+}
+
+// maxPooledBuffer is the largest buffer a pooled request state keeps for
+// the next request: Prometheus' batches (a few hundred KiB decoded) reuse
+// theirs, and a rare large request's memory comes back once it is done
+// rather than staying with the pool (four OTLP histogram exports left 1.9
+// GB live in it).
+const maxPooledBuffer = 4 << 20
+
+// release drops the request's references into its body (the decoders'
+// views, the store step's appender) and buffers larger than
+// maxPooledBuffer.
+func (rs *requestState) release() {
+	for _, b := range []*[]byte{&rs.compressed, &rs.decoded, &rs.translated} {
+		if cap(*b) > maxPooledBuffer {
+			*b = nil
+		}
+	}
+	rs.v1.release()
+	rs.v2.release()
+	rs.w.release()
 }
 
 // bodyCut answers a body whose reading failed after n bytes. Every such

@@ -172,6 +172,21 @@ type writeRequest struct {
 	claims []haClaim
 }
 
+// release lets go of what the request referenced (its context, tenant,
+// appender, the labels and exemplars it built) once it is answered, keeping
+// the scratch space that costs nothing to keep.
+func (w *writeRequest) release() {
+	ac := w.ac
+	ac.exemplars = releaseViews(ac.exemplars)
+	ac.info.release()
+	ac.v1hist.Reset()
+	ac.v2hist = writev2.Histogram{}
+	ac.v1ex.Reset()
+	ac.v2ex = writev2.Exemplar{}
+	ac.v1meta.Reset()
+	*w = writeRequest{ac: ac, decisions: releaseViews(w.decisions), claims: releaseViews(w.claims)}
+}
+
 func (w *writeRequest) reset(ctx context.Context, st *tenantState, lim *limits.Limits, gen uint32, ha *hatracker.Tracker, now time.Time) {
 	*w = writeRequest{
 		ctx: ctx, tenant: st, lim: lim, limitsGen: gen, ha: ha, rules: lim.Relabel(),
