@@ -110,6 +110,10 @@ type dbTenant struct{ *tenantdb.DB }
 
 func (t dbTenant) SetMetadata(family string, m metadata.Metadata) { t.Metadata.Set(family, m) }
 
+func (t dbTenant) SetMetadataBounded(family string, m metadata.Metadata, maxFamilies int) bool {
+	return t.Metadata.SetBounded(family, m, maxFamilies)
+}
+
 // Deps are what the ingester works with.
 type Deps struct {
 	Tenants tenancy.Config
@@ -330,7 +334,7 @@ func (i *Ingester) tenant(id string) (*tenantState, error) {
 	if st, ok := i.caches[id]; ok {
 		return st, nil
 	}
-	st = &tenantState{id: id, appendable: ts, cache: newSeriesCache(), ha: newHATable(), md: &metadataSink{set: ts.SetMetadata}, m: i.metrics.forTenant(id), drivers: newDriverMemo(), symbols: symbolsOf(ts)}
+	st = &tenantState{id: id, appendable: ts, cache: newSeriesCache(), ha: newHATable(), md: newMetadataSink(ts), m: i.metrics.forTenant(id), drivers: newDriverMemo(), symbols: symbolsOf(ts)}
 	ll := labelLimitsOf(i.limits.For(id))
 	st.labelLimits.Store(&ll)
 	i.caches[id] = st
@@ -414,7 +418,7 @@ func (i *Ingester) serve(w http.ResponseWriter, r *http.Request, proto *string) 
 		h.Set(headerHistogramsWritten, strconv.Itoa(stats.histograms))
 		h.Set(headerExemplarsWritten, strconv.Itoa(stats.exemplars))
 	}
-	if len(stats.rejected) > 0 {
+	if len(stats.rejected) > 0 || len(stats.metadataRejected) > 0 {
 		return i.fail(w, &httpError{status: http.StatusBadRequest, msg: stats.errorSummary()})
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -706,12 +710,14 @@ type metrics struct {
 	series          *prometheus.CounterVec
 	dedup           *prometheus.CounterVec
 	relabel         *prometheus.CounterVec
+	rejectedMeta    *prometheus.CounterVec
 }
 
 type tenantMetrics struct {
 	samples, histograms, exemplars, newSeries prometheus.Counter
 	relabelDropped                            prometheus.Counter
 	byReason                                  map[string]prometheus.Counter
+	rejectedMetadata                          map[string]prometheus.Counter
 	dedup                                     *prometheus.CounterVec
 	tenant                                    string
 }
@@ -750,6 +756,9 @@ func newMetrics(reg prometheus.Registerer, inflight *limits.InflightBytes) *metr
 		dedup: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpustore_ingest_ha_deduplicated_samples_total", Help: "Samples acknowledged and dropped because the other replica of their Prometheus HA pair is elected.",
 		}, []string{"tenant", "cluster"}),
+		rejectedMeta: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_ingest_rejected_metadata_total", Help: "Metric family metadata (type, help, unit) not stored, by tenant and reason.",
+		}, []string{"tenant", "reason"}),
 		relabel: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpustore_ingest_relabel_dropped_samples_total", Help: "Samples and histograms acknowledged and dropped because the tenant's relabel rules drop their series.",
 		}, []string{"tenant"}),
@@ -758,17 +767,21 @@ func newMetrics(reg prometheus.Registerer, inflight *limits.InflightBytes) *metr
 
 func (m *metrics) forTenant(id string) *tenantMetrics {
 	tm := &tenantMetrics{
-		samples:        m.samples.WithLabelValues(id, "sample"),
-		histograms:     m.samples.WithLabelValues(id, "histogram"),
-		exemplars:      m.samples.WithLabelValues(id, "exemplar"),
-		newSeries:      m.series.WithLabelValues(id),
-		relabelDropped: m.relabel.WithLabelValues(id),
-		byReason:       map[string]prometheus.Counter{},
-		dedup:          m.dedup,
-		tenant:         id,
+		samples:          m.samples.WithLabelValues(id, "sample"),
+		histograms:       m.samples.WithLabelValues(id, "histogram"),
+		exemplars:        m.samples.WithLabelValues(id, "exemplar"),
+		newSeries:        m.series.WithLabelValues(id),
+		relabelDropped:   m.relabel.WithLabelValues(id),
+		byReason:         map[string]prometheus.Counter{},
+		rejectedMetadata: map[string]prometheus.Counter{},
+		dedup:            m.dedup,
+		tenant:           id,
 	}
 	for _, r := range rejectReasons {
 		tm.byReason[r] = m.rejectedV.WithLabelValues(id, r)
+	}
+	for _, r := range metadataReasons {
+		tm.rejectedMetadata[r] = m.rejectedMeta.WithLabelValues(id, r)
 	}
 	return tm
 }
