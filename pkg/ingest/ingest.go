@@ -533,9 +533,10 @@ func (i *Ingester) classify(err error) (status, retryAfter int) {
 }
 
 // firstBodyAlloc is the most a body's buffer is given before its bytes
-// arrive: a Content-Length is only a claim, and a body that stalls after
-// its headers should hold little.
-const firstBodyAlloc = 256 << 10
+// arrive: a Content-Length is only a claim, and a body that stalls or
+// trickles after its headers should hold little of the in-flight bound
+// (bodies being read take no write slot: pkg/server).
+const firstBodyAlloc = 32 << 10
 
 // readBody reads and snappy-decodes the body into the pooled buffers, each
 // reserved in the in-flight bound before it is grown or filled.
@@ -607,6 +608,13 @@ func (i *Ingester) readRaw(r *http.Request, rs *requestState) ([]byte, error) {
 		}
 		if err != nil {
 			rs.compressed = buf
+			var se StatusError
+			if errors.As(err, &se) {
+				// The server refused the write as its body ended (its
+				// tenant's write slots are taken: pkg/server): a bound, not
+				// a fault, answered with its status and Retry-After.
+				return nil, &httpError{status: se.HTTPStatus(), retryAfter: 1, clients: true, msg: err.Error()}
+			}
 			return nil, bodyCut(len(buf), err)
 		}
 	}
