@@ -298,8 +298,24 @@ func WithIdentity(ctx context.Context, id Identity) context.Context {
 // Middleware applies the configuration to every request: response headers,
 // basic auth (401 with WWW-Authenticate), the rate limit of the request's
 // identity (429, as the toolkit answers), then records the identity in the
-// request context.
+// request context. Refusals are answered as text.
 func (w *WebConfig) Middleware(next http.Handler) http.Handler {
+	return w.MiddlewareAnswering(next, TextRefusal)
+}
+
+// Refusal answers a request the configuration refuses, with status and a
+// message; the headers that go with it (WWW-Authenticate, Retry-After) are
+// set already. Routes of another protocol answer in its format (OTLP: a
+// google.rpc.Status).
+type Refusal func(rw http.ResponseWriter, r *http.Request, status int, msg string)
+
+// TextRefusal answers a refusal as text, as net/http's http.Error does.
+func TextRefusal(rw http.ResponseWriter, _ *http.Request, status int, msg string) {
+	http.Error(rw, msg, status)
+}
+
+// MiddlewareAnswering is Middleware with refusals answered by refuse.
+func (w *WebConfig) MiddlewareAnswering(next http.Handler, refuse Refusal) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		l := w.cur.Load()
 		for k, v := range l.cfg.HTTPConfig.Header {
@@ -312,7 +328,7 @@ func (w *WebConfig) Middleware(next http.Handler) http.Handler {
 		if len(l.cfg.Users) > 0 {
 			user, pass, ok := r.BasicAuth()
 			if !ok {
-				w.deny(rw, "no_credentials")
+				w.deny(rw, r, refuse, "no_credentials")
 				return
 			}
 			ok, err := w.checkPassword(r.Context(), l, user, pass)
@@ -324,27 +340,27 @@ func (w *WebConfig) Middleware(next http.Handler) http.Handler {
 				// exporters do), not 401, which it would not.
 				w.denied.WithLabelValues("checks_busy").Inc()
 				rw.Header().Set("Retry-After", "1")
-				http.Error(rw, "too many password checks in progress, retry later", http.StatusServiceUnavailable)
+				refuse(rw, r, http.StatusServiceUnavailable, "too many password checks in progress, retry later")
 				return
 			case !ok:
-				w.deny(rw, "bad_credentials")
+				w.deny(rw, r, refuse, "bad_credentials")
 				return
 			}
 			id.User = user
 		}
 		if l.limits != nil && !l.limits.allow(id.Name()) {
 			w.denied.WithLabelValues("rate_limited").Inc()
-			http.Error(rw, http.StatusText(http.StatusTooManyRequests), http.StatusTooManyRequests)
+			refuse(rw, r, http.StatusTooManyRequests, http.StatusText(http.StatusTooManyRequests))
 			return
 		}
 		next.ServeHTTP(rw, r.WithContext(WithIdentity(r.Context(), id)))
 	})
 }
 
-func (w *WebConfig) deny(rw http.ResponseWriter, reason string) {
+func (w *WebConfig) deny(rw http.ResponseWriter, r *http.Request, refuse Refusal, reason string) {
 	w.denied.WithLabelValues(reason).Inc()
 	rw.Header().Set("WWW-Authenticate", `Basic realm="gpustore"`)
-	http.Error(rw, http.StatusText(http.StatusUnauthorized), http.StatusUnauthorized)
+	refuse(rw, r, http.StatusUnauthorized, http.StatusText(http.StatusUnauthorized))
 }
 
 // checkPassword says whether pass is user's password: at once when it was

@@ -494,9 +494,19 @@ type StatusError interface {
 	HTTPStatus() int
 }
 
+// AnswerHeader marks a remote write's failure answer as the ingester's own
+// judgement of the request (set to "1"). A distributor passes a receiver's
+// 4xx on to the sender as the data's rejection only when it carries it: a
+// 4xx without it came from something else on the way (Go's 400 to plain
+// HTTP sent to a TLS receiver, a 401 for credentials the receiver does not
+// know, a proxy), a transport or configuration fault the sender must retry,
+// not a reason to drop its data.
+const AnswerHeader = "X-Gpustore-Write-Answer"
+
 // fail answers err and returns the status (see classify).
 func (i *Ingester) fail(w http.ResponseWriter, err error) int {
 	status, retryAfter := i.classify(err)
+	w.Header().Set(AnswerHeader, "1")
 	if retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
 	}

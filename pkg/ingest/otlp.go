@@ -51,6 +51,15 @@ const (
 // otlpHandler serves the OTLP paths with the Ingester's store.
 type otlpHandler struct{ i *Ingester }
 
+// AnswerError answers a request the server refused before it reached the
+// handler (credentials, the rate limit: pkg/server's ErrorAnswerer) as every
+// OTLP failure is answered, a google.rpc.Status in the request's encoding;
+// the headers that go with it (WWW-Authenticate, Retry-After) are set.
+func (otlpHandler) AnswerError(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	writeOTLPStatus(w, status, 0, msg, mt == otlpJSON)
+}
+
 func (h otlpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := h.i.now()
 	status := h.serve(w, r)

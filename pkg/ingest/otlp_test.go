@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/pmetric"
 	"go.opentelemetry.io/collector/pdata/pmetric/pmetricotlp"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpustore/gpustore/pkg/hatracker"
@@ -483,5 +484,30 @@ func TestOTLPTargetInfoSpanIsBounded(t *testing.T) {
 	}
 	if got := ti.stored(t, "default"); len(got) != 0 {
 		t.Errorf("stored %d series", len(got))
+	}
+}
+
+// TestOTLPRefusalsAreStatuses: what the server refuses on the OTLP paths
+// before the handler (pkg/server's ErrorAnswerer: no or wrong credentials,
+// the rate limit) is answered as every OTLP failure, a google.rpc.Status in
+// the request's encoding, with its headers kept. Before, the 401 was text.
+func TestOTLPRefusalsAreStatuses(t *testing.T) {
+	for _, asJSON := range []bool{false, true} {
+		req := httptest.NewRequest(http.MethodPost, "/otlp/v1/metrics", nil)
+		req.Header.Set("Content-Type", contentType(asJSON))
+		rec := httptest.NewRecorder()
+		rec.Header().Set("WWW-Authenticate", `Basic realm="gpustore"`)
+		otlpHandler{}.AnswerError(rec, req, http.StatusUnauthorized, "Unauthorized")
+		var s statuspb.Status
+		var err error
+		if asJSON {
+			err = protojson.Unmarshal(rec.Body.Bytes(), &s)
+		} else {
+			err = proto.Unmarshal(rec.Body.Bytes(), &s)
+		}
+		if err != nil || rec.Code != http.StatusUnauthorized || s.Code != 16 || s.Message != "Unauthorized" ||
+			rec.Header().Get("Content-Type") != contentType(asJSON) || rec.Header().Get("WWW-Authenticate") == "" {
+			t.Errorf("JSON %v: %d %q (%v), Content-Type %q", asJSON, rec.Code, rec.Body, err, rec.Header().Get("Content-Type"))
+		}
 	}
 }

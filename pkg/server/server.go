@@ -183,7 +183,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 
 	var routed http.Handler = http.HandlerFunc(s.route)
 	if s.web != nil {
-		routed = s.web.Middleware(routed)
+		routed = s.web.MiddlewareAnswering(routed, s.refusal)
 	}
 	probes := http.NewServeMux()
 	probes.HandleFunc("/-/healthy", func(w http.ResponseWriter, _ *http.Request) {
@@ -330,13 +330,13 @@ func (s *Server) serveReload(w http.ResponseWriter, r *http.Request) {
 func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	if s.isInternalPath(r.URL.Path) {
 		if err := s.deps.Tenants.Peer(r, s.deps.Peers); err != nil {
-			refuse(w, err)
+			s.refuse(w, r, err)
 			return
 		}
 		r = r.WithContext(tenancy.AsPeer(r.Context()))
 	} else if s.isAdminPath(r.URL.Path) {
 		if err := s.deps.Tenants.Admin(r); err != nil {
-			refuse(w, err)
+			s.refuse(w, r, err)
 			return
 		}
 	}
@@ -350,14 +350,36 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	s.Mux.ServeHTTP(w, r)
 }
 
+// ErrorAnswerer is a route's handler that answers the server's refusals of
+// its requests (no or wrong credentials, the rate limit, an identity the
+// route is not for) in its protocol's own format: the OTLP paths answer a
+// google.rpc.Status, as the OTLP/HTTP specification asks of every failure.
+// The headers that go with a refusal (WWW-Authenticate, Retry-After) are
+// set before AnswerError is called.
+type ErrorAnswerer interface {
+	AnswerError(w http.ResponseWriter, r *http.Request, status int, msg string)
+}
+
+// refusal answers a refused request in its route's format (ErrorAnswerer),
+// or as text.
+func (s *Server) refusal(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	if h, pattern := s.Writes.Handler(r); pattern != "" {
+		if a, ok := h.(ErrorAnswerer); ok {
+			a.AnswerError(w, r, status, msg)
+			return
+		}
+	}
+	http.Error(w, msg, status)
+}
+
 // refuse answers a request its identity may not make.
-func refuse(w http.ResponseWriter, err error) {
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, err error) {
 	status := http.StatusForbidden
 	var te *tenancy.Error
 	if errors.As(err, &te) {
 		status = te.Status
 	}
-	http.Error(w, err.Error(), status)
+	s.refusal(w, r, status, err.Error())
 }
 
 func (s *Server) run(ctx context.Context) error {
