@@ -100,10 +100,10 @@ func (a *rw2Appender) reset(max int, grow func(int64) error, stop context.Cancel
 }
 
 // What a pooled translation keeps of its series and symbols for the next
-// request: a DCGM node's export is a few hundred series.
+// request (~1 MiB): a DCGM node's export is a few hundred series.
 const (
-	maxPooledSeries  = 1 << 14
-	maxPooledSymbols = 1 << 15
+	maxPooledSeries  = 1 << 12
+	maxPooledSymbols = 1 << 12
 )
 
 // release lets go of the request's series and symbols once its body is
