@@ -333,11 +333,13 @@ func (w *WebConfig) MiddlewareAnswering(next http.Handler, refuse Refusal) http.
 			}
 			ok, err := w.checkPassword(r.Context(), l, user, pass)
 			switch {
+			case err != nil && r.Context().Err() != nil:
+				return // the client left before its password was checked
 			case err != nil:
-				// Too many checks wait (or the client left): the password
-				// was not checked. 503, which a legitimate client caught
-				// in a flood of guesses retries (Prometheus and OTLP
-				// exporters do), not 401, which it would not.
+				// Too many checks wait: the password was not checked.
+				// 503, which a legitimate client caught in a flood of
+				// guesses retries (Prometheus and OTLP exporters do), not
+				// 401, which it would not.
 				w.denied.WithLabelValues("checks_busy").Inc()
 				rw.Header().Set("Retry-After", "1")
 				refuse(rw, r, http.StatusServiceUnavailable, "too many password checks in progress, retry later")
