@@ -320,7 +320,10 @@ func (a *API) RegisterRoutes(mux *http.ServeMux) {
 	}
 	compress := answerCompression()
 	outer := func(h http.Handler) http.Handler { return a.http.instrument(compress(h)) }
-	mux.Handle(apiPrefix+"/", outer(a.tenant(newAdmission(a.opts.Config).admit(api))))
+	admission := newAdmission(a.opts.Config)
+	mux.Handle(apiPrefix+"/", outer(a.tenant(admission.admit(api))))
+	// format_query in front of its formatter's cost (format.go).
+	mux.Handle(apiPrefix+"/format_query", outer(a.tenant(admission.admit(formatQuery(a.opts.Config.MaxExpressionDepth)))))
 	// Remote read answers in snappy frames of its own, uncompressed by
 	// gzip as in Prometheus; its body is read before it waits for a slot.
 	mux.Handle(apiPrefix+"/read", a.http.instrument(ReadWholeBody(MaxReadRequestBytes, a.tenant(api))))
