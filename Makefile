@@ -98,8 +98,11 @@ docs:
 
 # gpustore on the embedded default (data in ./data, port 9201), fed by a
 # simulated 16-node (128-GPU) cluster in real time. Ctrl-C stops both.
+# gpustore listens on loopback only: it runs without a web config, every
+# route open. make run LISTEN_ADDRESS=0.0.0.0:9201 opens it to the network.
+LISTEN_ADDRESS ?= 127.0.0.1:9201
 run: build
-	./scripts/run.sh
+	LISTEN_ADDRESS=$(LISTEN_ADDRESS) ./scripts/run.sh
 
 # -stdmethods=false: Prometheus' chunkenc.Iterator has Seek(int64) ValueType,
 # which vet mistakes for a malformed io.Seeker in every iterator we write.

@@ -188,6 +188,12 @@ func BindCommandFlags(fs *flag.FlagSet) *bool {
 	return fs.Bool("version", false, "Print the version and exit.")
 }
 
+// ErrArguments is Load's error for words among args that are not flags:
+// the server takes flags only (cmd/gpustore dispatches its subcommands
+// before Load), and one that ignored them started serving on `gpustore
+// tools bucket ls`.
+var ErrArguments = errors.New("unexpected argument")
+
 // Load builds the configuration from defaults, the YAML file named by
 // --config.file (if any) and the flags in args, in increasing precedence.
 func Load(fs *flag.FlagSet, args []string) (Config, string, error) {
@@ -195,6 +201,9 @@ func Load(fs *flag.FlagSet, args []string) (Config, string, error) {
 	filePtr := BindFlags(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", err
+	}
+	if fs.NArg() > 0 { // flag parsing stops at the first word that is not a flag
+		return cfg, "", fmt.Errorf("%w %q (the server takes flags only)", ErrArguments, fs.Arg(0))
 	}
 	file := *filePtr
 	if file != "" {
