@@ -37,6 +37,17 @@ func checkLikeRaw(t *testing.T, d *dsBucket, s *Store, res int64, qs []string, s
 func TestNoCompactBlockBesideItsCompactedNeighbours(t *testing.T) {
 	d := newDSBucket(t)
 	data := gpuSeries("node-001", 2, t0, t0+8*hour, 15_000)
+	// Jobs whose energy series begin and end inside the no-compact block's
+	// hours and beside them: rate and increase over ranges across them
+	// count the no-compact block's raw samples with the 5m data's.
+	data = append(data, podEnergy("node-001", [][2]int64{
+		// Half a minute into a range from 1h30m: raw data takes the series to
+		// start inside it, the 5m data alone (without the no-compact block's
+		// samples in the middle) would not.
+		{t0 + hour + 30*minute + 31_017, t0 + 5*hour + 3*minute},
+		{t0 + 2*hour + 31*minute + 7, t0 + 3*hour + 44*minute},
+		{t0 + hour + 7*minute, t0 + 5*hour + 3*minute},
+	})...)
 	b1 := d.raw(nil, t0, t0+2*hour, data)
 	x := d.raw(nil, t0+2*hour, t0+4*hour, data)
 	b3 := d.raw(nil, t0+4*hour, t0+6*hour, data)
@@ -52,7 +63,14 @@ func TestNoCompactBlockBesideItsCompactedNeighbours(t *testing.T) {
 		"max_over_time(DCGM_FI_DEV_GPU_TEMP[30m])",
 		"count_over_time(DCGM_FI_DEV_GPU_TEMP[30m])",
 		"increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[30m])",
-	}, t0+hour, t0+6*hour, 30*minute, 1e-6)
+		"increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[2h])",
+		"increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[3h])",
+		"rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[1h])",
+	}, t0+hour, t0+6*hour, 30*minute, 1e-9)
+	// One step (a query frontend's piece, a dashboard's stat panel): no
+	// other step's range puts the samples back for it.
+	checkLikeRaw(t, d, s, downsample.Auto, []string{"increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[3h])"},
+		t0+4*hour+30*minute, t0+4*hour+30*minute, 30*minute, 1e-9)
 }
 
 // Two groups (receivers with their own external labels): one's hours

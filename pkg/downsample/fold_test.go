@@ -309,7 +309,7 @@ func TestFoldNeverMergesCounters(t *testing.T) {
 		res           string
 		folded, plain *tsdb.Block
 	}{{"5m", folded5, plain5}, {"1h", folded1, plain1}} {
-		fq, pq := NewQueryable(blocksQueryable(c.folded)), NewQueryable(blocksQueryable(c.plain))
+		fq, pq := viewQueryable(resOf(c.res), c.folded), viewQueryable(resOf(c.res), c.plain)
 		if c.res == "5m" {
 			// At 1h the kept samples are an hour apart, and increase()
 			// extrapolates a series that ends inside the range by half

@@ -73,7 +73,7 @@ func TestGaugeHistogramsKeepEverySample(t *testing.T) {
 		name string
 		res  int64
 		q    storage.Queryable
-	}{{"5m", Res5m, NewQueryable(blocksQueryable(b5))}, {"1h", Res1h, NewQueryable(blocksQueryable(b1))}} {
+	}{{"5m", Res5m, viewQueryable(Res5m, b5)}, {"1h", Res1h, viewQueryable(Res1h, b1)}} {
 		rs := (time.Duration(res.res) * time.Millisecond).String()
 		lb := time.Duration(res.res) * time.Millisecond
 		start, end := t0+2*res.res, t0+span
