@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql"
-	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/prometheus/prometheus/util/annotations"
@@ -403,10 +402,6 @@ func closeTo(a, b, rel float64) bool {
 }
 
 func fmtTime(ms int64) string { return time.UnixMilli(ms).UTC().Format("15:04:05.000") }
-
-func parseLabels(s string) (labels.Labels, error) {
-	return parser.NewParser(parser.Options{}).ParseMetric(s)
-}
 
 // gpuSeries returns the series of a small GPU node as dcgm-exporter labels
 // them, scraped every interval over [from, to): an energy counter (mJ,

@@ -260,20 +260,6 @@ func (cfg *Config) KeptCounts() bool {
 	return cfg.SourceResolution == ResRaw || cfg.SourceKeptCounts
 }
 
-// ReadResolution returns gpustore.downsample.resolution of a local block
-// directory's meta.json (0, raw, when the section is absent).
-func ReadResolution(dir string) (int64, error) {
-	b, err := os.ReadFile(filepath.Join(dir, block.MetaFilename))
-	if err != nil {
-		return 0, err
-	}
-	var m block.Meta
-	if err := json.Unmarshal(b, &m); err != nil {
-		return 0, fmt.Errorf("parse %s: %w", filepath.Join(dir, block.MetaFilename), err)
-	}
-	return m.GPUStore.Downsample.Resolution, nil
-}
-
 // series downsamples one input series into w: a raw gauge into one packed
 // series (packed.go), a raw counter into kept samples (floats as "pairs",
 // native histograms as "counter"); a downsampled series into the same

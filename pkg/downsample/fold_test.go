@@ -295,7 +295,7 @@ func TestFoldNeverMergesCounters(t *testing.T) {
 	folded5, plain5 := down("folded5m", raw, ResRaw, Res5m, fold), down("plain5m", raw, ResRaw, Res5m, nil)
 	folded1, plain1 := down("folded1h", []tsdb.BlockReader{folded5}, Res5m, Res1h, nil), down("plain1h", []tsdb.BlockReader{plain5}, Res5m, Res1h, nil)
 
-	rawQ := NewRawQueryable(blocksQueryable(raw...))
+	rawQ := rawQueryable(raw...)
 	at := t0 + span
 	const perNamespace = `sum by (namespace) (increase(` + energy + `{namespace="train"}[6h]))`
 	want := rangeQuery(t, rawQ, perNamespace, 5*time.Minute, at, at, Res1h)

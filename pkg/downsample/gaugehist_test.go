@@ -68,7 +68,7 @@ func TestGaugeHistogramsKeepEverySample(t *testing.T) {
 		t.Fatal(err)
 	}
 	b1 := openBlock(t, filepath.Join(dir, "1h", id1.String()))
-	raw := NewRawQueryable(blocksQueryable(r1, r2))
+	raw := rawQueryable(r1, r2)
 	for _, res := range []struct {
 		name string
 		res  int64
@@ -89,7 +89,7 @@ func TestGaugeHistogramsKeepEverySample(t *testing.T) {
 			compare(t, res.name+": "+c.q, rangeQuery(t, raw, c.q, lb, start, end, res.res), rangeQuery(t, res.q, c.q, lb, start, end, res.res), c.check)
 		}
 		qs := "count_over_time(gpu_kernel_occupancy[" + rs + "])"
-		rq, _, err := RewriteQuery(qs)
+		rq, _, err := rewriteQuery(qs)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -158,7 +158,7 @@ func TestPackedAggregatesRoundTrip(t *testing.T) {
 	checkPacked(t, "neg_gauge 1h", got[negKey], []packedPoint{{t: t0 + Res1h - 1, a: aggr{24, -75, -6, -0.25}}})
 
 	// The views read the same through PromQL as raw data does.
-	rawQ, q5, q1 := NewRawQueryable(blocksQueryable(raw)), viewQueryable(Res5m, b5), viewQueryable(Res1h, b1)
+	rawQ, q5, q1 := rawQueryable(raw), viewQueryable(Res5m, b5), viewQueryable(Res1h, b1)
 	for _, qs := range []string{"min_over_time(neg_gauge[1h])", "max_over_time(neg_gauge[1h])", "sum_over_time(neg_gauge[1h])",
 		"min_over_time(edge_gauge[1h])", "max_over_time(edge_gauge[1h])"} {
 		want := rangeQuery(t, rawQ, qs, 5*time.Minute, t0+Res1h, t0+Res1h, Res1h)
@@ -272,7 +272,7 @@ func fixtureQueries(t *testing.T, r int64) []string {
 		"rate(gauge_metric[" + rs3 + "])", "max_over_time(gauge_metric[" + rs3 + "])",
 	}
 	for _, q := range []string{"count_over_time(gauge_metric[" + rs + "])", "avg_over_time(gauge_metric[" + rs + "])"} {
-		rq, _, err := RewriteQuery(q)
+		rq, _, err := rewriteQuery(q)
 		if err != nil {
 			t.Fatal(err)
 		}

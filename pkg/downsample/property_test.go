@@ -228,6 +228,32 @@ func viewQueryable(res int64, blocks ...tsdb.BlockReader) storage.Queryable {
 	})
 }
 
+// rawQueryable reads raw blocks as the bucket store and the local TSDB
+// read raw data for a rewritten query (NewRawQuerier).
+func rawQueryable(blocks ...tsdb.BlockReader) storage.Queryable {
+	q := blocksQueryable(blocks...)
+	return storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
+		inner, err := q.Querier(mint, maxt)
+		if err != nil {
+			return nil, err
+		}
+		return NewRawQuerier(inner), nil
+	})
+}
+
+// rewriteQuery is Rewrite on a query string.
+func rewriteQuery(qs string) (string, bool, error) {
+	expr, err := parser.NewParser(parser.Options{}).ParseExpr(qs)
+	if err != nil {
+		return qs, false, err
+	}
+	expr, changed := Rewrite(expr)
+	if !changed {
+		return qs, false, nil
+	}
+	return expr.String(), true, nil
+}
+
 func resOf(name string) int64 {
 	r, err := ParseResolution(name)
 	if err != nil {
@@ -277,7 +303,7 @@ func newFixture(t testing.TB, seed uint64, n int) *fixture {
 	}
 	return &fixture{
 		series: series,
-		raw:    NewRawQueryable(blocksQueryable(r1, r2)),
+		raw:    rawQueryable(r1, r2),
 		ds5m:   viewQueryable(Res5m, b5),
 		ds1h:   viewQueryable(Res1h, b1),
 		b5m:    b5, b1h: b1,
@@ -419,7 +445,7 @@ func TestDownsampledPromQLMatchesRaw(t *testing.T) {
 							}
 						}
 						runRewritten := func(qs string, check func(string, int64, float64, float64) bool) {
-							rq, changed, err := RewriteQuery(qs)
+							rq, changed, err := rewriteQuery(qs)
 							if err != nil || !changed {
 								t.Fatalf("rewrite %s: %v, changed %v", qs, err, changed)
 							}

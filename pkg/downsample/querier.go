@@ -589,22 +589,6 @@ func (a *avgIterator) Err() error {
 	return a.count.Err()
 }
 
-// NewRawQueryable lets raw data answer the explicit views that Rewrite puts
-// into queries, so one rewritten query reads raw and downsampled sources
-// alike: count reads every sample as 1, every other view reads the samples
-// as they are. Selects without an AggrLabel matcher pass through.
-func NewRawQueryable(q storage.Queryable) storage.Queryable { return rawQueryable{q} }
-
-type rawQueryable struct{ storage.Queryable }
-
-func (q rawQueryable) Querier(mint, maxt int64) (storage.Querier, error) {
-	inner, err := q.Queryable.Querier(mint, maxt)
-	if err != nil {
-		return nil, err
-	}
-	return rawQuerier{inner}, nil
-}
-
 type rawQuerier struct{ storage.Querier }
 
 func (q rawQuerier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
@@ -716,5 +700,8 @@ type unclosed struct{ storage.Querier }
 
 func (unclosed) Close() error { return nil }
 
-// NewRawQuerier is NewRawQueryable's querier over one querier of raw data.
+// NewRawQuerier lets raw data (q) answer the explicit views that Rewrite
+// puts into queries, so one rewritten query reads raw and downsampled
+// sources alike: count reads every sample as 1, every other view reads the
+// samples as they are. Selects without an AggrLabel matcher pass through.
 func NewRawQuerier(q storage.Querier) storage.Querier { return rawQuerier{q} }
