@@ -16,14 +16,16 @@ import (
 // BenchmarkDownsampledCounters runs chargeback and panel queries of a GPU
 // energy counter over 8 days of 5m and 1h data (raw retention over): 16
 // GPUs' series that cover the whole range, and their pods' series, a job
-// of 3 to 27 hours after another, which begin and end inside the ranges.
-// Built once per run (a bucket in memory): ~1.6M raw samples in four 2-day
-// blocks, their 5m blocks and a 1h block of the first 6 days.
+// of 3 to 27 hours after another, which begin and end inside the ranges;
+// and panels of the GPUs' temperature beside them. Built once per run (a
+// bucket in memory): ~2.3M raw samples in four 2-day blocks, their 5m
+// blocks and a 1h block of the first 6 days.
 func BenchmarkDownsampledCounters(b *testing.B) {
 	d := newDSBucket(b)
 	var data []rawData
 	for g := range 16 {
 		gpu := rawData{lset: labels.FromStrings("__name__", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Hostname", "node-001", "gpu", fmt.Sprint(g))}
+		temp := rawData{lset: labels.FromStrings("__name__", "DCGM_FI_DEV_GPU_TEMP", "Hostname", "node-001", "gpu", fmt.Sprint(g))}
 		var pods []rawData
 		var pod *rawData
 		podEnd := int64(0)
@@ -31,6 +33,7 @@ func BenchmarkDownsampledCounters(b *testing.B) {
 		for ts := t0 + int64(g)*937; ts < t0+8*24*hour; ts += 15_000 {
 			mj += (300 + 250*math.Sin(float64(ts)/float64(17*minute)+float64(g))) * 15_000
 			gpu.ts, gpu.fs = append(gpu.ts, ts), append(gpu.fs, math.Round(mj))
+			temp.ts, temp.fs = append(temp.ts, ts), append(temp.fs, math.Round(40+float64(ts/15_000%40)))
 			if ts >= podEnd {
 				if pod != nil {
 					pod.ts, pod.fs = append(pod.ts, ts), append(pod.fs, math.Float64frombits(value.StaleNaN))
@@ -43,7 +46,7 @@ func BenchmarkDownsampledCounters(b *testing.B) {
 			}
 			pod.ts, pod.fs = append(pod.ts, ts), append(pod.fs, math.Round(mj))
 		}
-		data = append(append(data, gpu), append(pods, *pod)...)
+		data = append(append(data, gpu, temp), append(pods, *pod)...)
 	}
 	var raws, fives []block.Meta
 	for day := int64(0); day < 8; day += 2 {
@@ -73,6 +76,8 @@ func BenchmarkDownsampledCounters(b *testing.B) {
 		{"chargeback-1h", `sum by (namespace) (increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{pod!=""}[1d]))`, downsample.Res1h, 24 * hour},
 		{"rate1h-1h", `sum by (gpu) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{pod=""}[1h]))`, downsample.Res1h, hour},
 		{"rate1h-5m", `sum by (namespace) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{pod!=""}[1h]))`, downsample.Res5m, 5 * minute},
+		{"max1h-5m", `max by (gpu) (max_over_time(DCGM_FI_DEV_GPU_TEMP[1h]))`, downsample.Res5m, 5 * minute},
+		{"avg-1h", `avg(DCGM_FI_DEV_GPU_TEMP)`, downsample.Res1h, hour},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			for b.Loop() {

@@ -233,6 +233,18 @@ type densifyIterator struct {
 	i    int   // the current kept sample
 	k, n int   // the current copy before it (k < n), n copies in all
 	lo   int64 // copies are spread over (lo, ts[i])
+
+	// Buffers kept for the next series the iterator is reused for.
+	live       []int
+	count      []int64
+	diff       []int
+	fabricated []fabrication
+	values     []float64
+	spare      struct {
+		ts, drops []int64
+		vs        []float64
+		marks     []bool
+	}
 }
 
 func (d *densifyIterator) load() {
@@ -260,8 +272,9 @@ func (d *densifyIterator) load() {
 func (d *densifyIterator) mark() {
 	// live are the indexes of the samples the engine reads (not markers);
 	// count[k] is the raw samples up to and including live[k-1]'s.
-	var live []int
-	count := []int64{0}
+	live, count, diff := d.live[:0], append(d.count[:0], 0), slices.Grow(d.diff[:0], len(d.ts)+1)[:len(d.ts)+1]
+	clear(diff)
+	defer func() { d.live, d.count, d.diff = live, count, diff }()
 	total := int64(0)
 	for i, v := range d.vs {
 		if value.IsStaleNaN(v) {
@@ -271,17 +284,16 @@ func (d *densifyIterator) mark() {
 		live = append(live, i)
 		count = append(count, total)
 	}
-	diff := make([]int, len(d.ts)+1)
 	markRange := func(from, to int) { // sample indexes [from, to]
 		if from <= to {
 			diff[from]++
 			diff[to+1]--
 		}
 	}
-	var fabricated []fabrication
+	fabricated, vs := d.fabricated[:0], d.values[:0]
+	defer func() { d.fabricated, d.values = fabricated, vs }()
 	evals := d.d.evals
 	a, b := 0, 0 // live[a:b] are in the current range
-	vs := []float64(nil)
 	evals.each(d.ts[0]+1, d.ts[len(d.ts)-1]+1, func(from, to int64) {
 		// Raw time is stored time + 1 ms.
 		for a < len(live) && d.ts[live[a]]+1 <= from {
@@ -360,8 +372,10 @@ func (d *densifyIterator) replace(fs []fabrication) {
 	if len(fs) == 0 {
 		return
 	}
+	// The kept samples move to the spare buffers, the result takes theirs.
 	ts, vs, drops, marks := d.ts, d.vs, d.drops, d.marks
-	d.ts, d.vs, d.drops, d.marks = make([]int64, 0, len(ts)), make([]float64, 0, len(ts)), make([]int64, 0, len(ts)), make([]bool, 0, len(ts))
+	d.ts, d.vs, d.drops, d.marks = d.spare.ts[:0], d.spare.vs[:0], d.spare.drops[:0], d.spare.marks[:0]
+	defer func() { d.spare.ts, d.spare.vs, d.spare.drops, d.spare.marks = ts, vs, drops, marks }()
 	put := func(t int64, v float64, drops int64, mark bool) {
 		d.ts, d.vs, d.drops, d.marks = append(d.ts, t), append(d.vs, v), append(d.drops, drops), append(d.marks, mark)
 	}
