@@ -54,7 +54,19 @@ type Config struct {
 	// XIDCountWindow is dcgm-exporter's --xid-count-window-size, the window
 	// of DCGM_EXP_XID_ERRORS_COUNT (default 5 minutes, as the exporter's).
 	XIDCountWindow time.Duration
+	// Counters is the exporter's counters CSV: CountersGpustore (default,
+	// deploy/kubernetes/dcgm-exporter/dcgm-metrics.csv) or CountersDefault
+	// (dcgm-exporter's own etc/default-counters.csv: no ECC counters, no
+	// per-code Xid count, no recovery action, no clock event reasons; the
+	// last-Xid gauge and the remapped-row counters are all it has of errors).
+	Counters string
 }
+
+// The counters CSVs Config.Counters names.
+const (
+	CountersGpustore = "gpustore"
+	CountersDefault  = "default"
+)
 
 // HGXNodeCPUs is the logical CPU count of an 8-GPU HGX H100 server (DGX
 // H100: two 56-core Xeon Platinum 8480C with SMT).
@@ -87,6 +99,13 @@ func (cfg *Config) setDefaults() error {
 	}
 	if cfg.GPUModel == "" {
 		cfg.GPUModel = ModelH100
+	}
+	switch cfg.Counters {
+	case "":
+		cfg.Counters = CountersGpustore
+	case CountersGpustore, CountersDefault:
+	default:
+		return fmt.Errorf("counters %q: want %q or %q", cfg.Counters, CountersGpustore, CountersDefault)
 	}
 	if cfg.RecoveryActionField == "" {
 		cfg.RecoveryActionField = RecoveryActionFieldDCGM45
@@ -152,9 +171,12 @@ const (
 
 // Cluster is the simulated cluster. It is not safe for concurrent use.
 type Cluster struct {
-	cfg         Config
-	hw          *hardware
-	famRecov    int    // the recovery-action family this cluster emits
+	cfg      Config
+	hw       *hardware
+	famRecov int // the recovery-action family this cluster emits
+	// famOff marks the DCGM families its counters CSV leaves out (indexed by
+	// family ID); nil: none.
+	famOff      []bool
 	xidWinLabel string // window_size_in_ms of DCGM_EXP_XID_ERRORS_COUNT
 	seed        uint64
 	groups      []group
@@ -245,6 +267,9 @@ func New(cfg Config) (*Cluster, error) {
 	c.famRecov = FamGetGPURecoveryAction
 	if cfg.RecoveryActionField == RecoveryActionFieldDCGM46 {
 		c.famRecov = FamGPURecoveryAction
+	}
+	if cfg.Counters == CountersDefault {
+		c.famOff = defaultCountersOff()
 	}
 	c.xidWinLabel = strconv.FormatInt(cfg.XIDCountWindow.Milliseconds(), 10)
 	c.em.target = cfg.TargetLabels

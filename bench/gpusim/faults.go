@@ -32,8 +32,10 @@ const (
 	// FaultECCDBE raises the DBE volatile counter (once at the start, then once
 	// a minute while it lasts), with uncorrectable remapped rows following,
 	// and logs the Xid burst NVIDIA's catalogue describes for it: 48 (the
-	// DBE), 63 (row remap recorded), 94 (contained error) and 45 (teardown of
-	// the contexts), a second apart, so the last-Xid gauge ends on 45.
+	// DBE), 63 (row remap recorded), 94 (contained error), 45 (teardown of
+	// the contexts) and 154 (recovery action changed), a second apart, so
+	// the last-Xid gauge ends on 154; the recovery action is a GPU reset (1)
+	// from the 154 until the fault ends.
 	FaultECCDBE FaultKind = "ecc_dbe"
 	// FaultRowRemapFailure sets DCGM_FI_DEV_ROW_REMAP_FAILURE to 1.
 	FaultRowRemapFailure FaultKind = "row_remap_failure"

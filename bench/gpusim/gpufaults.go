@@ -9,8 +9,16 @@ import "math"
 // dbeXidBurst is what the driver logs for an uncorrectable ECC error on an
 // Ampere or newer GPU, in order (NVIDIA's Xid catalogue): the DBE itself,
 // the row remap it triggers, the contained-error notice to the application,
-// and the teardown of the affected contexts. They come a second apart.
-var dbeXidBurst = [...]int{48, 63, 94, 45}
+// the teardown of the affected contexts, and Xid 154 as it sets the
+// recovery action (a GPU reset: the remapped row takes effect at the next
+// reset). They come a second apart, so the last-Xid gauge ends on 154: with
+// dcgm-exporter's default counters that is all the Xid gauge shows.
+var dbeXidBurst = [...]int{48, 63, 94, 45, xidRecoveryActionChanged}
+
+// dbeRecoveryAction is the recovery action the driver asks for after an
+// uncorrectable ECC error (nvmlDeviceGpuRecoveryAction_t 1: GPU reset),
+// from the burst's Xid 154 until the fault ends.
+const dbeRecoveryAction = 1
 
 // goneGrace is how long a GPU that fell off the bus is still exported: one
 // dcgm-exporter collection interval, in which the Xid 79 is seen.
@@ -189,8 +197,11 @@ func (c *Cluster) recoveryAction(node, gpu int, s float64) float64 {
 	code := 0
 	for i := range c.faults {
 		f := &c.faults[i]
-		if f.kind == FaultRecoveryAction && f.hitsGPU(node, gpu) && f.activeAt(s) {
+		switch {
+		case f.kind == FaultRecoveryAction && f.hitsGPU(node, gpu) && f.activeAt(s):
 			code = f.code
+		case f.kind == FaultECCDBE && f.hitsGPU(node, gpu) && s >= f.start+float64(len(dbeXidBurst)-1) && s < f.end:
+			code = max(code, dbeRecoveryAction)
 		}
 	}
 	return float64(code)

@@ -170,7 +170,17 @@ func dayOtherClusters(day0 time.Time) []dayCluster {
 		cluster("gpu-cluster-b200", gpusim.ModelB200, 5, map[string]gpusim.Fault{
 			"nvlink5_symbol_errors": {Kind: gpusim.FaultNVLink5SymbolErrors, At: faultsAt, Duration: dayLen, Node: "1", GPU: 2},
 		}),
+		defaultCounters(cluster("gpu-cluster-defaults", gpusim.ModelH100, 7, map[string]gpusim.Fault{
+			"ecc_dbe_default_counters": {Kind: gpusim.FaultECCDBE, At: faultsAt, Duration: dayLen, Node: "1", GPU: 0},
+		})),
 	}
+}
+
+// defaultCounters makes a cluster's dcgm-exporters run dcgm-exporter's own
+// default counters CSV (issue 39 item 2).
+func defaultCounters(c dayCluster) dayCluster {
+	c.cfg.Counters = gpusim.CountersDefault
+	return c
 }
 
 // The history cluster carries the classes that need more history than the
