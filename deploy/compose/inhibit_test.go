@@ -113,7 +113,7 @@ func inhibitionCases() []inhibitionCase {
 		{"source: GPU 7 must drain peer-to-peer traffic (P1)", gpuAlert("GPURecoveryActionRequired", "P1", cl, "gpu-node-01", "7", "GPU-77777777-0000-4000-8000-000000000007"), false},
 		{"the Xid 154 that announced it (ranked by the drain: P1)", gpuAlert("GPUXidError", "P1", cl, "gpu-node-01", "7", "GPU-77777777-0000-4000-8000-000000000007", "xid", "154"), true},
 		{"another Xid of GPU 7 still notifies", gpuAlert("GPUXidError", "P1", cl, "gpu-node-01", "7", "GPU-77777777-0000-4000-8000-000000000007", "xid", "74"), false},
-		{"another GPU's Xid 154 still notifies", gpuAlert("GPUXidError", "P0", cl, "gpu-node-01", "6", "GPU-66666666-0000-4000-8000-000000000006", "xid", "154"), false},
+		{"another GPU's Xid 154 still notifies", gpuAlert("GPUXidError", "P1", cl, "gpu-node-01", "6", "GPU-66666666-0000-4000-8000-000000000006", "xid", "154"), false},
 		{"source: gpu-node-02 is down", map[string]string{"alertname": "NodeUnreachable", "priority": "P0", "severity": "critical", "category": "infrastructure", "cluster": cl, "tenant": "gpu-prod", "job": "node-exporter", "instance": "10.0.2.9:9100", "node": "gpu-node-02"}, false},
 		{"its GPUs go missing", gpuAlert("GPUMissing", "P0", cl, "gpu-node-02", "0", "GPU-02000000-0000-4000-8000-000000000000"), true},
 		{"its exporter is down", map[string]string{"alertname": "DCGMExporterDown", "priority": "P1", "severity": "warning", "category": "infrastructure", "cluster": cl, "tenant": "gpu-prod", "node": "gpu-node-02"}, true},
