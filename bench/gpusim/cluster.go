@@ -174,6 +174,8 @@ type Cluster struct {
 	cfg      Config
 	hw       *hardware
 	famRecov int // the recovery-action family this cluster emits
+	// v49 is set while a node running dcgm-exporter 4.9 emits its GPUs.
+	v49 bool
 	// famOff marks the DCGM families its counters CSV leaves out (indexed by
 	// family ID); nil: none.
 	famOff      []bool
@@ -244,6 +246,7 @@ type node struct {
 	xidWin      [][]xidCount // per GPU, the Xids within the count window
 	upgraded    bool         // dcgm-exporter names the host label `hostname`
 	newDriver   bool         // the node runs UpgradedDriverVersion
+	v49         bool         // the node runs dcgm-exporter 4.9 (its names and units)
 	cum         nodeCum
 	set         seriesSet
 	rootPhase   float64
@@ -532,6 +535,10 @@ func (c *Cluster) stepNode(n *node, s float64, tms int64) {
 		n.newDriver = c.driverUpgradedAt(n.idx, dcgm.s)
 		if n.newDriver {
 			key = h2(key, 5)
+		}
+		n.v49 = c.upgraded49At(n.idx, dcgm.s)
+		if n.v49 {
+			key = h2(key, 8)
 		}
 		for gi := range n.gpus {
 			key = h3(key, uint64(gi), c.gpuLabelState(n, gi, dcgm.s))

@@ -57,12 +57,16 @@ func (c *Cluster) emitGPU(e *emitter, n *node, gi int, st *nodeStep, s float64, 
 			case n.newDriver && e.base[i].Name == "DCGM_FI_DRIVER_VERSION":
 				e.base[i].Value = UpgradedDriverVersion
 			}
+			if n.v49 && e.base[i].Name == "DCGM_FI_DRIVER_VERSION" {
+				e.base[i].Name = "DCGM_FI_SYSTEM_DRIVER_VERSION"
+			}
 		}
 		if st.job != nil && !n.mig[gi] {
 			e.base = append(e.base, Label{"pod", st.job.pods[st.local]}, Label{"namespace", "training"}, Label{"container", "pytorch"})
 		}
 	}
 	e.setTarget("dcgm-exporter", n.instDCGM)
+	c.v49 = n.v49
 	v := c.gpuValuesAt(n, gi, st, s, tms)
 	if !n.mig[gi] {
 		c.emitDCGM(e, n, gi, &v)
@@ -318,7 +322,56 @@ func (c *Cluster) add(e *emitter, f int, v float64, extra ...Label) {
 	if c.famOff != nil && c.famOff[f] {
 		return
 	}
+	if c.v49 {
+		if r, ok := Exporter49Names[Catalogue[f].Name]; ok {
+			e.addNamed(f, r.Name, v*r.Scale, extra...)
+			return
+		}
+	}
 	e.add(f, v, extra...)
+}
+
+// Exporter49Name is what dcgm-exporter 4.9 calls a default field, and the
+// factor from the older exporters' unit to its.
+type Exporter49Name struct {
+	Name  string
+	Scale float64
+}
+
+// Exporter49Names maps the names of the default fields gpusim emits, as
+// dcgm-exporter up to 4.8 names them, to dcgm-exporter 4.9's (DCGM 4.7's
+// names; its release notes list the unit changes: clocks MHz to Hz, energy
+// mJ to J, utilisation percent to ratio, GPU memory MiB to bytes, NVLink
+// throughput MB/s to bytes/s). The renames DCGM 4.6 made (dcgm_fields.h
+// v4.6.0) and the clock and energy fields of DCGM 4.6.1 (go-dcgm 1.4611)
+// are from their source; the framebuffer and copy/encoder/decoder
+// utilisation names follow DCGM's field naming standard
+// (dcgm_field_naming.py) and FB_CAPACITY_BYTES, which the release notes
+// name; 4.9's own source could not be read.
+var Exporter49Names = map[string]Exporter49Name{
+	"DCGM_FI_DEV_SM_CLOCK":                    {"DCGM_FI_DEV_SM_CLOCK_HERTZ", 1e6},
+	"DCGM_FI_DEV_MEM_CLOCK":                   {"DCGM_FI_DEV_MEMORY_CLOCK_HERTZ", 1e6},
+	"DCGM_FI_DEV_MEMORY_TEMP":                 {"DCGM_FI_DEV_MEMORY_TEMP_CELSIUS", 1},
+	"DCGM_FI_DEV_GPU_TEMP":                    {"DCGM_FI_DEV_GPU_TEMP_CELSIUS", 1},
+	"DCGM_FI_DEV_POWER_USAGE":                 {"DCGM_FI_DEV_BOARD_POWER_WATTS", 1},
+	"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION":    {"DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", 1e-3},
+	"DCGM_FI_DEV_PCIE_REPLAY_COUNTER":         {"DCGM_FI_DEV_PCIE_REPLAY_TOTAL", 1},
+	"DCGM_FI_DEV_GPU_UTIL":                    {"DCGM_FI_DEV_GPU_UTIL_RATIO", 0.01},
+	"DCGM_FI_DEV_MEM_COPY_UTIL":               {"DCGM_FI_DEV_MEMORY_COPY_UTIL_RATIO", 0.01},
+	"DCGM_FI_DEV_ENC_UTIL":                    {"DCGM_FI_DEV_ENC_UTIL_RATIO", 0.01},
+	"DCGM_FI_DEV_DEC_UTIL":                    {"DCGM_FI_DEV_DEC_UTIL_RATIO", 0.01},
+	"DCGM_FI_DEV_XID_ERRORS":                  {"DCGM_FI_DEV_XID_ERROR", 1},
+	"DCGM_FI_DEV_FB_FREE":                     {"DCGM_FI_DEV_FB_FREE_BYTES", 1 << 20},
+	"DCGM_FI_DEV_FB_USED":                     {"DCGM_FI_DEV_FB_USED_BYTES", 1 << 20},
+	"DCGM_FI_DEV_FB_RESERVED":                 {"DCGM_FI_DEV_FB_RESERVED_BYTES", 1 << 20},
+	"DCGM_FI_DEV_FB_TOTAL":                    {"DCGM_FI_DEV_FB_CAPACITY_BYTES", 1 << 20},
+	"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL":      {"DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL", 1 << 20},
+	"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": {"DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", 1},
+	"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS":   {"DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", 1},
+	"DCGM_FI_DEV_ROW_REMAP_FAILURE":           {"DCGM_FI_DEV_ROW_REMAP_FAILED", 1},
+	"DCGM_FI_PROF_GR_ENGINE_ACTIVE":           {"DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", 1},
+	"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE":         {"DCGM_FI_PROF_TENSOR_UTIL_RATIO", 1},
+	"DCGM_FI_PROF_DRAM_ACTIVE":                {"DCGM_FI_PROF_DRAM_UTIL_RATIO", 1},
 }
 
 // defaultCountersOff marks the DCGM families dcgm-exporter's default

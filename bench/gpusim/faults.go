@@ -54,6 +54,13 @@ const (
 	// build that names the host label `hostname` instead of `Hostname` (the
 	// rename on dcgm-exporter's main branch). Permanent: duration is ignored.
 	FaultExporterUpgrade FaultKind = "exporter_upgrade"
+	// FaultExporterUpgrade49 upgrades the node's dcgm-exporter at `at` to
+	// 4.9 (DCGM 4.7) with its own default counters: the host label is
+	// `hostname`, the default fields carry DCGM 4.7's names and units
+	// (Exporter49Names: clocks in Hz, energy in J, utilisation as a ratio,
+	// memory in bytes) and the driver label is DCGM_FI_SYSTEM_DRIVER_VERSION.
+	// Permanent: duration is ignored.
+	FaultExporterUpgrade49 FaultKind = "exporter_upgrade_4_9"
 	// FaultDriverUpgrade upgrades the node's GPU driver at `at`: from then on
 	// its DCGM series carry DCGM_FI_DRIVER_VERSION=UpgradedDriverVersion, so
 	// every GPU series of the node changes identity (counters go on, as
@@ -143,7 +150,7 @@ const (
 )
 
 // FaultKinds lists every kind, for flag help and validation.
-var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultThrottleThermal, FaultHBMOverheat, FaultExporterUpgrade, FaultDriverUpgrade, FaultTrainingStall, FaultNaNLoss, FaultNodeDown,
+var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultThrottleThermal, FaultHBMOverheat, FaultExporterUpgrade, FaultExporterUpgrade49, FaultDriverUpgrade, FaultTrainingStall, FaultNaNLoss, FaultNodeDown,
 	FaultGPUReset, FaultRecoveryAction, FaultMIG, FaultNVLinkReplay, FaultNVLinkRecovery, FaultExporterCrash, FaultExporterHung, FaultNodeRemoved,
 	FaultPStateChange, FaultSBEStorm, FaultStraggler, FaultTrainingSlowStart, FaultPCIeReplays, FaultNVLink5SymbolErrors, FaultIdleAllocation}
 
@@ -413,7 +420,7 @@ func (c *Cluster) resolveFaults(faults []Fault) error {
 		}
 		start := origin + f.At.Seconds()
 		end := start + d.Seconds()
-		if f.Kind == FaultExporterUpgrade || f.Kind == FaultDriverUpgrade || f.Kind == FaultNodeRemoved {
+		if f.Kind == FaultExporterUpgrade || f.Kind == FaultExporterUpgrade49 || f.Kind == FaultDriverUpgrade || f.Kind == FaultNodeRemoved {
 			end = math.Inf(1)
 		}
 		code := f.Code
@@ -605,9 +612,14 @@ func unionLength(iv [][2]float64) float64 {
 }
 
 // upgradedAt reports whether the node's dcgm-exporter names the host label
-// `hostname` at s.
+// `hostname` at s (4.9 does too).
 func (c *Cluster) upgradedAt(node int, s float64) bool {
-	return c.permanentFaultAt(FaultExporterUpgrade, node, s)
+	return c.permanentFaultAt(FaultExporterUpgrade, node, s) || c.permanentFaultAt(FaultExporterUpgrade49, node, s)
+}
+
+// upgraded49At reports whether the node runs dcgm-exporter 4.9 at s.
+func (c *Cluster) upgraded49At(node int, s float64) bool {
+	return c.permanentFaultAt(FaultExporterUpgrade49, node, s)
 }
 
 // driverUpgradedAt reports whether the node runs UpgradedDriverVersion at s.
