@@ -84,7 +84,7 @@ var severityOf = map[string]string{"P0": "critical", "P1": "warning", "P2": "inf
 // the value: GPUXidError takes them from the catalogue join,
 // GPURecoveryActionRequired from the action (DCGM's health check fails a GPU
 // on a reset or reboot, warns on a P2P drain).
-var priorityFromExpr = map[string]bool{"GPUXidError": true, "GPURecoveryActionRequired": true}
+var priorityFromExpr = map[string]bool{"GPUXidError": true, "GPURecoveryActionRequired": true, "DCGMExporterDown": true}
 
 // Every alert states its priority and severity consistently, names its
 // category and has summary and description; the alerts of priorityFromExpr
@@ -282,11 +282,12 @@ func (a expectedAlert) labels() model.LabelSet {
 }
 
 type faultClass struct {
-	Fault     string          `yaml:"fault"`
-	What      string          `yaml:"what"`
-	Notify    []expectedAlert `yaml:"notify"`
-	Inhibited []expectedAlert `yaml:"inhibited"`
-	Silent    []string        `yaml:"silent"`
+	Fault         string          `yaml:"fault"`
+	What          string          `yaml:"what"`
+	Notifications int             `yaml:"notifications"`
+	Notify        []expectedAlert `yaml:"notify"`
+	Inhibited     []expectedAlert `yaml:"inhibited"`
+	Silent        []string        `yaml:"silent"`
 }
 
 // The expected notifications name alerts of the pack with the priority the
@@ -351,6 +352,9 @@ func TestExpectedNotificationsMatchPackAndInhibition(t *testing.T) {
 	for _, c := range doc.Classes {
 		if c.What == "" || len(c.Notify)+len(c.Silent) == 0 {
 			t.Errorf("%s: no description, or neither notifications nor silent alerts", c.Fault)
+		}
+		if c.Notifications < 0 || c.Notifications > len(c.Notify) {
+			t.Errorf("%s: %d notifications for %d notified alerts", c.Fault, c.Notifications, len(c.Notify))
 		}
 		for _, a := range append(slices.Clone(c.Notify), c.Inhibited...) {
 			static, ok := priorities[a.Alertname]

@@ -171,7 +171,9 @@ func dayOtherClusters(day0 time.Time) []dayCluster {
 			"nvlink5_symbol_errors": {Kind: gpusim.FaultNVLink5SymbolErrors, At: faultsAt, Duration: dayLen, Node: "1", GPU: 2},
 		}),
 		defaultCounters(cluster("gpu-cluster-defaults", gpusim.ModelH100, 7, map[string]gpusim.Fault{
-			"ecc_dbe_default_counters": {Kind: gpusim.FaultECCDBE, At: faultsAt, Duration: dayLen, Node: "1", GPU: 0},
+			// Between two scrapes, as a real burst is (it lasts 4 s): the
+			// gauge goes from 0 straight to the burst's last code, 154.
+			"ecc_dbe_default_counters": {Kind: gpusim.FaultECCDBE, At: faultsAt + 7*time.Second, Duration: dayLen, Node: "1", GPU: 0},
 		})),
 	}
 }
@@ -294,10 +296,11 @@ func trainingFaults(t *testing.T, cfg gpusim.Config, day0 time.Time) map[string]
 // contract is deploy/rules/testdata/notifications.yaml.
 type contract struct {
 	Classes []struct {
-		Fault     string          `yaml:"fault"`
-		Notify    []contractAlert `yaml:"notify"`
-		Inhibited []contractAlert `yaml:"inhibited"`
-		Silent    []string        `yaml:"silent"`
+		Fault         string          `yaml:"fault"`
+		Notifications int             `yaml:"notifications"`
+		Notify        []contractAlert `yaml:"notify"`
+		Inhibited     []contractAlert `yaml:"inhibited"`
+		Silent        []string        `yaml:"silent"`
 	} `yaml:"classes"`
 }
 
@@ -373,14 +376,26 @@ func shippedAlertmanagerConfig(t *testing.T, hookURL string) string {
 	if err := yaml.Unmarshal(b, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	route := cfg["route"].(map[string]any)
-	for _, k := range []string{"group_wait", "group_interval", "repeat_interval"} {
-		d, err := model.ParseDuration(route[k].(string))
-		if err != nil {
-			t.Fatalf("route %s: %v", k, err)
+	// Every route's timers, the sub-routes' too (the GPU route's group_wait).
+	var scale func(route map[string]any)
+	scale = func(route map[string]any) {
+		for _, k := range []string{"group_wait", "group_interval", "repeat_interval"} {
+			v, ok := route[k].(string)
+			if !ok {
+				continue
+			}
+			d, err := model.ParseDuration(v)
+			if err != nil {
+				t.Fatalf("route %s: %v", k, err)
+			}
+			route[k] = (d / speedup).String()
 		}
-		route[k] = (d / speedup).String()
+		routes, _ := route["routes"].([]any)
+		for _, r := range routes {
+			scale(r.(map[string]any))
+		}
 	}
+	scale(cfg["route"].(map[string]any))
 	for _, r := range cfg["receivers"].([]any) {
 		r.(map[string]any)["webhook_configs"] = []any{map[string]any{"url": hookURL, "send_resolved": true}}
 	}
@@ -643,6 +658,7 @@ func TestSimulatedDayNotifications(t *testing.T) {
 
 	// What the contract expects, with the day's node names and GPUs.
 	want := map[string]bool{}
+	classKeys := map[string][]string{} // the notify keys of each class that counts its notifications
 	podScoped := map[string]bool{}
 	for _, cl := range c.Classes {
 		f, ok := faults[cl.Fault]
@@ -667,13 +683,21 @@ func TestSimulatedDayNotifications(t *testing.T) {
 				podScoped[e.Alertname] = true
 			}
 			want[alertKey(l)] = true
+			if cl.Notifications > 0 {
+				classKeys[cl.Fault] = append(classKeys[cl.Fault], alertKey(l))
+			}
 		}
+	}
+	notificationsOf := map[string]int{}
+	for _, cl := range c.Classes {
+		notificationsOf[cl.Fault] = cl.Notifications
 	}
 	// What Alertmanager notified: firing episodes per alert, in order.
 	hook.mu.Lock()
 	got := slices.Clone(hook.alerts)
 	hook.mu.Unlock()
 	episodes := map[string]int{}
+	firstPost := map[string]int{} // the notification an alert was first notified in
 	pods := map[string][]string{}
 	last := map[string]string{}
 	for _, n := range got {
@@ -697,6 +721,9 @@ func TestSimulatedDayNotifications(t *testing.T) {
 		}
 		if n.Status == "firing" && last[k] != "firing" {
 			episodes[k]++
+			if _, ok := firstPost[k]; !ok {
+				firstPost[k] = n.Post
+			}
 		}
 		last[k] = n.Status
 	}
@@ -723,6 +750,19 @@ func TestSimulatedDayNotifications(t *testing.T) {
 	for _, k := range keys {
 		if !want[k] {
 			t.Errorf("notified but not in the contract: %s", k)
+		}
+	}
+	// One GPU incident, one notification with all its facts: the class's
+	// alerts were first notified in that many Alertmanager notifications.
+	for class, ks := range classKeys {
+		in := map[int][]string{}
+		for _, k := range ks {
+			if p, ok := firstPost[k]; ok {
+				in[p] = append(in[p], k)
+			}
+		}
+		if len(in) != notificationsOf[class] {
+			t.Errorf("%s: its alerts came in %d notifications, want %d: %v", class, len(in), notificationsOf[class], in)
 		}
 	}
 }
