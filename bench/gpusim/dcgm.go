@@ -101,6 +101,23 @@ func (c *Cluster) gpuValuesAt(n *node, gi int, st *nodeStep, s float64, tms int6
 	u := func(i uint64) float64 { return unit(h4(c.seed, saltNoise, gp.id, uint64(tms)*64+i)) }
 	v := gpuValues{fbTotal: hw.fbTotal, fbReserved: hw.fbReserved, noUtil: n.mig[gi]}
 	unused := st.job != nil && c.gpuFaultActive(FaultIdleAllocation, n.idx, gi, s)
+	if st.job != nil && (st.phase == phComm || st.phase == phCompute) {
+		if f, ok := c.jobStragglerAt(&st.job.jobSlot, s); ok {
+			sc := *st
+			switch {
+			case f.hitsGPU(n.idx, gi):
+				// The straggler is still computing while the other ranks
+				// wait for it in the collective: its tensor pipes and
+				// power stay busy.
+				sc.phase = phCompute
+			case st.phase == phCompute && u(21) < (f.value-1)/f.value:
+				// The others are done early and wait in the collective
+				// for (factor-1)/factor of each (longer) step.
+				sc.phase = phComm
+			}
+			st = &sc
+		}
+	}
 	c.phaseValues(&v, gp, st, unused, nz, u)
 	if n.mig[gi] {
 		v.power = c.migPower(gp) * (1 + 0.02*nz(10))
@@ -166,7 +183,7 @@ func (c *Cluster) phaseValues(v *gpuValues, gp *gpu, st *nodeStep, unused bool, 
 	}
 	nvl := 0.0 // bytes/s over NVLink, TX+RX
 	switch ph {
-	case phIdle:
+	case phIdle, phLoad:
 		v.power = gp.pIdle * (1 + 0.02*nz(1))
 		v.sm = hw.idleSMClock
 		v.pcieTx, v.pcieRx = 1e4+4e4*u(2), 1e4+6e4*u(3)

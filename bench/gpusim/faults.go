@@ -104,6 +104,14 @@ const (
 	// does not know): no DCGM series, and its scrape target's `up` is 0.
 	// The node, its other exporters and its jobs go on.
 	FaultExporterCrash FaultKind = "exporter_crash"
+	// FaultExporterRestart: the node's dcgm-exporter pod is replaced (a
+	// DaemonSet rolling update, an OOM kill) at `at`: for the fault's
+	// duration (default 45 s) the old pod is gone and the new one not
+	// ready, so the target leaves service discovery (no `up`, no DCGM
+	// series); the new pod has a new address, so the DCGM series come back
+	// with another `instance`. The GPUs, their counters and the node's jobs
+	// go on.
+	FaultExporterRestart FaultKind = "exporter_restart"
 	// FaultExporterHung: DCGM's host engine hangs while the fault lasts; the
 	// exporter still answers every scrape, with the values and label sets
 	// of the hang's start (energy counters stop moving, `up` stays 1).
@@ -122,15 +130,25 @@ const (
 	// (default 2) while it lasts, on top of the GPU's background rate.
 	FaultSBEStorm FaultKind = "sbe_storm"
 	// FaultStraggler makes the rank on GPU `gpu` of the node (every rank of
-	// the node with -1) a straggler while it lasts: its iterations take
-	// Value times as long (default 1.5), so its
-	// training_iteration_time_seconds_sum grows that much faster; the job's
-	// step count is the same on every rank (the others wait for it).
+	// the node with -1) a straggler while it lasts: its compute takes longer
+	// (a degraded or throttled GPU), so the job's steps take Value times as
+	// long (default 1.5) on every rank (synchronous training waits for it:
+	// every rank's training_iteration_time_seconds_sum grows that much
+	// faster), and the straggler's GPU stays in its compute phase while the
+	// others wait in the collective (higher tensor activity and power).
 	FaultStraggler FaultKind = "straggler"
 	// FaultTrainingSlowStart: a job that starts on the node while the fault
 	// lasts makes its first step only when the fault ends (a long data or
-	// checkpoint load); its count stays at 0 until then, then it trains.
+	// checkpoint load, or a start that hangs); its count stays at 0 until
+	// then, then it trains. Its GPUs sit at ~0 % utilisation and idle power
+	// meanwhile, holding the job's memory.
 	FaultTrainingSlowStart FaultKind = "training_slow_start"
+	// FaultTrainingPause: the job running on the node pauses training while
+	// the fault lasts (a long checkpoint save or an evaluation pass): no
+	// step completes, its GPUs show the checkpoint phase (low utilisation,
+	// the state copied to the host over PCIe), then it trains on. Not a
+	// hang: TrainingJobStalled must wait.
+	FaultTrainingPause FaultKind = "training_pause"
 	// FaultPCIeReplays: PCIe replays at Value per minute (default 20) while
 	// it lasts, on top of the GPU's background rate: above DCGM's limit for
 	// an A100's Gen4 x16 link (16), below an H100's Gen5 x16 (31).
@@ -151,11 +169,11 @@ const (
 
 // FaultKinds lists every kind, for flag help and validation.
 var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultThrottleThermal, FaultHBMOverheat, FaultExporterUpgrade, FaultExporterUpgrade49, FaultDriverUpgrade, FaultTrainingStall, FaultNaNLoss, FaultNodeDown,
-	FaultGPUReset, FaultRecoveryAction, FaultMIG, FaultNVLinkReplay, FaultNVLinkRecovery, FaultExporterCrash, FaultExporterHung, FaultNodeRemoved,
-	FaultPStateChange, FaultSBEStorm, FaultStraggler, FaultTrainingSlowStart, FaultPCIeReplays, FaultNVLink5SymbolErrors, FaultIdleAllocation}
+	FaultGPUReset, FaultRecoveryAction, FaultMIG, FaultNVLinkReplay, FaultNVLinkRecovery, FaultExporterCrash, FaultExporterRestart, FaultExporterHung, FaultNodeRemoved,
+	FaultPStateChange, FaultSBEStorm, FaultStraggler, FaultTrainingSlowStart, FaultTrainingPause, FaultPCIeReplays, FaultNVLink5SymbolErrors, FaultIdleAllocation}
 
 // DefaultFaultDuration applies when a fault gives none (gpu_reset: 30 s,
-// pstate_change: 15 s).
+// pstate_change: 15 s, exporter_restart: 45 s).
 const DefaultFaultDuration = 5 * time.Minute
 
 // defaultDuration is the duration of a fault of kind that gives none.
@@ -165,6 +183,8 @@ func defaultDuration(kind FaultKind) time.Duration {
 		return 30 * time.Second
 	case FaultPStateChange:
 		return 15 * time.Second
+	case FaultExporterRestart:
+		return 45 * time.Second
 	}
 	return DefaultFaultDuration
 }
@@ -568,8 +588,21 @@ func (f *activeFault) holdsJob(j *jobSlot) bool {
 		return true
 	case FaultTrainingSlowStart:
 		return j.start >= f.start && j.start < f.end
+	case FaultTrainingPause:
+		return j.start < f.start
 	}
 	return false
+}
+
+// jobStallCause returns the kind of the first fault that holds job j at s
+// (jobStalledAt must be true).
+func (c *Cluster) jobStallCause(j *jobSlot, s float64) FaultKind {
+	for i := range c.faults {
+		if f := &c.faults[i]; f.holdsJob(j) && f.activeAt(s) {
+			return f.kind
+		}
+	}
+	return ""
 }
 
 // stalledTime returns how long job j was stalled within [a, b).
@@ -655,4 +688,16 @@ func (c *Cluster) hbmExcessWeight(node, gpu int, s float64) float64 {
 		w = math.Max(w, x)
 	}
 	return w
+}
+
+// exporterRestartsBefore counts the node's exporter restarts that ended
+// by s (each gives the exporter pod a new address).
+func (c *Cluster) exporterRestartsBefore(node int, s float64) int {
+	n := 0
+	for i := range c.faults {
+		if f := &c.faults[i]; f.kind == FaultExporterRestart && f.node == node && s >= f.end {
+			n++
+		}
+	}
+	return n
 }

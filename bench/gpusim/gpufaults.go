@@ -280,16 +280,18 @@ func (c *Cluster) faultSeconds(kind FaultKind, node, gpu int, s float64) float64
 	return total
 }
 
-// stragglerExtra is the iteration time the straggler faults on (node, gpu)
-// add to that rank's training_iteration_time_seconds_sum by st's instant:
-// (factor-1) times the job's iteration time while each fault held.
-func (c *Cluster) stragglerExtra(n *node, gi int, st *nodeStep) float64 {
-	ji := st.job
+// stragglerExtra is the iteration time the straggler faults of job ji's
+// nodes add to every rank's training_iteration_time_seconds_sum by st's
+// instant: (factor-1) times the job's iteration time while each fault held.
+// Synchronous training waits for its slowest rank at every step, so every
+// rank times the same, slower step: the straggler shows in its GPU's
+// signals (it computes while the others wait), not in its step time.
+func (c *Cluster) stragglerExtra(ji *jobInfo, st *nodeStep) float64 {
 	s := ji.start + st.sinceJob
 	extra := 0.0
 	for i := range c.faults {
 		f := &c.faults[i]
-		if f.kind != FaultStraggler || !f.hitsGPU(n.idx, gi) || s < f.start {
+		if f.kind != FaultStraggler || f.node < ji.firstNode || f.node >= ji.firstNode+ji.size || s < f.start {
 			continue
 		}
 		a, b := math.Max(f.start, ji.start), math.Min(s, f.end)
@@ -304,4 +306,15 @@ func (c *Cluster) stragglerExtra(n *node, gi int, st *nodeStep) float64 {
 func (c *Cluster) iterSum(ji *jobInfo, s float64) float64 {
 	_, sum, _, _ := ji.iterations(s - ji.start - c.stalledTime(&ji.jobSlot, ji.start, s))
 	return sum
+}
+
+// jobStragglerAt returns the straggler fault active at s on one of job j's
+// nodes, if any.
+func (c *Cluster) jobStragglerAt(j *jobSlot, s float64) (*activeFault, bool) {
+	for i := range c.faults {
+		if f := &c.faults[i]; f.kind == FaultStraggler && f.node >= j.firstNode && f.node < j.firstNode+j.size && f.activeAt(s) {
+			return f, true
+		}
+	}
+	return nil, false
 }

@@ -74,8 +74,8 @@ var dayUnsimulated = []string{}
 
 // The day's faults, keyed by the contract's class names. Faults start
 // faultsAt into the day, after history (counters, jobs, the exporter's
-// age) has built up; node 0 and 1 carry one GPU fault per GPU, nodes 2-5
-// and 15 a node fault each, node 6 an ECC storm and PCIe replays, the
+// age) has built up; node 0 and 1 carry one GPU fault per GPU, nodes 2-5,
+// 7 and 15 a node fault each, node 6 an ECC storm and PCIe replays, the
 // training faults hit jobs from node 8 on. Faults that need another GPU
 // model (or a job starting during the day) are in dayOtherClusters.
 const (
@@ -126,6 +126,8 @@ func dayFaults() map[string]gpusim.Fault {
 		// The last node of its block: the slots kept empty for the
 		// autoscaler leave the training nodes' jobs alone.
 		"node_removed": {Kind: gpusim.FaultNodeRemoved, At: faultsAt, Node: "15"},
+		// 9 minutes in, when its companions' alerts fire (dayCompanions).
+		"exporter_rollout": {Kind: gpusim.FaultExporterRestart, At: faultsAt + 9*time.Minute, Duration: 45 * time.Second, Node: "7", GPU: 0},
 	}
 }
 
@@ -134,10 +136,19 @@ func dayFaults() map[string]gpusim.Fault {
 // exporter_upgrade node's GPU 0 starts 5 minutes before the upgrade renames
 // Hostname to hostname, so its alert, firing and kept by keep_firing_for, must
 // reach Alertmanager once, under one label set, across the upgrade (issue 31).
+//
+// The exporter_rollout node's GPU 0 logs NVLink CRC errors and runs at
+// 86 °C from the faults' start, so NVLinkCRCErrors (for: 5m) and
+// GPUTemperatureHigh (for: 2m) fire before its exporter's pod is replaced:
+// both must stay one firing episode across the 45 s without series (issue
+// 39 item 7).
 func dayCompanions() []gpusim.Fault {
 	upgrade := dayFaults()["exporter_upgrade"]
+	rollout := dayFaults()["exporter_rollout"]
 	return []gpusim.Fault{
 		{Kind: gpusim.FaultRowRemapFailure, At: upgrade.At - 5*time.Minute, Duration: dayLen, Node: upgrade.Node, GPU: upgrade.GPU},
+		{Kind: gpusim.FaultNVLinkCRCBurst, At: faultsAt, Duration: dayLen, Node: rollout.Node, GPU: rollout.GPU},
+		{Kind: gpusim.FaultOverheat, At: faultsAt, Duration: dayLen, Node: rollout.Node, GPU: rollout.GPU, Value: 86},
 	}
 }
 
@@ -274,7 +285,10 @@ func checkHistoryJobs(t *testing.T, cfg gpusim.Config, day0 time.Time) (namespac
 //     end stops iterating at faultsAt;
 //   - straggler: the rank on GPU 2 of a job running from 3 minutes into
 //     the day to its end iterates 1.5 times slower from 4 minutes on
-//     (TrainingStraggler needs 10 minutes of mean and `for: 15m`).
+//     (TrainingStraggler needs 10 minutes of mean and `for: 15m`);
+//   - training_checkpoint_pause: a job running from before the faults to
+//     the day's end pauses 18 minutes for a checkpoint save, GPUs in the
+//     checkpoint phase (issue 39: that paged P0).
 func trainingFaults(t *testing.T, cfg gpusim.Config, day0 time.Time) map[string]gpusim.Fault {
 	sim, err := gpusim.New(cfg)
 	if err != nil {
@@ -287,8 +301,13 @@ func trainingFaults(t *testing.T, cfg gpusim.Config, day0 time.Time) map[string]
 	straggler := jobNodeOf(t, sim, day0, taken, func(pod func(time.Duration) string) bool {
 		return pod(3*time.Minute) != "" && pod(3*time.Minute) == pod(dayLen)
 	})
+	pause := jobNodeOf(t, sim, day0, taken, func(pod func(time.Duration) string) bool {
+		return pod(faultsAt-time.Minute) != "" && pod(faultsAt-time.Minute) == pod(dayLen)
+	})
 	return map[string]gpusim.Fault{
 		"training_stall": {Kind: gpusim.FaultTrainingStall, At: faultsAt, Duration: dayLen, Node: stall},
+		// An 18-minute checkpoint save, from the faults' start to 30m.
+		"training_checkpoint_pause": {Kind: gpusim.FaultTrainingPause, At: faultsAt, Duration: 18 * time.Minute, Node: pause},
 		"straggler":      {Kind: gpusim.FaultStraggler, At: 4 * time.Minute, Duration: dayLen, Node: straggler, GPU: 2, Value: 1.5},
 	}
 }
