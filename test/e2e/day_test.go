@@ -178,8 +178,13 @@ func dayOtherClusters(day0 time.Time) []dayCluster {
 			// The job loads until 21 minutes into the day, then trains.
 			"training_slow_start": {Kind: gpusim.FaultTrainingSlowStart, At: time.Minute, Duration: 20 * time.Minute, Node: "0"},
 		}),
+		// Seed 5: node 1's job runs from before the faults to past 31m.
 		cluster("gpu-cluster-b200", gpusim.ModelB200, 5, map[string]gpusim.Fault{
 			"nvlink5_symbol_errors": {Kind: gpusim.FaultNVLink5SymbolErrors, At: faultsAt, Duration: dayLen, Node: "1", GPU: 2},
+			// An 18-minute checkpoint save of that job, from the faults'
+			// start to 30m, GPUs in the checkpoint phase (issue 39: it
+			// paged TrainingJobStalled P0).
+			"training_checkpoint_pause": {Kind: gpusim.FaultTrainingPause, At: faultsAt, Duration: 18 * time.Minute, Node: "1"},
 		}),
 		defaultCounters(cluster("gpu-cluster-defaults", gpusim.ModelH100, 7, map[string]gpusim.Fault{
 			// Between two scrapes, as a real burst is (it lasts 4 s): the
@@ -285,10 +290,7 @@ func checkHistoryJobs(t *testing.T, cfg gpusim.Config, day0 time.Time) (namespac
 //     end stops iterating at faultsAt;
 //   - straggler: the rank on GPU 2 of a job running from 3 minutes into
 //     the day to its end iterates 1.5 times slower from 4 minutes on
-//     (TrainingStraggler needs 10 minutes of mean and `for: 15m`);
-//   - training_checkpoint_pause: a job running from before the faults to
-//     the day's end pauses 18 minutes for a checkpoint save, GPUs in the
-//     checkpoint phase (issue 39: that paged P0).
+//     (TrainingStraggler needs 10 minutes of mean and `for: 15m`).
 func trainingFaults(t *testing.T, cfg gpusim.Config, day0 time.Time) map[string]gpusim.Fault {
 	sim, err := gpusim.New(cfg)
 	if err != nil {
@@ -301,14 +303,10 @@ func trainingFaults(t *testing.T, cfg gpusim.Config, day0 time.Time) map[string]
 	straggler := jobNodeOf(t, sim, day0, taken, func(pod func(time.Duration) string) bool {
 		return pod(3*time.Minute) != "" && pod(3*time.Minute) == pod(dayLen)
 	})
-	pause := jobNodeOf(t, sim, day0, taken, func(pod func(time.Duration) string) bool {
-		return pod(faultsAt-time.Minute) != "" && pod(faultsAt-time.Minute) == pod(dayLen)
-	})
 	return map[string]gpusim.Fault{
 		"training_stall": {Kind: gpusim.FaultTrainingStall, At: faultsAt, Duration: dayLen, Node: stall},
-		// An 18-minute checkpoint save, from the faults' start to 30m.
-		"training_checkpoint_pause": {Kind: gpusim.FaultTrainingPause, At: faultsAt, Duration: 18 * time.Minute, Node: pause},
-		"straggler":      {Kind: gpusim.FaultStraggler, At: 4 * time.Minute, Duration: dayLen, Node: straggler, GPU: 2, Value: 1.5},
+
+		"straggler": {Kind: gpusim.FaultStraggler, At: 4 * time.Minute, Duration: dayLen, Node: straggler, GPU: 2, Value: 1.5},
 	}
 }
 
