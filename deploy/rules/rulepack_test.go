@@ -266,7 +266,7 @@ func (a expectedAlert) labels() model.LabelSet {
 		"severity": model.LabelValue(severityOf[a.Priority]),
 		"cluster":  "gpu-cluster-prod-01", "tenant": "gpu-prod"}
 	switch a.Scope {
-	case "gpu":
+	case "gpu", "node_gpus":
 		l["node"], l["UUID"], l["gpu"] = "gpu-node-01", "GPU-3f1c2a9e-8b7d-4e61-a0c5-1d2e3f4a5b60", "0"
 	case "node":
 		l["node"] = "gpu-node-01"
@@ -383,7 +383,7 @@ func TestExpectedNotificationsMatchPackAndInhibition(t *testing.T) {
 			case static != a.Priority:
 				t.Errorf("%s: %s is %s in the pack, the fixture says %s", c.Fault, a.Alertname, static, a.Priority)
 			}
-			if !slices.Contains([]string{"gpu", "node", "pod"}, a.Scope) {
+			if !slices.Contains([]string{"gpu", "node_gpus", "node", "pod"}, a.Scope) {
 				t.Errorf("%s: %s has scope %q", c.Fault, a.Alertname, a.Scope)
 			}
 		}

@@ -257,8 +257,8 @@ func dayHistoryCluster(day0 time.Time) dayCluster {
 // checkHistoryJobs fails unless the history cluster's jobs are where
 // dayHistoryCluster's faults need them (a job ended by one of node 2's Xid
 // 79s would not run on to the day's end), and returns the namespace and
-// pod that hold the idle GPU.
-func checkHistoryJobs(t *testing.T, cfg gpusim.Config, day0 time.Time) (namespace, pod string) {
+// pod that hold the idle GPU and those of the job hung at its start.
+func checkHistoryJobs(t *testing.T, cfg gpusim.Config, day0 time.Time) (namespace, pod, hangNamespace, hangPod string) {
 	t.Helper()
 	sim, err := gpusim.New(cfg)
 	if err != nil {
@@ -273,7 +273,7 @@ func checkHistoryJobs(t *testing.T, cfg gpusim.Config, day0 time.Time) (namespac
 		return "", ""
 	}
 	_, before := podAt(0, "0", -55*time.Minute)
-	_, hang := podAt(0, "0", -45*time.Minute)
+	hangNamespace, hang := podAt(0, "0", -45*time.Minute)
 	if _, last := podAt(0, "0", dayLen); before != "" || hang == "" || last != hang {
 		t.Fatalf("history node 0: pods %q, %q, %q at -55m, -45m and the day's end; want one job starting in between and running on", before, hang, last)
 	}
@@ -281,7 +281,7 @@ func checkHistoryJobs(t *testing.T, cfg gpusim.Config, day0 time.Time) (namespac
 	if _, last := podAt(1, "3", dayLen); pod == "" || last != pod || jobOfPod(pod) == jobOfPod(hang) {
 		t.Fatalf("history node 1 GPU 3: pods %q at -%s, %q at the day's end; want one pod of another job than node 0's %q holding it", pod, historyIdle, last, hang)
 	}
-	return namespace, pod
+	return namespace, pod, hangNamespace, hang
 }
 
 // The training faults, each on a job of its own from node dayTrainingFrom
@@ -493,7 +493,7 @@ func TestSimulatedDayNotifications(t *testing.T) {
 	// Each class's fault and the cluster it is in.
 	others := dayOtherClusters(day0)
 	history := dayHistoryCluster(day0)
-	idleNamespace, idlePod := checkHistoryJobs(t, history.cfg, day0)
+	idleNamespace, idlePod, hangNamespace, hangPod := checkHistoryJobs(t, history.cfg, day0)
 	others = append(others, history)
 	clusterOf := map[string]string{}
 	for n := range faults {
@@ -693,6 +693,14 @@ func TestSimulatedDayNotifications(t *testing.T) {
 					// The alert is about the allocation: it keeps its pod.
 					l["namespace"], l["pod"] = idleNamespace, idlePod
 				}
+			case "node_gpus":
+				// Every GPU of the node, held by the job's pod.
+				for g := 0; g < 8; g++ {
+					lg := map[string]string{"alertname": e.Alertname, "cluster": clusterOf[cl.Fault], "node": hosts[clusterOf[cl.Fault]][idx],
+						"gpu": fmt.Sprint(g), "namespace": hangNamespace, "pod": hangPod}
+					want[alertKey(lg)] = true
+				}
+				continue
 			case "node":
 				l["node"] = hosts[clusterOf[cl.Fault]][idx]
 			case "pod":
