@@ -1053,6 +1053,11 @@ func (c *Cluster) stepClusterScope(s float64) {
 		for i, st := range statuses {
 			e.add(FamKubeNodeCondition, vals[i], Label{"condition", "Ready"}, Label{"node", n.hostname}, Label{"status", st})
 		}
+		cordoned := 0.0
+		if c.nodeCordonedAt(n.idx, s) {
+			cordoned = 1
+		}
+		e.add(FamKubeNodeUnschedulable, cordoned, Label{"node", n.hostname})
 	}
 	phases := [...]string{"Pending", "Running", "Succeeded", "Failed", "Unknown"}
 	for i := range slots {

@@ -122,6 +122,12 @@ const (
 	// autoscaler removes only empty nodes, so job slots on the node whose
 	// pods would still exist at `at` stay empty. Duration is ignored.
 	FaultNodeRemoved FaultKind = "node_removed"
+	// FaultMaintenanceReboot: planned maintenance of the node: it is
+	// cordoned and drained at `at` (kube_node_spec_unschedulable 1, its job
+	// ends), reboots a minute later (down: no node-exporter, no DCGM
+	// series, kubelet NotReady) until a minute before the fault ends, and is
+	// uncordoned when it ends.
+	FaultMaintenanceReboot FaultKind = "maintenance_reboot"
 	// FaultPStateChange sets the HW-slowdown bit (0x8) of the clock-event
 	// reasons while it lasts (default 15 s: one scrape), as NVML reports it
 	// during a P-state or clock change; nothing is slowed down.
@@ -169,7 +175,7 @@ const (
 
 // FaultKinds lists every kind, for flag help and validation.
 var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultThrottleThermal, FaultHBMOverheat, FaultExporterUpgrade, FaultExporterUpgrade49, FaultDriverUpgrade, FaultTrainingStall, FaultNaNLoss, FaultNodeDown,
-	FaultGPUReset, FaultRecoveryAction, FaultMIG, FaultNVLinkReplay, FaultNVLinkRecovery, FaultExporterCrash, FaultExporterRestart, FaultExporterHung, FaultNodeRemoved,
+	FaultGPUReset, FaultRecoveryAction, FaultMIG, FaultNVLinkReplay, FaultNVLinkRecovery, FaultExporterCrash, FaultExporterRestart, FaultExporterHung, FaultNodeRemoved, FaultMaintenanceReboot,
 	FaultPStateChange, FaultSBEStorm, FaultStraggler, FaultTrainingSlowStart, FaultTrainingPause, FaultPCIeReplays, FaultNVLink5SymbolErrors, FaultIdleAllocation}
 
 // DefaultFaultDuration applies when a fault gives none (gpu_reset: 30 s,
@@ -490,7 +496,7 @@ const jobCrashDelay = 5.0
 // (needs the GPU idle) and a switch to MIG mode (the node is drained).
 func (f *activeFault) endsJob() bool {
 	switch f.kind {
-	case FaultECCDBE, FaultGPUReset, FaultMIG, FaultNodeRemoved:
+	case FaultECCDBE, FaultGPUReset, FaultMIG, FaultNodeRemoved, FaultMaintenanceReboot:
 		return true
 	case FaultXid:
 		return f.code == 79 || f.code == 48 || f.code == 94 || f.code == 95
@@ -545,7 +551,24 @@ func (c *Cluster) nodeFaultAt(kind FaultKind, node int, s float64) (*activeFault
 func (c *Cluster) nodeDownAt(node int, s float64) bool {
 	for i := range c.faults {
 		f := &c.faults[i]
-		if f.kind == FaultNodeDown && f.node == node && f.activeAt(s) {
+		switch {
+		case f.kind == FaultNodeDown && f.node == node && f.activeAt(s):
+			return true
+		case f.kind == FaultMaintenanceReboot && f.node == node && s >= f.start+maintenanceDrain && s < f.end-maintenanceDrain:
+			return true
+		}
+	}
+	return false
+}
+
+// maintenanceDrain is how long a maintenance reboot's node is cordoned
+// before it goes down, and up again before it is uncordoned.
+const maintenanceDrain = 60.0
+
+// nodeCordonedAt reports whether node is cordoned (unschedulable) at s.
+func (c *Cluster) nodeCordonedAt(node int, s float64) bool {
+	for i := range c.faults {
+		if f := &c.faults[i]; f.kind == FaultMaintenanceReboot && f.node == node && f.activeAt(s) {
 			return true
 		}
 	}

@@ -190,6 +190,9 @@ func dayOtherClusters(day0 time.Time) []dayCluster {
 			// Between two scrapes, as a real burst is (it lasts 4 s): the
 			// gauge goes from 0 straight to the burst's last code, 154.
 			"ecc_dbe_default_counters": {Kind: gpusim.FaultECCDBE, At: faultsAt + 7*time.Second, Duration: dayLen, Node: "1", GPU: 0},
+			// Node 0 (no job) is cordoned, drained and rebooted: down 6
+			// of its 8 minutes.
+			"planned_reboot": {Kind: gpusim.FaultMaintenanceReboot, At: faultsAt, Duration: 8 * time.Minute, Node: "0"},
 		})),
 	}
 }
