@@ -1,18 +1,28 @@
 // Package docs holds gpustore's documentation pages; its tests keep them
 // and the README true to the code: the README short, every relative link
-// resolving, every gpustore flag a page names existing, and the defaults
-// the pages' flag tables state being the flags' defaults.
+// of every Markdown file of the repository resolving (sections included),
+// every README section named in prose existing, every gpustore flag a page
+// names existing, the defaults the pages' flag tables state being the
+// flags' defaults, and the pages counting the GPU pack's rules right.
 package docs
 
 import (
 	"flag"
+	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/rulefmt"
+	"github.com/prometheus/prometheus/promql/parser"
+
+	rulepack "github.com/gpustore/gpustore/deploy/rules"
 	"github.com/gpustore/gpustore/pkg/app"
 )
 
@@ -47,12 +57,49 @@ func TestREADMEIsShort(t *testing.T) {
 	}
 }
 
+// markdown is every Markdown file of the repository (the README, docs/,
+// the READMEs of deploy/ and bench/, RESULTS), by path from docs/.
+func markdown(t *testing.T) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != ".." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "node_modules" || d.Name() == "data" || d.Name() == "bin") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".md") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		out[filepath.Clean(path)] = string(b)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"../README.md", "../docs/rules.md", "../deploy/rules/README.md", "../deploy/kubernetes/README.md", "../bench/README.md"} {
+		if _, ok := out[filepath.Clean(want)]; !ok {
+			t.Fatalf("%s not among the Markdown files found", want)
+		}
+	}
+	return out
+}
+
 var link = regexp.MustCompile(`\]\(([^)\s]+)\)|<img src="([^"]+)"`)
 
-// Every relative link of the README and the pages points at a file or
-// directory that exists, and a link to a page's section at a heading of it.
+// Every relative link of every Markdown file of the repository points at a
+// file or directory that exists, and a link to a section (page.md#section,
+// or #section within the page) at a heading of that page: sections get
+// renamed, and five links to the README's pointed at none.
 func TestLinksResolve(t *testing.T) {
-	for file, text := range pages(t) {
+	files := markdown(t)
+	checked := 0
+	for file, text := range files {
 		for _, m := range link.FindAllStringSubmatch(text, -1) {
 			target := m[1] + m[2]
 			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
@@ -68,16 +115,21 @@ func TestLinksResolve(t *testing.T) {
 				}
 			}
 			if anchor != "" && strings.HasSuffix(resolved, ".md") {
-				b, err := os.ReadFile(resolved)
-				if err != nil {
-					t.Fatal(err)
+				page, ok := files[filepath.Clean(resolved)]
+				if !ok {
+					t.Fatalf("%s: link %s: %s is not among the Markdown files", file, target, resolved)
 				}
-				if !slices.Contains(anchors(string(b)), anchor) {
+				checked++
+				if !slices.Contains(anchors(page), anchor) {
 					t.Errorf("%s: link %s: %s has no heading with that anchor", file, target, resolved)
 				}
 			}
 		}
 	}
+	if checked < 5 {
+		t.Fatalf("only %d links to sections checked", checked)
+	}
+	t.Logf("%d links to sections checked in %d files", checked, len(files))
 }
 
 // anchors are GitHub's anchors of a page's headings: lower case, spaces to
@@ -191,4 +243,141 @@ func TestFlagTablesStateTheDefaults(t *testing.T) {
 		t.Fatalf("only %d table defaults checked", checked)
 	}
 	t.Logf("%d table defaults checked", checked)
+}
+
+// readmeSection is a section of a README named in prose, as comments and
+// tables name them: README "Sizing", the README's "Rules and alerts",
+// (README, "Downsampling"); a comment may wrap between README and the name.
+var readmeSection = regexp.MustCompile(`README(?:\.md)?(?:'s)?,?(?:\s|#|//)*"([A-Z][^"]{0,80})"`)
+
+// wrap is where a comment wraps a quoted name onto its next line.
+var wrap = regexp.MustCompile(`\s*\n\s*(?:#|//)?\s*`)
+
+// Every README section named in prose anywhere in the repository (a
+// manifest's comment, a rule file, a page) is a heading of the README it
+// means: the nearest README.md at or above the file's folder (above it,
+// for a README itself). Five named sections that had moved out of the
+// README to docs/ when it was cut down (issue 38).
+func TestREADMESectionsNamedExist(t *testing.T) {
+	checked := 0
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != ".." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "node_modules" || d.Name() == "data" || d.Name() == "bin" || d.Name() == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		switch filepath.Ext(path) {
+		case ".md", ".go", ".yml", ".yaml", ".sh", ".json", ".jsonnet", ".libsonnet", "":
+		default:
+			return nil
+		}
+		if path == filepath.Join("..", "bench", "RESULTS.md") || path == filepath.Join("..", "docs", "docs_test.go") {
+			return nil // a log naming sections as they were on its dates; this test's examples
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range readmeSection.FindAllStringSubmatch(string(b), -1) {
+			readme := nearestREADME(t, path)
+			page, err := os.ReadFile(readme)
+			if err != nil {
+				t.Fatal(err)
+			}
+			name := wrap.ReplaceAllString(m[1], " ")
+			checked++
+			if !slices.Contains(anchors(string(page)), anchors("# " + name)[0]) {
+				t.Errorf("%s names the section %q of %s, which has no such heading", path, name, readme)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checked < 5 {
+		t.Fatalf("only %d README sections named in prose checked", checked)
+	}
+	t.Logf("%d README sections named in prose checked", checked)
+}
+
+// nearestREADME is the README.md a file means by "README": the nearest at or
+// above its folder, above it for a README itself.
+func nearestREADME(t *testing.T, path string) string {
+	t.Helper()
+	dir := filepath.Dir(path)
+	if filepath.Base(path) == "README.md" {
+		dir = filepath.Dir(dir)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "README.md")); err == nil {
+			return filepath.Join(dir, "README.md")
+		}
+		if dir == ".." {
+			t.Fatalf("%s: no README.md above it", path)
+		}
+		dir = filepath.Dir(dir)
+	}
+}
+
+// packCount is how docs/rules.md and deploy/rules/README.md count the GPU
+// pack's rules.
+var packCount = map[string]*regexp.Regexp{
+	"rules.md":                  regexp.MustCompile(`Its (\d+) rules \((\d+) alerts, (\d+) recording rules\s+and the (\d+) series of the Xid catalogue\)`),
+	"../deploy/rules/README.md": regexp.MustCompile(`The pack has (\d+) alerts and (\d+) recording rules besides the (\d+)\s+catalogue series`),
+}
+
+// The pages count the GPU pack's rules as the embedded pack has them (a
+// new user read "~140" of a pack of 158).
+func TestPackRuleCounts(t *testing.T) {
+	var alerts, recording, catalogue int
+	for _, name := range rulepack.Files() {
+		b, err := fs.ReadFile(rulepack.FS, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		groups, errs := rulefmt.Parse(b, false, model.UTF8Validation, parser.NewParser(parser.Options{}), slog.New(slog.DiscardHandler))
+		if len(errs) > 0 {
+			t.Fatalf("%s: %v", name, errs)
+		}
+		for _, g := range groups.Groups {
+			for _, r := range g.Rules {
+				switch {
+				case r.Alert != "":
+					alerts++
+				case r.Record == "gpu:xid_catalog:info":
+					catalogue++
+				default:
+					recording++
+				}
+			}
+		}
+	}
+	want := map[string][]int{
+		"rules.md":                  {alerts + recording + catalogue, alerts, recording, catalogue},
+		"../deploy/rules/README.md": {alerts, recording, catalogue},
+	}
+	for file, re := range packCount {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := re.FindStringSubmatch(string(b))
+		if m == nil {
+			t.Errorf("%s does not count the pack's rules as %s", file, re)
+			continue
+		}
+		var got []int
+		for _, s := range m[1:] {
+			n, _ := strconv.Atoi(s)
+			got = append(got, n)
+		}
+		if !slices.Equal(got, want[file]) {
+			t.Errorf("%s counts the pack's rules %v (%q), the pack has %v", file, got, m[0], want[file])
+		}
+	}
 }

@@ -8,8 +8,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 
 	"github.com/prometheus/prometheus/model/labels"
@@ -23,16 +25,53 @@ func main() {
 	os.Exit(run(os.Args[1:]))
 }
 
+// subcommands are gpustore's commands other than serving, by the word that
+// names them first on the command line (`gpustore <command> ...`); each
+// parses the arguments after its name and returns the exit code. Any other
+// first word that is not a flag is an error (exit 2, with the usage).
+var subcommands = map[string]struct {
+	summary string
+	run     func(args []string) int
+}{}
+
+// run is gpustore's command line: a subcommand, or the server's flags.
 func run(args []string) int {
-	fs := flag.NewFlagSet("gpustore", flag.ContinueOnError)
-	showVersion := app.BindCommandFlags(fs)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: gpustore [flags]\n\nA Prometheus remote-write receiver and TSDB for GPU clusters.\nFlags (also settable in the YAML file given by -config.file):\n\n")
+	if len(args) > 0 {
+		if cmd, ok := subcommands[args[0]]; ok {
+			return cmd.run(args[1:])
+		}
+	}
+	return serve(args)
+}
+
+// usage describes the command line: the server's flags, and the
+// subcommands when there are any.
+func usage(fs *flag.FlagSet) func() {
+	return func() {
+		w := fs.Output()
+		fmt.Fprintf(w, "Usage: gpustore [flags]\n")
+		names := slices.Sorted(maps.Keys(subcommands))
+		for _, n := range names {
+			fmt.Fprintf(w, "       gpustore %s ...\t%s\n", n, subcommands[n].summary)
+		}
+		fmt.Fprintf(w, "\nA Prometheus remote-write receiver and TSDB for GPU clusters.\nFlags (also settable in the YAML file given by -config.file):\n\n")
 		fs.PrintDefaults()
 	}
+}
+
+// serve runs the server until SIGINT or SIGTERM.
+func serve(args []string) int {
+	fs := flag.NewFlagSet("gpustore", flag.ContinueOnError)
+	showVersion := app.BindCommandFlags(fs)
+	fs.Usage = usage(fs)
 	cfg, _, err := app.Load(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
+	}
+	if errors.Is(err, app.ErrArguments) {
+		fmt.Fprintln(fs.Output(), "gpustore:", err)
+		fs.Usage()
+		return 2
 	}
 	if *showVersion {
 		fmt.Print(version.Print("gpustore"))

@@ -90,7 +90,10 @@ type Bomb struct {
 // gpustore bounded expressions: deep parentheses (format_query of 2,000
 // levels took 15 s; parse_query of 20,000 took 20 s and 5.5 GB; an instant
 // query of 100,000 ran 120 s past a 5 s timeout), long operator chains and
-// nested function calls, which nest as deep without a single parenthesis.
+// nested function calls, which nest as deep without a single parenthesis;
+// and the same nesting behind a comment that ends at a carriage return
+// (PromQL ends a comment at \r as well as \n: a scan that ended it at \n
+// alone saw nothing after it, and 3,000 levels were answered 200).
 func ParseBombs() []Bomb {
 	nest := func(open, leaf, close string, n int) string {
 		return strings.Repeat(open, n) + leaf + strings.Repeat(close, n)
@@ -104,6 +107,8 @@ func ParseBombs() []Bomb {
 		{"nested-calls-3000", nest("abs(", "DCGM_FI_DEV_GPU_UTIL", ")", 3000)},
 		{"nested-binary-2000", nest("(DCGM_FI_DEV_GPU_UTIL + ", "DCGM_FI_DEV_GPU_UTIL", ")", 2000)},
 		{"unclosed-100000", strings.Repeat("(", 100_000)},
+		{"comment-cr-parentheses-3000", "#\r" + nest("(", "DCGM_FI_DEV_GPU_UTIL", ")", 3000)},
+		{"comment-cr-operator-chain-5000", "DCGM_FI_DEV_GPU_UTIL # power\r" + strings.Repeat(" + DCGM_FI_DEV_GPU_UTIL", 5000)},
 		{"long-1MiB", `DCGM_FI_DEV_GPU_UTIL{gpu=~"` + strings.Repeat("0|", 1<<19) + `1"}`},
 	}
 }

@@ -1,5 +1,6 @@
-// The write side's workloads: slow bodies that hold write slots, a flood of
-// new tenants, and a flood of wrong passwords.
+// The write side's workloads: slow and trickled bodies that hold write
+// slots, a flood of new tenants, a flood of wrong passwords, and metadata
+// without end.
 
 package abuse
 
@@ -11,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 )
 
 // SlowBodies opens n connections to addr that each send the headers of a
@@ -50,6 +52,92 @@ func SlowBodies(addr string, tlsConfig *tls.Config, n int, hdr http.Header) (clo
 		}
 	}
 	return closeAll, nil
+}
+
+// TrickledBodies opens n connections to addr that each send the headers of
+// a write to path (a remote write, or an OTLP export with
+// hdr's Content-Type; Content-Length 1 MiB, hdr added) and then one byte of
+// the body every interval, each under a stall timeout, until close is
+// called or the server cuts it. cut counts the connections the server has
+// closed or answered so far. tlsConfig nil: plain TCP.
+func TrickledBodies(addr string, tlsConfig *tls.Config, path string, n int, hdr http.Header, interval time.Duration) (cut func() int, closeAll func(), err error) {
+	var head strings.Builder
+	fmt.Fprintf(&head, "POST %s HTTP/1.1\r\nHost: gpustore\r\nContent-Length: 1048576\r\n", path)
+	if hdr.Get("Content-Type") == "" {
+		head.WriteString("Content-Type: application/x-protobuf\r\nContent-Encoding: snappy\r\n")
+	}
+	for k, vs := range hdr {
+		for _, v := range vs {
+			fmt.Fprintf(&head, "%s: %s\r\n", k, v)
+		}
+	}
+	head.WriteString("\r\n")
+	var mtx sync.Mutex
+	var conns []net.Conn
+	var ended int
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	closeAll = func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		mtx.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mtx.Unlock()
+		wg.Wait()
+	}
+	for range n {
+		var c net.Conn
+		if tlsConfig != nil {
+			c, err = tls.Dial("tcp", addr, tlsConfig)
+		} else {
+			c, err = net.Dial("tcp", addr)
+		}
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		mtx.Lock()
+		conns = append(conns, c)
+		mtx.Unlock()
+		if _, err := c.Write([]byte(head.String())); err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		wg.Add(2)
+		go func() { // a byte every interval
+			defer wg.Done()
+			t := time.NewTicker(interval)
+			defer t.Stop()
+			for {
+				if _, err := c.Write([]byte{0}); err != nil {
+					return
+				}
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+				}
+			}
+		}()
+		go func() { // the server's answer or close ends it
+			defer wg.Done()
+			_, _ = c.Read(make([]byte, 1))
+			mtx.Lock()
+			ended++
+			mtx.Unlock()
+		}()
+	}
+	cut = func() int {
+		mtx.Lock()
+		defer mtx.Unlock()
+		return ended
+	}
+	return cut, closeAll, nil
 }
 
 // Answers counts HTTP answers by status code; 0 counts transport errors.

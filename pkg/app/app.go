@@ -189,11 +189,12 @@ func New(cfg Config, logger *slog.Logger) (*App, error) {
 	return a, nil
 }
 
-// RecordFlags keeps the flags given on the command line for
-// /api/v1/status/flags (which shows them with their secrets redacted);
-// call it before Start.
+// RecordFlags keeps every flag's value, given on the command line, set by
+// the YAML file or left at its default, for /api/v1/status/flags (which
+// shows them, as Prometheus does, with their secrets redacted); call it
+// before Start.
 func (a *App) RecordFlags(fs *flag.FlagSet) {
-	fs.Visit(func(f *flag.Flag) { a.Flags[f.Name] = f.Value.String() })
+	fs.VisitAll(func(f *flag.Flag) { a.Flags[f.Name] = f.Value.String() })
 }
 
 // ready is the readiness every role reports: all services running.
@@ -399,6 +400,7 @@ func (a *App) initQuery() (services.Service, error) {
 		Ready:          a.ready,
 		ActiveQueryDir: filepath.Join(a.Cfg.TSDB.Dir, "query"),
 		Flags:          a.Flags,
+		TakesWrites:    a.takesWrites(),
 		Sources:        a.querySources(),
 		Receivers:      a.Receivers, ReceiversLookback: a.receiversLookback(),
 		Metadata:      a.receiversMetadata(),
@@ -418,6 +420,15 @@ func (a *App) initQuery() (services.Service, error) {
 	// and the runtime (secrets are redacted, but they are the operator's).
 	a.Server.AdminOnly("/api/v1/status/self_metrics", "/api/v1/status/flags", "/api/v1/status/config", "/api/v1/status/runtimeinfo")
 	return services.NewIdleService(nil, nil), nil
+}
+
+// takesWrites tells whether this process serves remote write and OTLP: the
+// ingest role without the ring, the distributor with it.
+func (a *App) takesWrites() bool {
+	if a.Cfg.Ring.Enabled {
+		return a.runs(Distributor)
+	}
+	return a.runs(Ingest)
 }
 
 // runs tells whether this process runs role (itself or through all).

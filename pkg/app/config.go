@@ -137,8 +137,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&c.Server.ReadTimeout, "web.read-timeout", "How long a client may take to send a whole request.")
 	fs.Var(&c.Server.WriteTimeout, "web.write-timeout", "How long a request may take from its headers to the end of its answer; must exceed query.timeout.")
 	fs.Var(&c.Server.IdleTimeout, "web.idle-timeout", "How long a keep-alive connection may stay idle.")
-	fs.IntVar(&c.Server.MaxConcurrentWritesPerTenant, "web.max-concurrent-writes-per-tenant", c.Server.MaxConcurrentWritesPerTenant, "Remote-write requests in progress per tenant; beyond it 503 with Retry-After (0: no bound).")
-	fs.Var(&c.Server.WriteBodyStallTimeout, "web.write-body-stall-timeout", "A remote-write body that sends nothing for this long is cut (503, retried) and frees its tenant's write slot (0: only web.read-timeout bounds it).")
+	fs.IntVar(&c.Server.MaxConcurrentWritesPerTenant, "web.max-concurrent-writes-per-tenant", c.Server.MaxConcurrentWritesPerTenant, "Writes (remote write, OTLP) per tenant being decoded and stored, each taking its slot once its body is read; beyond it 503 with Retry-After (0: no bound).")
+	fs.Var(&c.Server.WriteBodyStallTimeout, "web.write-body-stall-timeout", "A write body that sends nothing for this long is cut (503, retried) (0: only web.read-timeout bounds it).")
+	fs.IntVar(&c.Server.WriteBodyMinRate, "web.write-body-min-rate", c.Server.WriteBodyMinRate, "Bytes/s a write body must average once web.write-body-stall-timeout has passed since its headers, or it is cut (503, retried) (0: none).")
 	fs.StringVar(&c.TSDB.Dir, "storage.tsdb.path", c.TSDB.Dir, "Data directory; each tenant's TSDB lives in <path>/tenants/<tenant>.")
 	fs.Var(&c.TSDB.BlockDuration, "storage.tsdb.block-duration", "Duration of a head block (2h in production; minutes in tests).")
 	fs.Var(&c.TSDB.Retention, "storage.tsdb.retention.time", "How long local blocks are kept.")
@@ -189,6 +190,12 @@ func BindCommandFlags(fs *flag.FlagSet) *bool {
 	return fs.Bool("version", false, "Print the version and exit.")
 }
 
+// ErrArguments is Load's error for words among args that are not flags:
+// the server takes flags only (cmd/gpustore dispatches its subcommands
+// before Load), and one that ignored them started serving on `gpustore
+// tools bucket ls`.
+var ErrArguments = errors.New("unexpected argument")
+
 // Load builds the configuration from defaults, the YAML file named by
 // --config.file (if any) and the flags in args, in increasing precedence.
 func Load(fs *flag.FlagSet, args []string) (Config, string, error) {
@@ -196,6 +203,9 @@ func Load(fs *flag.FlagSet, args []string) (Config, string, error) {
 	filePtr := BindFlags(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", err
+	}
+	if fs.NArg() > 0 { // flag parsing stops at the first word that is not a flag
+		return cfg, "", fmt.Errorf("%w %q (the server takes flags only)", ErrArguments, fs.Arg(0))
 	}
 	file := *filePtr
 	if file != "" {

@@ -176,12 +176,16 @@ func instantValue(t *testing.T, base, expr string) string {
 	return s
 }
 
-// startApp starts gpustore with cfg and stops it when the test ends.
-func startApp(t *testing.T, cfg Config) *App {
+// startApp starts gpustore with cfg and stops it when the test ends;
+// before runs on the App before it starts (RecordFlags, as main does).
+func startApp(t *testing.T, cfg Config, before ...func(*App)) *App {
 	t.Helper()
 	a, err := New(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, f := range before {
+		f(a)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

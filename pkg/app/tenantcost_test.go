@@ -49,19 +49,32 @@ func liveHeap() uint64 {
 	return ms.HeapAlloc
 }
 
+// steadyHeap is the least of five liveHeap measures 200 ms apart: a rule
+// group evaluating while one is taken holds its query's memory for the
+// moment (1.0 MiB a GPU tenant measured alone, 2.7 MiB in some runs of the
+// whole package).
+func steadyHeap() uint64 {
+	least := liveHeap()
+	for range 4 {
+		time.Sleep(200 * time.Millisecond)
+		least = min(least, liveHeap())
+	}
+	return least
+}
+
 // measureTenants writes one sample of metric to n new tenants (the
 // abuse.TenantFlood workload), waits for the ruler's tenant polls, and
 // returns the live heap and goroutines each new tenant added.
 func measureTenants(t *testing.T, a *App, base, metric, prefix string, n int) (heapPerTenant float64, goroutinesPerTenant float64) {
 	t.Helper()
 	time.Sleep(300 * time.Millisecond) // the ruler's first polls are done
-	h0, g0 := liveHeap(), runtime.NumGoroutine()
+	h0, g0 := steadyHeap(), runtime.NumGoroutine()
 	ans := abuse.TenantFlood(context.Background(), http.DefaultClient, base+"/api/v1/write", oneSample(t, metric), prefix, n, 4, nil)
 	if got := ans.Count(http.StatusNoContent); got != n {
 		t.Fatalf("tenant writes: %v, want %d answered 204", ans.ByCode, n)
 	}
 	time.Sleep(500 * time.Millisecond) // several tenant polls: the ruler has seen every tenant
-	h1, g1 := liveHeap(), runtime.NumGoroutine()
+	h1, g1 := steadyHeap(), runtime.NumGoroutine()
 	return (float64(h1) - float64(h0)) / float64(n), float64(g1-g0) / float64(n)
 }
 
@@ -82,8 +95,11 @@ func TestIdleTenantCost(t *testing.T) {
 }
 
 // TestGPUTenantCost measures a tenant with GPU data (one dcgm-exporter
-// sample): it has the GPU rule pack besides what an idle tenant has. It
-// reports the figure for bench/RESULTS.md and checks the pack loaded.
+// sample): it has the GPU rule pack besides what an idle tenant has, and
+// checks the pack loaded. Target (issue 38): at most 2 MiB of heap. It was
+// 13 MiB while Prometheus' rule manager gave each of the pack's rule label
+// sets and annotations a symbol table of its own (pkg/rules/share.go);
+// bench/RESULTS.md keeps the figures.
 func TestGPUTenantCost(t *testing.T) {
 	a, base := tenantCostApp(t)
 	const n = 5
@@ -91,6 +107,9 @@ func TestGPUTenantCost(t *testing.T) {
 	t.Logf("tenant with GPU data: %.1f MiB of heap, %.1f goroutines (%d tenants)", heap/(1<<20), goroutines, n)
 	if got := len(a.Ruler.Manager("gpu-0").RuleGroups()); got == 0 {
 		t.Error("a tenant with GPU data runs no rule groups")
+	}
+	if heap > 2<<20 {
+		t.Errorf("a tenant with GPU data costs %.1f MiB of heap, want at most 2 MiB", heap/(1<<20))
 	}
 }
 

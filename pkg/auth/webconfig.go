@@ -26,6 +26,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -61,11 +62,12 @@ type WebConfig struct {
 	verifiedMtx sync.RWMutex
 	verified    map[[sha256.Size]byte]struct{}
 	// checking makes concurrent checks of the same credentials one check
-	// (a Prometheus' shards all start at once); slots bounds the checks
-	// running at once (checkSlots), so a flood of guesses queues instead of
-	// taking every core, and verified senders never wait for it.
+	// (a Prometheus' shards all start at once); queue bounds the checks
+	// running at once (checkSlots) and those waiting (checkqueue.go), so a
+	// flood of guesses neither takes every core nor piles up, verified
+	// senders never wait for it, and a user's first check waits its turn.
 	checking singleflight.Group
-	slots    chan struct{}
+	queue    *checkQueue
 	compare  func(hash, password []byte) error // bcrypt's; tests slow it down
 	checks   *prometheus.CounterVec
 
@@ -92,6 +94,15 @@ type loaded struct {
 // (TestPasswordFloodLatency, GPUSTORE_MEASURE=1).
 func checkSlots() int { return max(1, runtime.GOMAXPROCS(0)/2) }
 
+// The checks that may wait for a slot, per user (a user has one password:
+// more are guesses) and in all; past them a request is answered 503 at
+// once. At bcrypt's default cost (~70 ms a check on a core) the last of 64
+// waits ~4.5 s on one slot.
+const (
+	maxWaitingChecksPerUser = 8
+	maxWaitingChecks        = 64
+)
+
 // maxVerified bounds the memo of verified passwords. Only a password that
 // passes enters it, about one per user; past the bound an entry is dropped
 // to make room.
@@ -101,10 +112,11 @@ const maxVerified = 1024
 func Load(path string, logger *slog.Logger, reg prometheus.Registerer) (*WebConfig, error) {
 	w := &WebConfig{
 		path: path, logger: logger, verified: map[[sha256.Size]byte]struct{}{},
-		slots: make(chan struct{}, checkSlots()), compare: bcrypt.CompareHashAndPassword,
+		queue:   newCheckQueue(checkSlots(), maxWaitingChecksPerUser, maxWaitingChecks),
+		compare: bcrypt.CompareHashAndPassword,
 		checks: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Name: "gpustore_server_password_checks_total",
-			Help: "Basic-auth passwords checked with bcrypt (not remembered from an earlier check), by result (ok, wrong).",
+			Help: "Basic-auth passwords to check with bcrypt (not remembered from an earlier check), by result: ok, wrong, busy (refused unchecked: too many checks waiting), abandoned (the client left before its check).",
 		}, []string{"result"}),
 		reloadOK: promauto.With(reg).NewGauge(prometheus.GaugeOpts{
 			Name: "gpustore_server_web_config_last_reload_successful",
@@ -116,7 +128,7 @@ func Load(path string, logger *slog.Logger, reg prometheus.Registerer) (*WebConf
 		}),
 		denied: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Name: "gpustore_server_unauthorized_requests_total",
-			Help: "Requests refused by the web configuration, by reason (no_credentials, bad_credentials, rate_limited).",
+			Help: "Requests refused by the web configuration, by reason (no_credentials, bad_credentials, rate_limited, checks_busy).",
 		}, []string{"reason"}),
 	}
 	l, err := parse(path)
@@ -214,10 +226,9 @@ func (w *WebConfig) Reload() error {
 		w.reloadOK.Set(0)
 		return err
 	}
+	// The verified passwords stay verified: each is remembered with its
+	// user's hash, so a changed or removed user's no longer matches.
 	w.cur.Store(l)
-	w.verifiedMtx.Lock()
-	clear(w.verified)
-	w.verifiedMtx.Unlock()
 	w.reloadOK.Set(1)
 	w.reloadTime.SetToCurrentTime()
 	return nil
@@ -287,8 +298,24 @@ func WithIdentity(ctx context.Context, id Identity) context.Context {
 // Middleware applies the configuration to every request: response headers,
 // basic auth (401 with WWW-Authenticate), the rate limit of the request's
 // identity (429, as the toolkit answers), then records the identity in the
-// request context.
+// request context. Refusals are answered as text.
 func (w *WebConfig) Middleware(next http.Handler) http.Handler {
+	return w.MiddlewareAnswering(next, TextRefusal)
+}
+
+// Refusal answers a request the configuration refuses, with status and a
+// message; the headers that go with it (WWW-Authenticate, Retry-After) are
+// set already. Routes of another protocol answer in its format (OTLP: a
+// google.rpc.Status).
+type Refusal func(rw http.ResponseWriter, r *http.Request, status int, msg string)
+
+// TextRefusal answers a refusal as text, as net/http's http.Error does.
+func TextRefusal(rw http.ResponseWriter, _ *http.Request, status int, msg string) {
+	http.Error(rw, msg, status)
+}
+
+// MiddlewareAnswering is Middleware with refusals answered by refuse.
+func (w *WebConfig) MiddlewareAnswering(next http.Handler, refuse Refusal) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		l := w.cur.Load()
 		for k, v := range l.cfg.HTTPConfig.Header {
@@ -301,64 +328,112 @@ func (w *WebConfig) Middleware(next http.Handler) http.Handler {
 		if len(l.cfg.Users) > 0 {
 			user, pass, ok := r.BasicAuth()
 			if !ok {
-				w.deny(rw, "no_credentials")
+				w.deny(rw, r, refuse, "no_credentials")
 				return
 			}
-			if !w.checkPassword(l, user, pass) {
-				w.deny(rw, "bad_credentials")
+			ok, err := w.checkPassword(r.Context(), l, user, pass)
+			switch {
+			case err != nil && r.Context().Err() != nil:
+				return // the client left before its password was checked
+			case err != nil:
+				// Too many checks wait: the password was not checked.
+				// 503, which a legitimate client caught in a flood of
+				// guesses retries (Prometheus and OTLP exporters do), not
+				// 401, which it would not.
+				w.denied.WithLabelValues("checks_busy").Inc()
+				rw.Header().Set("Retry-After", "1")
+				refuse(rw, r, http.StatusServiceUnavailable, "too many password checks in progress, retry later")
+				return
+			case !ok:
+				w.deny(rw, r, refuse, "bad_credentials")
 				return
 			}
 			id.User = user
 		}
 		if l.limits != nil && !l.limits.allow(id.Name()) {
 			w.denied.WithLabelValues("rate_limited").Inc()
-			http.Error(rw, http.StatusText(http.StatusTooManyRequests), http.StatusTooManyRequests)
+			refuse(rw, r, http.StatusTooManyRequests, http.StatusText(http.StatusTooManyRequests))
 			return
 		}
 		next.ServeHTTP(rw, r.WithContext(WithIdentity(r.Context(), id)))
 	})
 }
 
-func (w *WebConfig) deny(rw http.ResponseWriter, reason string) {
+func (w *WebConfig) deny(rw http.ResponseWriter, r *http.Request, refuse Refusal, reason string) {
 	w.denied.WithLabelValues(reason).Inc()
 	rw.Header().Set("WWW-Authenticate", `Basic realm="gpustore"`)
-	http.Error(rw, http.StatusText(http.StatusUnauthorized), http.StatusUnauthorized)
+	refuse(rw, r, http.StatusUnauthorized, http.StatusText(http.StatusUnauthorized))
 }
 
-func (w *WebConfig) checkPassword(l *loaded, user, pass string) bool {
+// checkPassword says whether pass is user's password: at once when it was
+// verified before, else after a bcrypt check, for which it waits its turn
+// (checkQueue). The error says it was not checked: errChecksBusy, or ctx's
+// when the client left first.
+func (w *WebConfig) checkPassword(ctx context.Context, l *loaded, user, pass string) (bool, error) {
 	stored, known := l.cfg.Users[user]
 	hash := []byte(stored)
+	turn := user // the queue's turns: each known user, and unknown ones together
 	if !known {
-		hash = l.fakeHash
+		hash, turn = l.fakeHash, ""
 	}
 	key := sha256.Sum256(fmt.Appendf(nil, "%d:%s\x00%s\x00%s", len(user), user, hash, pass))
 	w.verifiedMtx.RLock()
 	_, ok := w.verified[key]
 	w.verifiedMtx.RUnlock()
 	if ok {
-		return true
-	}
-	v, _, _ := w.checking.Do(string(key[:]), func() (any, error) {
-		w.slots <- struct{}{}
-		defer func() { <-w.slots }()
-		start := time.Now()
-		ok := w.compare(hash, []byte(pass)) == nil && known
-		w.logger.Debug("checked password", "user", user, "ok", ok, "took", time.Since(start))
-		if !ok {
-			w.checks.WithLabelValues("wrong").Inc()
-			return false, nil
-		}
-		w.checks.WithLabelValues("ok").Inc()
-		w.verifiedMtx.Lock()
-		defer w.verifiedMtx.Unlock()
-		if len(w.verified) >= maxVerified {
-			for k := range w.verified {
-				delete(w.verified, k)
-				break
-			}
-		}
-		w.verified[key] = struct{}{}
 		return true, nil
-	})
-	return v.(bool)
+	}
+	for {
+		// The check runs in the first request's goroutine's stead (DoChan)
+		// and waits for its slot as long as that request does; requests
+		// with the same credentials share it, and check again should its
+		// request leave before the check ran.
+		ch := w.checking.DoChan(string(key[:]), func() (any, error) {
+			return w.check(ctx, turn, user, hash, pass, known, key)
+		})
+		select {
+		case res := <-ch:
+			if res.Err != nil && !errors.Is(res.Err, errChecksBusy) && ctx.Err() == nil {
+				continue // the request whose check it was left: check again
+			}
+			if res.Err != nil {
+				return false, res.Err
+			}
+			return res.Val.(bool), nil
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+}
+
+// check runs one bcrypt check in a slot of the queue and remembers a
+// password that passed.
+func (w *WebConfig) check(ctx context.Context, turn, user string, hash []byte, pass string, known bool, key [sha256.Size]byte) (bool, error) {
+	if err := w.queue.acquire(ctx, turn); err != nil {
+		result := "abandoned"
+		if errors.Is(err, errChecksBusy) {
+			result = "busy"
+		}
+		w.checks.WithLabelValues(result).Inc()
+		return false, err
+	}
+	defer w.queue.release()
+	start := time.Now()
+	ok := w.compare(hash, []byte(pass)) == nil && known
+	w.logger.Debug("checked password", "user", user, "ok", ok, "took", time.Since(start))
+	if !ok {
+		w.checks.WithLabelValues("wrong").Inc()
+		return false, nil
+	}
+	w.checks.WithLabelValues("ok").Inc()
+	w.verifiedMtx.Lock()
+	defer w.verifiedMtx.Unlock()
+	if len(w.verified) >= maxVerified {
+		for k := range w.verified {
+			delete(w.verified, k)
+			break
+		}
+	}
+	w.verified[key] = struct{}{}
+	return true, nil
 }

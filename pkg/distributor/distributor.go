@@ -409,7 +409,8 @@ func (a *appender) send(ctx context.Context, inst ring.InstanceDesc, idx []int) 
 		return nil
 	}
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
-	return &receiverError{addr: inst.Addr, id: inst.Id, status: resp.StatusCode, msg: strings.TrimSpace(string(msg))}
+	return &receiverError{addr: inst.Addr, id: inst.Id, status: resp.StatusCode, msg: strings.TrimSpace(string(msg)),
+		judged: resp.Header.Get(ingest.AnswerHeader) != ""}
 }
 
 // request encodes the series at idx as a remote write 1.0 request, with
@@ -541,19 +542,27 @@ type receiverError struct {
 	addr, id string
 	status   int // 0: no answer
 	msg      string
+	// judged: the answer is the receiver's ingester's (ingest.AnswerHeader).
+	judged bool
 }
 
 func (e *receiverError) Error() string {
-	if e.status == 0 {
+	switch {
+	case e.status == 0:
 		return fmt.Sprintf("receiver %s (%s): %s", e.id, e.addr, e.msg)
+	case e.status/100 == 4 && !e.judged:
+		return fmt.Sprintf("receiver %s (%s) answered %d, not from its ingester: a transport or configuration fault (ring.scheme, ring.client's credentials, a proxy): %s", e.id, e.addr, e.status, e.msg)
 	}
 	return fmt.Sprintf("receiver %s (%s) answered %d: %s", e.id, e.addr, e.status, e.msg)
 }
 
-// isClientError: the receiver will never take this data (4xx but 429).
+// isClientError: the receiver will never take this data: its ingester
+// judged it and answered 4xx but 429. A 4xx from anything else on the way
+// (plain HTTP to a TLS receiver, credentials it refuses) is a fault to
+// retry: passed on as 400 it would make the sender drop its data.
 func isClientError(err error) bool {
 	var re *receiverError
-	return errors.As(err, &re) && re.status/100 == 4 && re.status != http.StatusTooManyRequests
+	return errors.As(err, &re) && re.status/100 == 4 && re.status != http.StatusTooManyRequests && re.judged
 }
 
 // statusError carries the write's answer to the ingester (ingest.StatusError).

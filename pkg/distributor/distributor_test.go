@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -431,3 +432,54 @@ func TestHADedupOnce(t *testing.T) {
 }
 
 var _ storage.AppendableV2 = (*tenant)(nil)
+
+// TestReceiverTransportFaultsAreRetried: a receiver's 4xx that is not its
+// ingester's judgement of the data (Go's 400 to plain HTTP sent to a TLS
+// receiver, a 401 for ring credentials it does not know) is a transport or
+// configuration fault: the distributor answers 503, which the sender
+// retries, not 400, which makes it drop the data. Before, any 4xx from a
+// quorum was passed on as 400.
+func TestReceiverTransportFaultsAreRetried(t *testing.T) {
+	unauthorized := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("WWW-Authenticate", `Basic realm="gpustore"`)
+		http.Error(w, "Unauthorized", http.StatusUnauthorized)
+	})
+	for _, c := range []struct {
+		name string
+		tls  bool
+		// handler replaces the receiver's handler; nil: kept
+		handler http.Handler
+	}{
+		{"plain HTTP to TLS receivers", true, nil},
+		{"receivers refusing the ring's credentials", false, unauthorized},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cl := newCluster(t, 3, 3, nil)
+			for _, r := range cl.receivers {
+				addr, h := r.srv.Listener.Addr().String(), r.srv.Config.Handler
+				if c.handler != nil {
+					h = c.handler
+				}
+				r.srv.Close()
+				r.srv = httptest.NewUnstartedServer(h)
+				_ = r.srv.Listener.Close()
+				l, err := net.Listen("tcp", addr) // where the ring knows it
+				if err != nil {
+					t.Fatal(err)
+				}
+				r.srv.Listener = l
+				if c.tls {
+					r.srv.StartTLS()
+				} else {
+					r.srv.Start()
+				}
+				t.Cleanup(r.srv.Close)
+			}
+			code, msg := cl.write(t, "", gpuSeries(1, prompb.Sample{Timestamp: 3_600_000, Value: 1}))
+			if code != http.StatusServiceUnavailable {
+				t.Errorf("%d %s, want 503", code, msg)
+			}
+			t.Logf("%d %s", code, msg)
+		})
+	}
+}

@@ -100,6 +100,31 @@ func (s *decodedSeries) reset() {
 	s.meta = seriesMeta{}
 }
 
+// maxPooledViews is the most views into a body (labels, samples, metadata,
+// symbols) a pooled decoder keeps room for.
+const maxPooledViews = 1 << 12
+
+// release lets go of the views into the request's body, so a pooled
+// decoder does not keep the body alive, and of slices grown past
+// maxPooledViews.
+func (s *decodedSeries) release() {
+	s.labels = releaseViews(s.labels)
+	s.samples = releaseViews(s.samples)
+	s.histograms = releaseViews(s.histograms)
+	s.exemplars = releaseViews(s.exemplars)
+	s.meta = seriesMeta{}
+}
+
+// releaseViews empties s, zeroing what its elements referenced, or drops it
+// when it grew past maxPooledViews.
+func releaseViews[T any](s []T) []T {
+	if cap(s) > maxPooledViews {
+		return nil
+	}
+	clear(s[:cap(s)])
+	return s[:0]
+}
+
 // seriesDecoder yields the series of one request.
 type seriesDecoder interface {
 	next() bool
@@ -192,6 +217,13 @@ var (
 )
 
 func newV1Decoder() *v1Decoder { return &v1Decoder{} }
+
+// release lets go of the request's body (see decodedSeries.release).
+func (d *v1Decoder) release() {
+	d.body, d.e = nil, nil
+	d.metadata = releaseViews(d.metadata)
+	d.cur.release()
+}
 
 func (d *v1Decoder) reset(body []byte) {
 	d.body = body
@@ -376,6 +408,14 @@ type v2Decoder struct {
 }
 
 func newV2Decoder() *v2Decoder { return &v2Decoder{} }
+
+// release lets go of the request's body (see decodedSeries.release).
+func (d *v2Decoder) release() {
+	d.body, d.e = nil, nil
+	d.symbols = releaseViews(d.symbols)
+	d.refs = releaseViews(d.refs)
+	d.cur.release()
+}
 
 // reset collects the symbol table first: the spec puts no order on fields, so
 // a series may come before the symbols it refers to.

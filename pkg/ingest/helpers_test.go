@@ -3,11 +3,13 @@ package ingest
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -218,4 +220,17 @@ func (ti *testIngester) wrapAppendable(t testing.TB, tenant string, wrap func(st
 		t.Fatal(err)
 	}
 	st.appendable = wrap(st.appendable)
+}
+
+// metadataRequest is a remote write 1.0 request of metadata alone, as
+// Prometheus sends it (send_metadata): families metric families named
+// family_0, family_1, ..., each with a help text of help bytes.
+func metadataRequest(t testing.TB, families, help int) []byte {
+	t.Helper()
+	req := &prompb.WriteRequest{Metadata: make([]prompb.MetricMetadata, 0, families)}
+	text := strings.Repeat("h", help)
+	for i := range families {
+		req.Metadata = append(req.Metadata, prompb.MetricMetadata{Type: prompb.MetricMetadata_GAUGE, MetricFamilyName: fmt.Sprintf("family_%d", i), Help: text, Unit: "bytes"})
+	}
+	return encodeV1(t, req)
 }

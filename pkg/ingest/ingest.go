@@ -110,6 +110,10 @@ type dbTenant struct{ *tenantdb.DB }
 
 func (t dbTenant) SetMetadata(family string, m metadata.Metadata) { t.Metadata.Set(family, m) }
 
+func (t dbTenant) SetMetadataBounded(family string, m metadata.Metadata, maxFamilies int) bool {
+	return t.Metadata.SetBounded(family, m, maxFamilies)
+}
+
 // Deps are what the ingester works with.
 type Deps struct {
 	Tenants tenancy.Config
@@ -244,8 +248,11 @@ type requestState struct {
 	otlp       *otlpTranslation
 	translated []byte
 	// objects is what pdata's objects of the OTLP request are estimated
-	// to take (otlp_shape.go), held in the in-flight bound.
-	objects int64
+	// to take, translation what translating it will allocate
+	// (otlp_shape.go); both are held in the in-flight bound. need is what
+	// the request needs of the bound but for its translation (its bodies'
+	// bytes and its objects): whether it could ever fit.
+	objects, translation, need int64
 }
 
 // decoder starts decoding body.
@@ -327,7 +334,7 @@ func (i *Ingester) tenant(id string) (*tenantState, error) {
 	if st, ok := i.caches[id]; ok {
 		return st, nil
 	}
-	st = &tenantState{id: id, appendable: ts, cache: newSeriesCache(), ha: newHATable(), md: &metadataSink{set: ts.SetMetadata}, m: i.metrics.forTenant(id), drivers: newDriverMemo(), symbols: symbolsOf(ts)}
+	st = &tenantState{id: id, appendable: ts, cache: newSeriesCache(), ha: newHATable(), md: newMetadataSink(ts), m: i.metrics.forTenant(id), drivers: newDriverMemo(), symbols: symbolsOf(ts)}
 	ll := labelLimitsOf(i.limits.For(id))
 	st.labelLimits.Store(&ll)
 	i.caches[id] = st
@@ -411,7 +418,7 @@ func (i *Ingester) serve(w http.ResponseWriter, r *http.Request, proto *string) 
 		h.Set(headerHistogramsWritten, strconv.Itoa(stats.histograms))
 		h.Set(headerExemplarsWritten, strconv.Itoa(stats.exemplars))
 	}
-	if len(stats.rejected) > 0 {
+	if len(stats.rejected) > 0 || len(stats.metadataRejected) > 0 {
 		return i.fail(w, &httpError{status: http.StatusBadRequest, msg: stats.errorSummary()})
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -487,9 +494,19 @@ type StatusError interface {
 	HTTPStatus() int
 }
 
+// AnswerHeader marks a remote write's failure answer as the ingester's own
+// judgement of the request (set to "1"). A distributor passes a receiver's
+// 4xx on to the sender as the data's rejection only when it carries it: a
+// 4xx without it came from something else on the way (Go's 400 to plain
+// HTTP sent to a TLS receiver, a 401 for credentials the receiver does not
+// know, a proxy), a transport or configuration fault the sender must retry,
+// not a reason to drop its data.
+const AnswerHeader = "X-Gpustore-Write-Answer"
+
 // fail answers err and returns the status (see classify).
 func (i *Ingester) fail(w http.ResponseWriter, err error) int {
 	status, retryAfter := i.classify(err)
+	w.Header().Set(AnswerHeader, "1")
 	if retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
 	}
@@ -526,9 +543,10 @@ func (i *Ingester) classify(err error) (status, retryAfter int) {
 }
 
 // firstBodyAlloc is the most a body's buffer is given before its bytes
-// arrive: a Content-Length is only a claim, and a body that stalls after
-// its headers should hold little.
-const firstBodyAlloc = 256 << 10
+// arrive: a Content-Length is only a claim, and a body that stalls or
+// trickles after its headers should hold little of the in-flight bound
+// (bodies being read take no write slot: pkg/server).
+const firstBodyAlloc = 32 << 10
 
 // readBody reads and snappy-decodes the body into the pooled buffers, each
 // reserved in the in-flight bound before it is grown or filled.
@@ -600,6 +618,13 @@ func (i *Ingester) readRaw(r *http.Request, rs *requestState) ([]byte, error) {
 		}
 		if err != nil {
 			rs.compressed = buf
+			var se StatusError
+			if errors.As(err, &se) {
+				// The server refused the write as its body ended (its
+				// tenant's write slots are taken: pkg/server): a bound, not
+				// a fault, answered with its status and Retry-After.
+				return nil, &httpError{status: se.HTTPStatus(), retryAfter: 1, clients: true, msg: err.Error()}
+			}
 			return nil, bodyCut(len(buf), err)
 		}
 	}
@@ -629,10 +654,33 @@ func (i *Ingester) hold(rs *requestState, bytes int) error {
 	return nil
 }
 
-// releaseBuffers gives back what the request held of the in-flight bound.
+// releaseBuffers gives back what the request held of the in-flight bound,
+// and lets go of what the pooled state must not keep for the next request.
 func (i *Ingester) releaseBuffers(rs *requestState) {
 	i.inflight.Release(rs.held)
-	rs.held, rs.objects = 0, 0
+	rs.held, rs.objects, rs.translation, rs.need = 0, 0, 0, 0
+	rs.release()
+}
+
+// maxPooledBuffer is the largest buffer a pooled request state keeps for
+// the next request: Prometheus' batches (a few hundred KiB decoded) reuse
+// theirs, and a rare large request's memory comes back once it is done
+// rather than staying with the pool (four OTLP histogram exports left 1.9
+// GB live in it).
+const maxPooledBuffer = 4 << 20
+
+// release drops the request's references into its body (the decoders'
+// views, the store step's appender) and buffers larger than
+// maxPooledBuffer.
+func (rs *requestState) release() {
+	for _, b := range []*[]byte{&rs.compressed, &rs.decoded, &rs.translated} {
+		if cap(*b) > maxPooledBuffer {
+			*b = nil
+		}
+	}
+	rs.v1.release()
+	rs.v2.release()
+	rs.w.release()
 }
 
 // bodyCut answers a body whose reading failed after n bytes. Every such
@@ -680,12 +728,14 @@ type metrics struct {
 	series          *prometheus.CounterVec
 	dedup           *prometheus.CounterVec
 	relabel         *prometheus.CounterVec
+	rejectedMeta    *prometheus.CounterVec
 }
 
 type tenantMetrics struct {
 	samples, histograms, exemplars, newSeries prometheus.Counter
 	relabelDropped                            prometheus.Counter
 	byReason                                  map[string]prometheus.Counter
+	rejectedMetadata                          map[string]prometheus.Counter
 	dedup                                     *prometheus.CounterVec
 	tenant                                    string
 }
@@ -724,6 +774,9 @@ func newMetrics(reg prometheus.Registerer, inflight *limits.InflightBytes) *metr
 		dedup: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpustore_ingest_ha_deduplicated_samples_total", Help: "Samples acknowledged and dropped because the other replica of their Prometheus HA pair is elected.",
 		}, []string{"tenant", "cluster"}),
+		rejectedMeta: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_ingest_rejected_metadata_total", Help: "Metric family metadata (type, help, unit) not stored, by tenant and reason.",
+		}, []string{"tenant", "reason"}),
 		relabel: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpustore_ingest_relabel_dropped_samples_total", Help: "Samples and histograms acknowledged and dropped because the tenant's relabel rules drop their series.",
 		}, []string{"tenant"}),
@@ -732,17 +785,21 @@ func newMetrics(reg prometheus.Registerer, inflight *limits.InflightBytes) *metr
 
 func (m *metrics) forTenant(id string) *tenantMetrics {
 	tm := &tenantMetrics{
-		samples:        m.samples.WithLabelValues(id, "sample"),
-		histograms:     m.samples.WithLabelValues(id, "histogram"),
-		exemplars:      m.samples.WithLabelValues(id, "exemplar"),
-		newSeries:      m.series.WithLabelValues(id),
-		relabelDropped: m.relabel.WithLabelValues(id),
-		byReason:       map[string]prometheus.Counter{},
-		dedup:          m.dedup,
-		tenant:         id,
+		samples:          m.samples.WithLabelValues(id, "sample"),
+		histograms:       m.samples.WithLabelValues(id, "histogram"),
+		exemplars:        m.samples.WithLabelValues(id, "exemplar"),
+		newSeries:        m.series.WithLabelValues(id),
+		relabelDropped:   m.relabel.WithLabelValues(id),
+		byReason:         map[string]prometheus.Counter{},
+		rejectedMetadata: map[string]prometheus.Counter{},
+		dedup:            m.dedup,
+		tenant:           id,
 	}
 	for _, r := range rejectReasons {
 		tm.byReason[r] = m.rejectedV.WithLabelValues(id, r)
+	}
+	for _, r := range metadataReasons {
+		tm.rejectedMetadata[r] = m.rejectedMeta.WithLabelValues(id, r)
 	}
 	return tm
 }

@@ -51,6 +51,15 @@ const (
 // otlpHandler serves the OTLP paths with the Ingester's store.
 type otlpHandler struct{ i *Ingester }
 
+// AnswerError answers a request the server refused before it reached the
+// handler (credentials, the rate limit: pkg/server's ErrorAnswerer) as every
+// OTLP failure is answered, a google.rpc.Status in the request's encoding;
+// the headers that go with it (WWW-Authenticate, Retry-After) are set.
+func (otlpHandler) AnswerError(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	writeOTLPStatus(w, status, 0, msg, mt == otlpJSON)
+}
+
 func (h otlpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := h.i.now()
 	status := h.serve(w, r)
@@ -64,18 +73,23 @@ func (h otlpHandler) serve(w http.ResponseWriter, r *http.Request) int {
 	if err != nil {
 		return i.failOTLP(w, err, asJSON)
 	}
+	lim := i.limits.For(tenantID)
 	rs := i.pool.Get().(*requestState)
 	defer i.pool.Put(rs)
 	defer i.releaseBuffers(rs)
-	md, err := i.readOTLP(r, rs, asJSON)
+	md, err := i.readOTLP(r, rs, asJSON, lim)
 	if err != nil {
+		if errors.Is(err, errTooManySeries) {
+			if st, terr := i.tenant(tenantID); terr == nil {
+				st.m.rejected(reasonTooManySeries).Add(float64(lim.MaxSeriesPerRequest))
+			}
+		}
 		return i.failOTLP(w, err, asJSON)
 	}
 	st, err := i.tenant(tenantID)
 	if err != nil {
 		return i.failOTLP(w, tenantError(tenantID, err), asJSON)
 	}
-	lim := i.limits.For(tenantID)
 	body, conv, err := i.translateOTLP(r.Context(), st, rs, md, lim)
 	if err != nil {
 		return i.failOTLP(w, err, asJSON)
@@ -116,11 +130,11 @@ func (i *Ingester) checkOTLPRequest(w http.ResponseWriter, r *http.Request) (asJ
 	return asJSON, tenantID, err
 }
 
-// readOTLP reads, decompresses and unmarshals the body. The compressed
-// and decompressed bytes are held in the in-flight bound like a remote
-// write's; a gzip stream that inflates past ingest.max_decoded_bytes is
-// refused as it inflates, not after.
-func (i *Ingester) readOTLP(r *http.Request, rs *requestState, asJSON bool) (pmetric.Metrics, error) {
+// readOTLP reads, decompresses, judges (otlp_shape.go) and unmarshals the
+// body. The compressed and decompressed bytes are held in the in-flight
+// bound like a remote write's; a gzip stream that inflates past
+// ingest.max_decoded_bytes is refused as it inflates, not after.
+func (i *Ingester) readOTLP(r *http.Request, rs *requestState, asJSON bool, lim limits.Limits) (pmetric.Metrics, error) {
 	buf, err := i.readRaw(r, rs)
 	if err != nil {
 		return pmetric.Metrics{}, err
@@ -131,7 +145,7 @@ func (i *Ingester) readOTLP(r *http.Request, rs *requestState, asJSON bool) (pme
 			return pmetric.Metrics{}, err
 		}
 	}
-	if err := i.holdOTLPObjects(rs, buf, asJSON, gzipped); err != nil {
+	if err := i.holdOTLPShape(rs, buf, asJSON, gzipped, lim); err != nil {
 		return pmetric.Metrics{}, err
 	}
 	req := pmetricotlp.NewExportRequest()
@@ -146,27 +160,33 @@ func (i *Ingester) readOTLP(r *http.Request, rs *requestState, asJSON bool) (pme
 	return req.Metrics(), nil
 }
 
-// holdOTLPObjects judges the export request's shape (otlp_shape.go) and
-// holds the objects pdata will make of it in the in-flight bound, beside the
-// body's bytes. A request whose objects alone pass the bound could never be
-// decoded here: 413, which the exporter does not retry.
-func (i *Ingester) holdOTLPObjects(rs *requestState, body []byte, asJSON, inflated bool) error {
-	objects, err := otlpObjectBytes(body, asJSON)
+// holdOTLPShape judges the export request's shape against the tenant's
+// limits (otlp_shape.go) and holds in the in-flight bound, beside the
+// body's bytes, the objects pdata will make of it and what its translation
+// will allocate. A request that could never be decoded and translated
+// within the bound is answered 413, which the exporter does not retry.
+func (i *Ingester) holdOTLPShape(rs *requestState, body []byte, asJSON, inflated bool, lim limits.Limits) error {
+	shape, err := scanOTLP(body, asJSON, otlpBoundsOf(lim))
 	if err != nil {
 		return err
 	}
-	rs.objects = objects
+	if max := lim.MaxSeriesPerRequest; max > 0 && shape.series > int64(max) {
+		return fmt.Errorf("%w: its data points make %d series, more than %d (limit max_series_per_request): refused before decoding", errTooManySeries, shape.series, max)
+	}
+	rs.objects, rs.translation = shape.objects, shape.translationBytes()
 	// Whether it could ever fit counts the bytes this request needs (the
-	// body as sent, the inflated one if it was gzipped, the objects), not
-	// the capacity its pooled buffers kept from earlier requests.
-	need := int64(len(rs.compressed)) + objects
+	// body as sent, the inflated one if it was gzipped, the objects and the
+	// translation), not the capacity its pooled buffers kept from earlier
+	// requests.
+	rs.need = int64(len(rs.compressed)) + rs.objects
 	if inflated {
-		need += int64(len(body))
+		rs.need += int64(len(body))
 	}
-	if max := i.inflight.Max(); max > 0 && need > max {
-		return tooLarge("the export request of %d bytes decodes into ~%d bytes of objects, more than ingest.max_inflight_bytes (%d) holds: send smaller batches", len(body), objects, max)
+	if max := i.inflight.Max(); max > 0 && rs.need+rs.translation > max {
+		return tooLarge("the export request of %d bytes decodes into ~%d bytes of objects and translates into ~%d bytes of series (%d series, %d labels), more than ingest.max_inflight_bytes (%d) holds: send smaller batches",
+			len(body), shape.objects, shape.translationBytes(), shape.series, shape.labels, max)
 	}
-	return i.hold(rs, cap(rs.compressed)+cap(rs.decoded)+int(objects))
+	return i.hold(rs, cap(rs.compressed)+cap(rs.decoded)+int(rs.objects+rs.translation))
 }
 
 // gunzip inflates body into rs.decoded, growing it (and what the request
@@ -237,7 +257,17 @@ func (i *Ingester) translateOTLP(ctx context.Context, st *tenantState, rs *reque
 		b = newOTLPTranslation()
 		rs.otlp = b
 	}
-	body, err := b.translate(ctx, md, o, i.lookbackDelta, maxSeries, rs.translated[:0])
+	// The estimate held covers the translation but for a resource's
+	// target_info repeated over a long span; what it appends past the
+	// estimate is held as it goes.
+	base := cap(rs.compressed) + cap(rs.decoded) + int(rs.objects)
+	grow := func(spent int64) error {
+		if max := i.inflight.Max(); max > 0 && rs.need+spent > max {
+			return tooLarge("the translation of the export request grew past %d bytes of series, more than ingest.max_inflight_bytes (%d) holds beside its body and objects: send smaller batches (or points of closer timestamps: a resource's target_info is repeated over their span)", spent, max)
+		}
+		return i.hold(rs, base+int(max(spent, rs.translation)))
+	}
+	body, err := b.translate(ctx, md, o, i.lookbackDelta, maxSeries, grow, rs.translated[:0])
 	rs.translated = body
 	switch {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -245,9 +275,11 @@ func (i *Ingester) translateOTLP(ctx context.Context, st *tenantState, rs *reque
 	case errors.Is(err, errTooManySeries):
 		st.m.rejected(reasonTooManySeries).Add(float64(maxSeries))
 		return nil, conv, err
+	case errors.As(err, new(*httpError)):
+		return nil, conv, err // the in-flight bound, as the translation grew
 	}
 	conv.err = err
-	if herr := i.hold(rs, cap(rs.compressed)+cap(rs.decoded)+int(rs.objects)+cap(rs.translated)); herr != nil {
+	if herr := i.hold(rs, base+cap(rs.translated)); herr != nil {
 		return nil, conv, herr
 	}
 	if len(body) == 0 {

@@ -13,6 +13,8 @@ import (
 
 	"go.opentelemetry.io/collector/pdata/pmetric/pmetricotlp"
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/gpustore/gpustore/pkg/limits"
 )
 
 // pb is a protobuf field number with its message's fields: msg(f, ...)
@@ -28,6 +30,13 @@ func times(n int, b []byte) []byte { return bytes.Repeat(b, n) }
 // inGauge puts the fields of one gauge (its data points) in an export request.
 func inGauge(points ...[]byte) []byte {
 	return msg(1, msg(2, msg(2, msg(5, points...))))
+}
+
+// objectBytes is what the scan estimates pdata allocates decoding body,
+// with no bound on attributes.
+func objectBytes(body []byte, asJSON bool) (int64, error) {
+	s, err := scanOTLP(body, asJSON, otlpBounds{})
+	return s.objects, err
 }
 
 // pdataAllocates is what decoding body with pdata allocates, in bytes.
@@ -86,7 +95,7 @@ func TestOTLPShapeCoversDecoding(t *testing.T) {
 		"points with attribute": inGauge(times(n, msg(1, kv))),
 	}
 	for name, body := range hostile {
-		est, err := otlpObjectBytes(body, false)
+		est, err := objectBytes(body, false)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -98,7 +107,7 @@ func TestOTLPShapeCoversDecoding(t *testing.T) {
 	}
 	jsonEmpty := []byte(`{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"g","gauge":{"dataPoints":[` +
 		strings.TrimSuffix(strings.Repeat(`{},`, n), ",") + `]}}]}]}]}`)
-	if est, _ := otlpObjectBytes(jsonEmpty, true); pdataAllocates(t, jsonEmpty, true) > est {
+	if est, _ := objectBytes(jsonEmpty, true); pdataAllocates(t, jsonEmpty, true) > est {
 		t.Errorf("JSON of empty points: pdata allocates more than the %d bytes estimated", est)
 	}
 
@@ -127,7 +136,7 @@ func TestOTLPShapeCoversDecoding(t *testing.T) {
 		{"DCGM JSON", json, true},
 		{"gauges, sums and histograms", otlpBody(t, gpuMetrics(time.Now(), 60, 1000), false), false},
 	} {
-		est, err := otlpObjectBytes(c.body, c.asJSON)
+		est, err := objectBytes(c.body, c.asJSON)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
@@ -183,6 +192,9 @@ func TestOTLPHostileShapes(t *testing.T) {
 		s.ingest.MaxRequestBytes = 4 << 20
 		s.ingest.MaxDecodedBytes = 64 << 20
 		s.ingest.MaxInflightBytes = 256 << 20
+		// The empty points' objects, not their series, are what this
+		// test sends past a bound.
+		s.limits.Defaults.MaxSeriesPerRequest = 0
 	})
 	deepJSON := gzipped(t, nestedValue(2_000_000, true))
 	if len(deepJSON) > 4<<20 {
@@ -251,7 +263,7 @@ func BenchmarkOTLPShape(b *testing.B) {
 		b.Run(c.name+"/shape", func(b *testing.B) {
 			b.SetBytes(int64(len(c.body)))
 			for b.Loop() {
-				if _, err := otlpObjectBytes(c.body, c.asJSON); err != nil {
+				if _, err := scanOTLP(c.body, c.asJSON, otlpBoundsOf(limits.Defaults())); err != nil {
 					b.Fatal(err)
 				}
 			}

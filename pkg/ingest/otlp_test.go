@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/pmetric"
 	"go.opentelemetry.io/collector/pdata/pmetric/pmetricotlp"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpustore/gpustore/pkg/hatracker"
@@ -464,7 +465,8 @@ func startOverrides(t *testing.T, ti *testIngester) {
 // lookback delta from its earliest point to its latest: one point stamped
 // in 1970 beside one of today would be twelve million samples, half a
 // gigabyte of series before the store could count them. The translation
-// stops at max_series_per_request and answers 400, holding little.
+// stops at max_series_per_request (400) or once what it appended passes the
+// in-flight bound (413), holding little.
 func TestOTLPTargetInfoSpanIsBounded(t *testing.T) {
 	ti := newTestIngester(t, func(s *testSetup) {
 		s.ingest.MaxRequestBytes = 1 << 20
@@ -474,11 +476,38 @@ func TestOTLPTargetInfoSpanIsBounded(t *testing.T) {
 	md := gpuMetrics(time.Now(), 60, 1000)
 	g := md.ResourceMetrics().At(0).ScopeMetrics().At(0).Metrics().At(0).Gauge()
 	g.DataPoints().At(1).SetTimestamp(pcommon.Timestamp(time.Second))
+	// Whichever bound it meets first: the series or the bytes they take.
 	r := ti.postOTLP(t, otlpProtobuf, "", otlpBody(t, md, false))
-	if r.code != http.StatusBadRequest || !strings.Contains(otlpStatus(t, r).Message, "max_series_per_request") {
+	if msg := otlpStatus(t, r).Message; !(r.code == http.StatusBadRequest && strings.Contains(msg, "max_series_per_request")) &&
+		!(r.code == http.StatusRequestEntityTooLarge && strings.Contains(msg, "max_inflight_bytes")) {
 		t.Fatalf("%d %q", r.code, r.body)
 	}
 	if got := ti.stored(t, "default"); len(got) != 0 {
 		t.Errorf("stored %d series", len(got))
+	}
+}
+
+// TestOTLPRefusalsAreStatuses: what the server refuses on the OTLP paths
+// before the handler (pkg/server's ErrorAnswerer: no or wrong credentials,
+// the rate limit) is answered as every OTLP failure, a google.rpc.Status in
+// the request's encoding, with its headers kept. Before, the 401 was text.
+func TestOTLPRefusalsAreStatuses(t *testing.T) {
+	for _, asJSON := range []bool{false, true} {
+		req := httptest.NewRequest(http.MethodPost, "/otlp/v1/metrics", nil)
+		req.Header.Set("Content-Type", contentType(asJSON))
+		rec := httptest.NewRecorder()
+		rec.Header().Set("WWW-Authenticate", `Basic realm="gpustore"`)
+		otlpHandler{}.AnswerError(rec, req, http.StatusUnauthorized, "Unauthorized")
+		var s statuspb.Status
+		var err error
+		if asJSON {
+			err = protojson.Unmarshal(rec.Body.Bytes(), &s)
+		} else {
+			err = proto.Unmarshal(rec.Body.Bytes(), &s)
+		}
+		if err != nil || rec.Code != http.StatusUnauthorized || s.Code != 16 || s.Message != "Unauthorized" ||
+			rec.Header().Get("Content-Type") != contentType(asJSON) || rec.Header().Get("WWW-Authenticate") == "" {
+			t.Errorf("JSON %v: %d %q (%v), Content-Type %q", asJSON, rec.Code, rec.Body, err, rec.Header().Get("Content-Type"))
+		}
 	}
 }

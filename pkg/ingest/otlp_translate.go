@@ -34,8 +34,14 @@ func newOTLPTranslation() *otlpTranslation {
 // translate appends md's series as a 2.0 request to dst. The error is the
 // translator's, for the metrics it refused (the others are in the body),
 // or the context's when the request was given up.
-func (t *otlpTranslation) translate(ctx context.Context, md pmetric.Metrics, o limits.OTLP, lookbackDelta time.Duration, maxSeries int, dst []byte) ([]byte, error) {
-	t.app.reset(maxSeries)
+func (t *otlpTranslation) translate(ctx context.Context, md pmetric.Metrics, o limits.OTLP, lookbackDelta time.Duration, maxSeries int, grow func(int64) error, dst []byte) ([]byte, error) {
+	// The translator goes on with the next metric when an append fails; a
+	// refusal of the appender's cancels the context, which it watches,
+	// so that it stops at once.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	t.app.reset(maxSeries, grow, cancel)
+	defer t.app.release()
 	t.conv.Reset(&t.app)
 	// The warnings (a +Inf bucket bound, attribute names that collide once
 	// sanitized, metrics without points) describe data that was still
@@ -43,10 +49,12 @@ func (t *otlpTranslation) translate(ctx context.Context, md pmetric.Metrics, o l
 	// they are left to the series' own outcome.
 	_, err := t.conv.FromMetrics(ctx, md, translatorSettings(o, lookbackDelta))
 	t.conv.Reset(nil)
-	if t.app.overflow {
+	switch {
+	case t.app.err != nil:
+		return dst[:0], t.app.err
+	case t.app.overflow:
 		return dst[:0], fmt.Errorf("%w: the translation yields more than %d (limit max_series_per_request)", errTooManySeries, maxSeries)
-	}
-	if len(t.app.req.Timeseries) == 0 {
+	case len(t.app.req.Timeseries) == 0:
 		return dst[:0], err
 	}
 	t.app.req.Symbols = t.app.symbols.Symbols()
@@ -63,31 +71,85 @@ func (t *otlpTranslation) translate(ctx context.Context, md pmetric.Metrics, o l
 // translator writes a resource's target_info every half lookback delta
 // from its earliest data point to its latest, so one point stamped 1970
 // beside one of today would make it append twelve million.
+//
+// It also counts what the translation allocates for what it appends
+// (otlpSeriesBytes and otlpLabelBytes a series and a label), and past the
+// estimate the request holds (otlpShape) asks grow to hold more of the
+// in-flight bound: a refusal stops the translation with its error.
 type rw2Appender struct {
 	symbols  writev2.SymbolsTable
 	req      writev2.Request
 	max      int
 	overflow bool
+	grow     func(bytes int64) error // nil: not counted
+	spent    int64                   // bytes the appended series cost
+	asked    int64                   // grow is asked again once spent passes it
+	err      error                   // grow's refusal
+	stop     context.CancelCauseFunc // ends the translation at the bound
 }
 
 // errOverflow stops the translator at the bound; translate answers it.
 var errOverflow = errors.New("too many series")
 
-func (a *rw2Appender) reset(max int) {
-	a.max, a.overflow = max, false
+func (a *rw2Appender) reset(max int, grow func(int64) error, stop context.CancelCauseFunc) {
+	a.max, a.overflow, a.grow, a.spent, a.asked, a.err, a.stop = max, false, grow, 0, 0, nil, stop
 	if a.symbols.Symbols() == nil {
 		a.symbols = writev2.NewSymbolTable()
 	}
-	a.symbols.Reset()
-	a.req.Symbols = nil
-	clear(a.req.Timeseries) // let go of the previous request's slices
 	a.req.Timeseries = a.req.Timeseries[:0]
 }
 
+// What a pooled translation keeps of its series and symbols for the next
+// request (~1 MiB): a DCGM node's export is a few hundred series.
+const (
+	maxPooledSeries  = 1 << 12
+	maxPooledSymbols = 1 << 12
+)
+
+// release lets go of the request's series and symbols once its body is
+// marshalled, and of slices grown past what a pooled translation keeps, so
+// a large request's memory comes back when it is done, not when the pooled
+// state is next used or collected.
+func (a *rw2Appender) release() {
+	clear(a.req.Timeseries)
+	a.req.Timeseries = a.req.Timeseries[:0]
+	if cap(a.req.Timeseries) > maxPooledSeries {
+		a.req.Timeseries = nil
+	}
+	a.req.Symbols = nil
+	if len(a.symbols.Symbols()) > maxPooledSymbols {
+		a.symbols = writev2.NewSymbolTable()
+	} else {
+		a.symbols.Reset()
+	}
+	a.grow, a.stop = nil, nil
+}
+
+// refuse records why the translation must stop and stops it.
+func (a *rw2Appender) refuse(err error) error {
+	if a.stop != nil {
+		a.stop(err)
+	}
+	return err
+}
+
 func (a *rw2Appender) Append(_ storage.SeriesRef, ls labels.Labels, st, t int64, v float64, h *histogram.Histogram, fh *histogram.FloatHistogram, opts storage.AOptions) (storage.SeriesRef, error) {
+	if a.err != nil || a.overflow {
+		return 0, errOverflow
+	}
 	if a.max > 0 && len(a.req.Timeseries) >= a.max {
 		a.overflow = true
-		return 0, errOverflow
+		return 0, a.refuse(errOverflow)
+	}
+	if a.grow != nil {
+		a.spent += otlpSeriesBytes + int64(ls.Len())*otlpLabelBytes
+		if a.spent >= a.asked { // asked every 64 KiB, not every series
+			a.asked = a.spent + 64<<10
+			if err := a.grow(a.spent); err != nil {
+				a.err = err
+				return 0, a.refuse(err)
+			}
+		}
 	}
 	ts := writev2.TimeSeries{LabelsRefs: a.symbols.SymbolizeLabels(ls, nil)}
 	switch {

@@ -2,7 +2,9 @@ package ingest
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -85,5 +87,59 @@ func TestCutBodyIsRetried(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("a whole body that is not snappy: %d, want 400", resp.StatusCode)
+	}
+}
+
+// slotsBusy is what pkg/server's body reads at its end when the tenant's
+// write slots are all taken (server.WriteSlotsBusyError).
+type slotsBusy struct{}
+
+func (slotsBusy) Error() string {
+	return "tenant \"default\" has 2 writes in progress (server.max_concurrent_writes_per_tenant)"
+}
+func (slotsBusy) HTTPStatus() int { return http.StatusServiceUnavailable }
+
+// refusingBody reads body and then, in place of its end, err.
+type refusingBody struct {
+	r   *bytes.Reader
+	err error
+}
+
+func (b *refusingBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err == io.EOF {
+		return n, b.err
+	}
+	return n, err
+}
+
+// TestWriteSlotRefusalIsAnsweredAsSuch: a body whose end reads the server's
+// refusal of a write slot is answered with the refusal's status (503),
+// Retry-After and its message, for remote write and for OTLP (as a
+// google.rpc.Status), not as a body cut off.
+func TestWriteSlotRefusalIsAnsweredAsSuch(t *testing.T) {
+	ti := newTestIngester(t)
+	body := encodeV1(t, &prompb.WriteRequest{Timeseries: []prompb.TimeSeries{
+		v1Series([]prompb.Sample{{Timestamp: nowMs(), Value: 1}}, "__name__", "DCGM_FI_DEV_GPU_TEMP", "gpu", "0"),
+	}})
+	req := httptest.NewRequest(http.MethodPost, "/api/v1/write", io.NopCloser(&refusingBody{bytes.NewReader(body), slotsBusy{}}))
+	req.Header.Set("Content-Type", ctV1)
+	rec := httptest.NewRecorder()
+	ti.ServeHTTP(rec, req)
+	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" || !strings.Contains(rec.Body.String(), "max_concurrent_writes_per_tenant") {
+		t.Errorf("remote write: %d, Retry-After %q: %s", rec.Code, rec.Header().Get("Retry-After"), rec.Body)
+	}
+	mux := http.NewServeMux()
+	ti.RegisterRoutes(mux)
+	req = httptest.NewRequest(http.MethodPost, "/otlp/v1/metrics", io.NopCloser(&refusingBody{bytes.NewReader(otlpBody(t, gpuMetrics(time.Now(), 60, 1), false)), slotsBusy{}}))
+	req.Header.Set("Content-Type", otlpProtobuf)
+	rec = httptest.NewRecorder()
+	mux.ServeHTTP(rec, req)
+	r := response{rec.Code, rec.Body.String(), rec.Header()}
+	if s := otlpStatus(t, r); r.code != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" || s.Code != 14 || !strings.Contains(s.Message, "max_concurrent_writes_per_tenant") {
+		t.Errorf("OTLP: %d, Retry-After %q: %v", r.code, r.header.Get("Retry-After"), s)
+	}
+	if got := ti.stored(t, "default"); len(got) != 0 {
+		t.Errorf("stored %v", got)
 	}
 }

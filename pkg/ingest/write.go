@@ -78,6 +78,20 @@ type writeStats struct {
 	derived         bool
 	derivedAcked    int
 	derivedRejected map[string]int
+	// metadataRejected counts a 1.0 request's metadata entries refused,
+	// by reason (metadata.go), firstMetadata names the first.
+	metadataRejected map[string]int
+	firstMetadata    string
+}
+
+func (s *writeStats) rejectMetadata(reason string, err error) {
+	if s.metadataRejected == nil {
+		s.metadataRejected = map[string]int{}
+	}
+	s.metadataRejected[reason]++
+	if s.firstMetadata == "" {
+		s.firstMetadata = err.Error()
+	}
 }
 
 // acknowledged is what a 2.0 answer reports as written, out of what the
@@ -114,18 +128,39 @@ func (s *writeStats) rejectedTotal() int {
 // errorSummary is the 400 answer's text: counts by reason, then the first offender.
 func (s *writeStats) errorSummary() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d samples rejected (", s.rejectedTotal())
-	first := true
-	for _, r := range rejectReasons {
-		if n := s.rejected[r]; n > 0 {
-			if !first {
-				b.WriteString(", ")
+	counts := func(what string, total int, reasons []string, by map[string]int) {
+		fmt.Fprintf(&b, "%d %s rejected (", total, what)
+		first := true
+		for _, r := range reasons {
+			if n := by[r]; n > 0 {
+				if !first {
+					b.WriteString(", ")
+				}
+				fmt.Fprintf(&b, "%s: %d", r, n)
+				first = false
 			}
-			fmt.Fprintf(&b, "%s: %d", r, n)
-			first = false
 		}
+		b.WriteString(")")
 	}
-	fmt.Fprintf(&b, "); the rest of the request was stored; first: %s", s.firstRejection)
+	if len(s.rejected) > 0 {
+		counts("samples", s.rejectedTotal(), rejectReasons, s.rejected)
+	}
+	if len(s.metadataRejected) > 0 {
+		if len(s.rejected) > 0 {
+			b.WriteString(" and ")
+		}
+		n := 0
+		for _, v := range s.metadataRejected {
+			n += v
+		}
+		counts("metadata entries", n, metadataReasons, s.metadataRejected)
+	}
+	b.WriteString("; the rest of the request was stored; first: ")
+	if s.firstRejection != "" {
+		b.WriteString(s.firstRejection)
+	} else {
+		b.WriteString(s.firstMetadata)
+	}
 	return b.String()
 }
 
@@ -172,6 +207,21 @@ type writeRequest struct {
 	claims []haClaim
 }
 
+// release lets go of what the request referenced (its context, tenant,
+// appender, the labels and exemplars it built) once it is answered, keeping
+// the scratch space that costs nothing to keep.
+func (w *writeRequest) release() {
+	ac := w.ac
+	ac.exemplars = releaseViews(ac.exemplars)
+	ac.info.release()
+	ac.v1hist.Reset()
+	ac.v2hist = writev2.Histogram{}
+	ac.v1ex.Reset()
+	ac.v2ex = writev2.Exemplar{}
+	ac.v1meta.Reset()
+	*w = writeRequest{ac: ac, decisions: releaseViews(w.decisions), claims: releaseViews(w.claims)}
+}
+
 func (w *writeRequest) reset(ctx context.Context, st *tenantState, lim *limits.Limits, gen uint32, ha *hatracker.Tracker, now time.Time) {
 	*w = writeRequest{
 		ctx: ctx, tenant: st, lim: lim, limitsGen: gen, ha: ha, rules: lim.Relabel(),
@@ -215,6 +265,11 @@ func (i *Ingester) store(ctx context.Context, st *tenantState, rs *requestState,
 		n, err := w.count(rs.decoder(body, v2))
 		if err != nil {
 			return nil, w.failed(err)
+		}
+		if !v2 {
+			// A metadata entry costs what a sample does; requests of
+			// metadata alone are rate-limited too.
+			n += len(rs.v1.metadata)
 		}
 		if n > 0 && !i.rate.AllowN(now, st.id, n) {
 			st.m.rejected(reasonRateLimited).Add(float64(n))
@@ -290,6 +345,9 @@ func (w *writeRequest) recordMetrics() {
 	for reason, n := range stats.derivedRejected {
 		m.rejected(reason).Add(float64(n))
 	}
+	for reason, n := range stats.metadataRejected {
+		m.rejectedMetadata[reason].Add(float64(n))
+	}
 }
 
 // nextSeries counts a series against max_series_per_request.
@@ -362,6 +420,10 @@ type seriesWrite struct {
 	// failed: the series was rejected whole (its labels are invalid) or
 	// the tenant's relabel rules drop it.
 	failed bool
+	// mul and div convert the series' values to the unit the dcgm preset
+	// stores (dcgm-exporter 4.9's renamed metrics, see dcgmUnitScale):
+	// value * mul / div; div 0: the value is kept.
+	mul, div float64
 }
 
 func (w *writeRequest) appendSeries(s *decodedSeries) error {
@@ -379,6 +441,9 @@ func (w *writeRequest) appendSeries(s *decodedSeries) error {
 		key.compute(s.labels, "", "")
 	}
 	sw := seriesWrite{w: w, s: s, e: w.tenant.cache.get(key.h1, key.h2), claim: -1}
+	if w.dcgmHost != "" {
+		sw.mul, sw.div = dcgmUnitScale(s.labels)
+	}
 
 	// A series of an HA pair: ask the tracker (once per request and pair).
 	if key.replica != nil {
@@ -400,7 +465,7 @@ func (w *writeRequest) appendSeries(s *decodedSeries) error {
 		defer sw.dropUnusedClaim()
 	}
 	if s.meta.set {
-		w.tenant.md.setFromSeries(s)
+		w.setMetadataOfSeries(s)
 	}
 	if sw.e != nil {
 		sw.ref = sw.e.seriesRef()
@@ -557,7 +622,11 @@ func (sw *seriesWrite) appendSamples() error {
 		} else if !ok {
 			continue
 		}
-		ref, err := w.app.Append(sw.ref, sw.ls, smp.st, smp.t, smp.v, nil, nil, storage.AOptions{})
+		v := smp.v
+		if sw.div != 0 {
+			v = v * sw.mul / sw.div
+		}
+		ref, err := w.app.Append(sw.ref, sw.ls, smp.st, smp.t, v, nil, nil, storage.AOptions{})
 		if err != nil && sw.ref != 0 && sw.ls.IsEmpty() && errors.Is(err, tsdb.ErrInvalidSample) {
 			// The cached reference is gone from the head (series garbage
 			// collected): resolve the series again from its labels.

@@ -67,6 +67,11 @@ type Limits struct {
 	MaxLabelValueLength    int `yaml:"max_label_value_length"`
 	// MaxSeriesPerRequest rejects larger requests whole; 0 = unlimited.
 	MaxSeriesPerRequest int `yaml:"max_series_per_request"`
+	// Metadata (type, help, unit per metric family) kept for the tenant:
+	// at most MaxMetadataFamilies families (0 = unlimited), each help and
+	// unit at most MaxMetadataLength bytes.
+	MaxMetadataFamilies int `yaml:"max_metadata_families"`
+	MaxMetadataLength   int `yaml:"max_metadata_length"`
 	// OutOfOrderWindow accepts samples this much older than their series'
 	// newest sample.
 	OutOfOrderWindow model.Duration `yaml:"out_of_order_window"`
@@ -120,6 +125,8 @@ func Defaults() Limits {
 		MaxLabelNameLength:     1024,
 		MaxLabelValueLength:    2048,
 		MaxSeriesPerRequest:    100_000,
+		MaxMetadataFamilies:    20_000,
+		MaxMetadataLength:      1024,
 		HAClusterLabel:         "cluster",
 		HAReplicaLabel:         "__replica__",
 		DCGMHostnameLabel:      relabel.HostnameOld,
@@ -137,6 +144,8 @@ func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&l.MaxLabelNameLength, "limits.max-label-name-length", l.MaxLabelNameLength, "Maximum length of a label name.")
 	fs.IntVar(&l.MaxLabelValueLength, "limits.max-label-value-length", l.MaxLabelValueLength, "Maximum length of a label value.")
 	fs.IntVar(&l.MaxSeriesPerRequest, "limits.max-series-per-request", l.MaxSeriesPerRequest, "Maximum series in one remote write request (0: unlimited).")
+	fs.IntVar(&l.MaxMetadataFamilies, "limits.max-metadata-families", l.MaxMetadataFamilies, "Metric families whose metadata (type, help, unit) a tenant keeps at most; past it new families' metadata is refused (0: unlimited).")
+	fs.IntVar(&l.MaxMetadataLength, "limits.max-metadata-length", l.MaxMetadataLength, "Maximum length of a metric family's help and of its unit.")
 	fs.Var(&l.OutOfOrderWindow, "limits.out-of-order-window", "Default out-of-order window per tenant (0: reject out-of-order samples).")
 	fs.StringVar(&l.HAClusterLabel, "limits.ha-cluster-label", l.HAClusterLabel, "Label naming a Prometheus HA pair's cluster.")
 	fs.StringVar(&l.HAReplicaLabel, "limits.ha-replica-label", l.HAReplicaLabel, "Label naming the replica of an HA pair; removed before storage.")
@@ -145,7 +154,7 @@ func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
 // Validate checks one set of limits.
 func (l Limits) Validate() error {
 	var errs []error
-	if l.IngestionRate < 0 || l.IngestionBurstSize < 0 || l.MaxActiveSeries < 0 || l.MaxSeriesPerRequest < 0 {
+	if l.IngestionRate < 0 || l.IngestionBurstSize < 0 || l.MaxActiveSeries < 0 || l.MaxSeriesPerRequest < 0 || l.MaxMetadataFamilies < 0 {
 		errs = append(errs, errors.New("limits must not be negative"))
 	}
 	if l.IngestionRate > 0 && l.IngestionBurstSize <= 0 {
@@ -156,6 +165,9 @@ func (l Limits) Validate() error {
 	}
 	if l.MaxLabelNamesPerSeries <= 0 || l.MaxLabelNameLength <= 0 || l.MaxLabelValueLength <= 0 {
 		errs = append(errs, errors.New("label limits must be positive"))
+	}
+	if l.MaxMetadataLength <= 0 {
+		errs = append(errs, errors.New("max_metadata_length must be positive"))
 	}
 	if l.OutOfOrderWindow < 0 || l.CompactorRetentionRaw < 0 {
 		errs = append(errs, errors.New("out_of_order_window and compactor_retention_raw must not be negative"))

@@ -138,6 +138,9 @@ type Options struct {
 	Rules RulesRetriever
 	// Flags is shown by /api/v1/status/flags.
 	Flags map[string]string
+	// TakesWrites says whether this process serves remote write and OTLP
+	// (/api/v1/features: remote_write_receiver, otlp_write_receiver).
+	TakesWrites bool
 	// Sources are merged with each tenant's local TSDB (the bucket's blocks).
 	Sources []Source
 	// Receivers are the ring's receivers, read over ReceiversLookback
@@ -183,7 +186,7 @@ func New(opts Options) (*API, error) {
 	if err != nil {
 		return nil, fmt.Errorf("active query tracker: %w", err)
 	}
-	featureSet := gpustoreFeatures()
+	featureSet := gpustoreFeatures(opts.TakesWrites)
 	notes := opts.Notifications
 	if notes == nil {
 		notes = notifications.NewNotifications(maxNotificationSubscribers, opts.Registry)
@@ -302,11 +305,13 @@ const maxNotificationSubscribers = 16
 
 // gpustoreFeatures is what /api/v1/features lists besides the engine's
 // PromQL features (which NewEngine adds): the API features gpustore serves,
-// named as Prometheus names them (web.New).
-func gpustoreFeatures() features.Collector {
+// named as Prometheus names them (web.New). Prometheus' lifecycle is
+// /-/quit and /-/reload together; gpustore serves /-/reload only (a
+// supervisor stops it: SIGTERM).
+func gpustoreFeatures(takesWrites bool) features.Collector {
 	r := features.NewRegistry()
 	for name, on := range map[string]bool{
-		"lifecycle": true, "admin": false, "remote_write_receiver": true, "otlp_write_receiver": false,
+		"lifecycle": false, "admin": false, "remote_write_receiver": takesWrites, "otlp_write_receiver": takesWrites,
 		"query_cost": false, "search": false, "label_values_match": true, "query_warnings": true,
 		"query_stats": true, "time_range_series": true, "time_range_labels": true, "exclude_alerts": true,
 		"openapi_3.1": true, "openapi_3.2": true,
@@ -334,7 +339,10 @@ func (a *API) RegisterRoutes(mux *http.ServeMux) {
 	}
 	compress := answerCompression()
 	outer := func(h http.Handler) http.Handler { return a.http.instrument(compress(h)) }
-	mux.Handle(apiPrefix+"/", outer(a.tenant(newAdmission(a.opts.Config).admit(api))))
+	admission := newAdmission(a.opts.Config)
+	mux.Handle(apiPrefix+"/", outer(a.tenant(admission.admit(api))))
+	// format_query in front of its formatter's cost (format.go).
+	mux.Handle(apiPrefix+"/format_query", outer(a.tenant(admission.admit(formatQuery(a.opts.Config.MaxExpressionDepth)))))
 	// Remote read answers in snappy frames of its own, uncompressed by
 	// gzip as in Prometheus; its body is read before it waits for a slot.
 	mux.Handle(apiPrefix+"/read", a.http.instrument(ReadWholeBody(MaxReadRequestBytes, a.tenant(api))))

@@ -61,20 +61,33 @@ func checkExprBounds(q string, maxBytes, maxDepth int) error {
 }
 
 // exprDeeperThan reports whether the syntax tree PromQL would parse q into
-// may be deeper than limit, without parsing q. On a path from the root to a
-// leaf, every node but the leaf stands on a token of its own: a bracket
-// (parentheses, a function call, an aggregation, a range, a subquery) or an
-// operator (binary or unary). So within one bracket a path passes at most
-// that bracket's operators and then one bracket nested in it: the bound of a
-// bracket is its operators plus the bound of its deepest nested bracket plus
-// one. A range or subquery bracket wraps the expression before it
-// ((x)[1h:1m] is a subquery of a parenthesis of x), so one that follows a
-// closing bracket starts from that bracket's bound. Strings, comments and
-// label matchers ({...}: their = and != are not operators) count nothing. Malformed input (unbalanced brackets) is bounded
-// the same way; the parser rejects it afterwards. The scan stops as soon as
-// the open brackets alone pass the limit: it costs one pass over q and one
-// small frame per open bracket up to the limit.
-func exprDeeperThan(q string, limit int) bool {
+// may be deeper than limit, without parsing q.
+func exprDeeperThan(q string, limit int) bool { return depthBound(q, limit) > limit }
+
+// depthBound is at least the depth of the syntax tree PromQL would parse q
+// into, or limit+1 as soon as it passes limit, without parsing q.
+//
+// It reads q with PromQL's own lexer (parser.Lex, the one ParseExpr runs,
+// with the same default options), so strings, comments (ended at \r as at
+// \n), matchers and escapes are what the parser sees, and it stops where
+// the parser stops, at the lexer's first error. A scan of its own once
+// ended comments at \n alone: "#\r" hid 3,000 levels from it.
+//
+// On a path from the root to a leaf, every node but the leaf stands on a
+// token of its own: a bracket (parentheses, a function call, an
+// aggregation, a range, a subquery) or an operator (binary or unary). So
+// within one bracket a path passes at most that bracket's operators and
+// then one bracket nested in it: the bound of a bracket is its operators
+// plus the bound of its deepest nested bracket plus one. A range or
+// subquery bracket wraps the expression before it ((x)[1h:1m] is a
+// subquery of a parenthesis of x), so one that follows a closing bracket
+// starts from that bracket's bound. Label matchers ({...}: their = and !=
+// are not operators) count nothing, nor does @ (a modifier of its
+// selector). Unbalanced brackets are bounded the same way; the parser
+// rejects them afterwards. The scan stops as soon as what is open passes
+// the limit: it costs one pass of the lexer over q and one small frame per
+// open bracket up to the limit.
+func depthBound(q string, limit int) int {
 	type level struct {
 		ops, deepest int
 		braces       bool
@@ -82,28 +95,27 @@ func exprDeeperThan(q string, limit int) bool {
 	stack := make([]level, 1, 16)
 	pathOps := 0     // the operators of every open bracket
 	lastClosed := -1 // the bound of the bracket just closed, while nothing else followed
-	for i := 0; i < len(q); i++ {
-		top := &stack[len(stack)-1]
-		c := q[i]
-		if c == ' ' || c == '\t' || c == '\n' || c == '\r' {
+	lex := parser.Lex(q)
+	var it parser.Item
+	for {
+		lex.NextItem(&it)
+		if it.Typ == parser.EOF || it.Typ == parser.ERROR {
+			break
+		}
+		if it.Typ == parser.COMMENT { // the parser skips them: (x) # c\n[5m:] is a subquery of (x)
 			continue
 		}
+		top := &stack[len(stack)-1]
 		closed := lastClosed
 		lastClosed = -1
-		switch {
-		case c == '"' || c == '\'' || c == '`':
-			i = skipString(q, i)
-		case c == '#':
-			for i < len(q) && q[i] != '\n' {
-				i++
-			}
-		case c == '(' || c == '[' || c == '{':
-			l := level{braces: c == '{'}
-			if c == '[' && closed >= 0 {
+		switch typ := it.Typ; {
+		case typ == parser.LEFT_PAREN || typ == parser.LEFT_BRACKET || typ == parser.LEFT_BRACE:
+			l := level{braces: typ == parser.LEFT_BRACE}
+			if typ == parser.LEFT_BRACKET && closed >= 0 {
 				l.deepest = closed
 			}
 			stack = append(stack, l)
-		case c == ')' || c == ']' || c == '}':
+		case typ == parser.RIGHT_PAREN || typ == parser.RIGHT_BRACKET || typ == parser.RIGHT_BRACE:
 			if len(stack) > 1 {
 				stack = stack[:len(stack)-1]
 				pathOps -= top.ops
@@ -112,26 +124,13 @@ func exprDeeperThan(q string, limit int) bool {
 				parent.deepest = max(parent.deepest, lastClosed)
 			}
 		case top.braces:
-		case isOperatorByte(c):
+		case typ.IsOperator() && typ != parser.AT:
 			top.ops++
 			pathOps++
-			for i+1 < len(q) && (q[i+1] == '=' || q[i+1] == '~') { // ==, !=, >=, <=
-				i++
-			}
-		case isIdentByte(c):
-			j := i
-			for j < len(q) && isIdentByte(q[j]) {
-				j++
-			}
-			if isKeywordOperator(q[i:j]) {
-				top.ops++
-				pathOps++
-			}
-			i = j - 1
 		}
 		// What is open now lies on one path: the final bound is at least this.
 		if pathOps+stack[len(stack)-1].deepest+len(stack) > limit {
-			return true
+			return limit + 1
 		}
 	}
 	for len(stack) > 1 { // unclosed brackets close at the end
@@ -140,55 +139,7 @@ func exprDeeperThan(q string, limit int) bool {
 		parent := &stack[len(stack)-1]
 		parent.deepest = max(parent.deepest, top.ops+top.deepest+1)
 	}
-	return stack[0].ops+stack[0].deepest+1 > limit
-}
-
-// skipString returns the index of the quote closing the string that opens
-// at q[i] (backslash escapes, except in raw `strings`), or the last index.
-func skipString(q string, i int) int {
-	quote := q[i]
-	for i++; i < len(q); i++ {
-		switch {
-		case q[i] == '\\' && quote != '`':
-			i++
-		case q[i] == quote:
-			return i
-		}
-	}
-	return len(q) - 1
-}
-
-func isOperatorByte(c byte) bool {
-	switch c {
-	case '+', '-', '*', '/', '%', '^', '=', '!', '<', '>':
-		return true
-	}
-	return false
-}
-
-func isIdentByte(c byte) bool {
-	return c == '_' || c == ':' || c == '.' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= 0x80
-}
-
-// isKeywordOperator: PromQL's word operators (case-insensitive, as the
-// lexer reads them).
-func isKeywordOperator(w string) bool {
-	if len(w) < 2 || len(w) > 6 {
-		return false
-	}
-	var b [6]byte
-	for i := range len(w) {
-		c := w[i]
-		if c >= 'A' && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		b[i] = c
-	}
-	switch string(b[:len(w)]) {
-	case "and", "or", "unless", "atan2":
-		return true
-	}
-	return false
+	return min(stack[0].ops+stack[0].deepest+1, limit+1)
 }
 
 // admission bounds the requests that carry PromQL (see the top of this
@@ -238,14 +189,41 @@ func (ad *admission) admit(next http.Handler) http.Handler {
 			return
 		}
 		defer ad.slots.Done()
+		r = r.WithContext(ctx)
+		// A slot may be given to a request whose client has just left (the
+		// gate picks at random when both are ready): nothing it parses is
+		// wanted any more, and a parse cannot be stopped once begun.
+		if clientLeft(w, r) {
+			return
+		}
 		for _, q := range r.Form["query"] {
 			if err := checkSubquerySteps(q); err != nil {
 				writeError(w, http.StatusBadRequest, "bad_data", err)
 				return
 			}
 		}
-		next.ServeHTTP(w, r.WithContext(ctx))
+		if clientLeft(w, r) {
+			return
+		}
+		next.ServeHTTP(w, r)
 	})
+}
+
+// clientLeft answers a request whose context has ended, because its client
+// left (499) or its query.timeout passed (503), and reports whether it did.
+// PromQL's parser and formatter take no context: the handlers look between
+// their steps instead.
+func clientLeft(w http.ResponseWriter, r *http.Request) bool {
+	err := r.Context().Err()
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, context.DeadlineExceeded):
+		writeError(w, http.StatusServiceUnavailable, "timeout", fmt.Errorf("query timed out before it was parsed: %w", err))
+	default:
+		writeError(w, statusClientClosedRequest, "canceled", fmt.Errorf("query canceled: %w", err))
+	}
+	return true
 }
 
 // statusClientClosedRequest is what Prometheus answers (nobody reads it) to

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -103,8 +104,14 @@ func realExpressions(t *testing.T) []string {
 }
 
 // tricky are expressions whose text holds brackets and operators that are
-// not the tree's: in strings, comments and matchers.
+// not the tree's (in strings, comments and matchers), and comments where the
+// lexer ends them (at \r as at \n) or skips them (between a bracket and the
+// range or subquery that follows it).
 var tricky = []string{
+	"#\r-(-(DCGM_FI_DEV_GPU_TEMP))",
+	"up # a comment\r+ 1 # another\r\n* 2",
+	"(DCGM_FI_DEV_GPU_TEMP) # hourly\n[1h:1m]",
+	"max_over_time(abs(DCGM_FI_DEV_GPU_TEMP) #\r[10m:1m])",
 	`DCGM_FI_DEV_XID_ERRORS{err_msg="((((((((- - - -))))))))"}`,
 	`label_replace(up, "a", "((($1)))", "job", "(.*)")`,
 	"up # ((((((((( and or unless\n+ 1",
@@ -337,7 +344,11 @@ func TestParsingWaitsForASlotWithinTheTimeout(t *testing.T) {
 
 // FuzzExpressionDepthBound: for any text Prometheus parses, the depth
 // counted before parsing is at least the parsed tree's, so nothing deeper
-// than query.max_expression_depth reaches the parser unnoticed.
+// than query.max_expression_depth reaches the parser unnoticed. Each input
+// is also checked behind a comment, and with a comment after each of its
+// brackets, ended by each of the lexer's line endings (\n, \r, \r\n):
+// comments are where a scan and the lexer disagreed (a comment ended at
+// \r hid 3,000 levels).
 func FuzzExpressionDepthBound(f *testing.F) {
 	for _, q := range tricky {
 		f.Add(q)
@@ -345,21 +356,29 @@ func FuzzExpressionDepthBound(f *testing.F) {
 	f.Add(`sum by (gpu) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{Hostname=~"n.*"}[5m])) / 1000`)
 	f.Add(`(DCGM_FI_DEV_GPU_UTIL)[1h:1m]`)
 	f.Add(`abs(-DCGM_FI_DEV_GPU_UTIL ^ 2)[30m:] offset 1m`)
+	f.Add("sum(\r\tDCGM_FI_DEV_GPU_UTIL # (((\n) # )))\r")
 	f.Fuzz(func(t *testing.T, q string) {
 		if len(q) > 4096 {
 			return
 		}
-		expr, err := parser.NewParser(parser.Options{}).ParseExpr(q)
-		if err != nil {
-			return
+		check := func(q string) {
+			expr, err := parser.NewParser(parser.Options{}).ParseExpr(q)
+			if err != nil {
+				return
+			}
+			depth := 0
+			parser.Inspect(expr, func(_ parser.Node, path []parser.Node) error {
+				depth = max(depth, len(path)+1)
+				return nil
+			})
+			if !exprDeeperThan(q, depth-1) {
+				t.Fatalf("%q parses %d deep; the bound before parsing says at most %d", q, depth, depth-1)
+			}
 		}
-		depth := 0
-		parser.Inspect(expr, func(_ parser.Node, path []parser.Node) error {
-			depth = max(depth, len(path)+1)
-			return nil
-		})
-		if !exprDeeperThan(q, depth-1) {
-			t.Fatalf("%q parses %d deep; the bound before parsing says at most %d", q, depth, depth-1)
+		check(q)
+		for _, eol := range []string{"\n", "\r", "\r\n"} {
+			check("# ((( +" + eol + q)
+			check(strings.NewReplacer("(", "( # - (((("+eol, ")", ") # ))"+eol).Replace(q))
 		}
 	})
 }
@@ -435,5 +454,83 @@ func TestQueryWhoseClientLeftFreesItsSlot(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || time.Since(start) > time.Second {
 		t.Errorf("format_query after the client of the only running query left: %d after %s", resp.StatusCode, time.Since(start))
+	}
+}
+
+// TestFormatQueryWorkBounded: format_query's formatter writes every
+// subtree out again at each level above it, so its work grows with depth ×
+// length: just inside the depth and length bounds (126 levels over a 240 KiB
+// selector) it took 2-4 s, uninterruptible, while the same text costs an
+// instant query or parse_query well under a second. format_query refuses
+// such text at once (400 bad_data naming its bound), the other routes
+// still answer it, and a real panel's expression with a dashboard variable
+// expanded to 1,024 GPUs is formatted.
+func TestFormatQueryWorkBounded(t *testing.T) {
+	srv, _ := newTestAPI(t, nil)
+	n := defaultMaxExpressionDepth - 2
+	regex := `DCGM_FI_DEV_GPU_TEMP{gpu=~"` + strings.Repeat("0|", 120<<10) + `1"}`
+	matchers := `DCGM_FI_DEV_GPU_TEMP{` + strings.Repeat(`a="b",`, 40<<10) + `c="d"}`
+	for name, q := range map[string]string{
+		"deep-long-regex":    strings.Repeat("abs(", n) + regex + strings.Repeat(")", n),
+		"deep-many-matchers": strings.Repeat("abs(", n) + matchers + strings.Repeat(")", n),
+		"deep-long-chain":    strings.Repeat("(", n/2) + regex + strings.Repeat(" + x", n/2-2) + strings.Repeat(")", n/2),
+	} {
+		if err := checkExprBounds(q, defaultMaxExpressionBytes, defaultMaxExpressionDepth); err != nil {
+			t.Fatalf("%s: not inside the bounds: %v", name, err)
+		}
+		start := time.Now()
+		code, r := call(t, srv, http.MethodPost, "/api/v1/format_query", url.Values{"query": {q}})
+		took := time.Since(start)
+		if code != http.StatusBadRequest || r.ErrorType != "bad_data" || !strings.Contains(r.Error, "format_query") {
+			t.Errorf("%s: format_query answered %d %s after %s, want 400 bad_data naming its bound", name, code, r.Error, took)
+		}
+		if took > time.Second {
+			t.Errorf("%s: format_query answered after %s", name, took)
+		}
+		for _, route := range []string{"/api/v1/parse_query", "/api/v1/query"} {
+			if code, r := call(t, srv, http.MethodPost, route, url.Values{"query": {q}}); code != http.StatusOK {
+				t.Errorf("%s to %s: %d %s", name, route, code, r.Error)
+			}
+		}
+	}
+	var uuids []string
+	for i := range 1024 {
+		uuids = append(uuids, fmt.Sprintf("GPU-%08x-1111-2222-3333-444455556666", i))
+	}
+	panel := `sum by (Hostname) (rate(DCGM_FI_PROF_PCIE_TX_BYTES{UUID=~"` + strings.Join(uuids, "|") + `"}[5m])) / on (Hostname) group_left count by (Hostname) (DCGM_FI_DEV_GPU_TEMP{UUID=~"` + strings.Join(uuids, "|") + `"})`
+	code, r := call(t, srv, http.MethodPost, "/api/v1/format_query", url.Values{"query": {panel}})
+	if code != http.StatusOK || !strings.Contains(string(r.Data), "group_left") {
+		t.Errorf("a panel over 1,024 GPUs (%d bytes): format_query answered %d %s", len(panel), code, r.Error)
+	}
+}
+
+// TestAdmissionSkipsClientsThatLeft: a request whose client has left by the
+// time it holds a slot is not passed on to be parsed (its parse and format
+// could not be stopped once begun): it is answered 499 and gives its slot
+// back. Before, a free slot and a client already gone were a coin toss
+// (the gate's select), and half of them were parsed for nobody.
+func TestAdmissionSkipsClientsThatLeft(t *testing.T) {
+	cfg := DefaultConfig()
+	ad := newAdmission(cfg)
+	passed := 0
+	h := ad.admit(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { passed++ }))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 200 {
+		req := httptest.NewRequest(http.MethodGet, "/api/v1/format_query?query=up", nil).WithContext(ctx)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != statusClientClosedRequest {
+			t.Fatalf("answered %d to a client that had left", rec.Code)
+		}
+	}
+	if passed > 0 {
+		t.Errorf("%d of 200 requests whose client had left were passed on", passed)
+	}
+	// Every slot was given back.
+	for range cfg.MaxConcurrency {
+		if err := ad.slots.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

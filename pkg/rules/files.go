@@ -166,6 +166,8 @@ type snapshotLoader struct {
 	// owns, when set, keeps only the groups this ruler evaluates (with the
 	// ring, the rulers share them out).
 	owns func(file, group string) bool
+	// shared are expressions parsed once for every tenant (the pack's).
+	shared map[string]parser.Expr
 }
 
 func (l *snapshotLoader) Load(name string, ignoreUnknownFields bool, scheme model.ValidationScheme) (*rulefmt.RuleGroups, []error) {
@@ -186,4 +188,9 @@ func (l *snapshotLoader) Load(name string, ignoreUnknownFields bool, scheme mode
 	return rgs, errs
 }
 
-func (l *snapshotLoader) Parse(query string) (parser.Expr, error) { return l.parser.ParseExpr(query) }
+func (l *snapshotLoader) Parse(query string) (parser.Expr, error) {
+	if e, ok := l.shared[query]; ok {
+		return e, nil
+	}
+	return l.parser.ParseExpr(query)
+}

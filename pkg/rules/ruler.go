@@ -21,9 +21,10 @@
 // every tenant that holds GPU data (a series of dcgm-exporter, DCGM_…, in its
 // last gpuDataWindow), including tenants that start sending it while
 // gpustore runs: the tenants are polled every rules.tenant_poll_interval, and
-// a tenant keeps the pack once it has it. The pack's ~140 rules cost ~12 MB
-// per tenant (bench/RESULTS.md): a tenant without GPU data, on which they
-// would record and alert nothing, does not pay it. A tenant's group with the
+// a tenant keeps the pack once it has it. A tenant without GPU data, on which
+// the pack would record and alert nothing, does not pay for its rules
+// (what they cost a tenant, and share with the others: share.go and
+// bench/RESULTS.md). A tenant's group with the
 // same name as a pack group replaces the pack's group for that tenant.
 //
 // Files are read at start-up and on Reload (SIGHUP, POST /-/reload). A
@@ -121,6 +122,9 @@ type Ruler struct {
 	parser      parser.Parser
 	externalURL *url.URL
 	pack        []ruleFile
+	// packExprs are the pack's expressions, parsed once for every tenant
+	// (share.go).
+	packExprs map[string]parser.Expr
 
 	ctx    context.Context // parent of every evaluation; cancelled on stop
 	cancel context.CancelFunc
@@ -143,11 +147,14 @@ type Ruler struct {
 
 // tenantRules is one tenant's rule and notifier managers.
 type tenantRules struct {
-	id           string
-	manager      *rules.Manager
-	loader       *snapshotLoader
-	notifier     *notifier.Manager // nil without Alertmanagers
-	notifierDone chan struct{}
+	id      string
+	manager *rules.Manager
+	loader  *snapshotLoader
+	// externalLabels are the tenant's alerts' external labels, given to
+	// every load (and to the rules rebuilt by share.go's ruleLabels).
+	externalLabels labels.Labels
+	notifier       *notifier.Manager // nil without Alertmanagers
+	notifierDone   chan struct{}
 
 	// Guarded by Ruler.syncMtx: the tenant's own files as last loaded, and
 	// whether the GPU pack is part of its rules.
@@ -178,17 +185,22 @@ func New(opts Options) (*Ruler, error) {
 	if err != nil {
 		return nil, err
 	}
+	p := parser.NewParser(parser.Options{})
 	var pack []ruleFile
+	var exprs map[string]parser.Expr
 	if cfg.GPUPack {
 		if pack, err = packFiles(); err != nil {
+			return nil, err
+		}
+		if exprs, err = packExprs(pack, p, opts.Logger); err != nil {
 			return nil, err
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Ruler{
 		opts: opts, cfg: cfg, logger: opts.Logger, reg: opts.Registerer, queryable: q,
-		parser:      parser.NewParser(parser.Options{}),
-		externalURL: ext, pack: pack, ctx: ctx, cancel: cancel,
+		parser:      p,
+		externalURL: ext, pack: pack, packExprs: exprs, ctx: ctx, cancel: cancel,
 		tenants: map[string]*tenantRules{},
 		reloadSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gpustore_rules_config_last_reload_successful",
@@ -586,7 +598,7 @@ func (r *Ruler) load(t string, own []ruleFile, readErrs []error, hasData, setGau
 	}
 	tr.loader.files = snapshot
 	tr.loader.overridden = groups
-	if err := tr.manager.Update(time.Duration(r.cfg.EvaluationInterval), names, alertExternalLabels(r.cfg, t), r.externalURL.String(), nil); err != nil {
+	if err := tr.manager.Update(time.Duration(r.cfg.EvaluationInterval), names, tr.externalLabels, r.externalURL.String(), nil); err != nil {
 		logger.Error("loading rules failed; the tenant's previous rules keep running", "err", err)
 		r.reloadSuccess.WithLabelValues(t).Set(0)
 		return fmt.Errorf("tenant %s: %w", t, err)
@@ -609,7 +621,8 @@ func (r *Ruler) tenantRules(t string) (*tenantRules, error) {
 	}
 	logger := r.logger.With("tenant", t)
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"tenant": t}, r.reg)
-	tr := &tenantRules{id: t, loader: &snapshotLoader{parser: r.parser, logger: logger}}
+	tr := &tenantRules{id: t, loader: &snapshotLoader{parser: r.parser, logger: logger, shared: r.packExprs},
+		externalLabels: alertExternalLabels(r.cfg, t)}
 	if owns := r.opts.Owns; owns != nil {
 		tr.loader.owns = func(file, group string) bool { return owns(t, file, group) }
 	}
@@ -650,6 +663,9 @@ func (r *Ruler) tenantRules(t string) (*tenantRules, error) {
 		GroupLoader:            tr.loader,
 		DefaultRuleQueryOffset: func() time.Duration { return offset },
 		Parser:                 r.parser,
+		// Each rule's labels and annotations in one symbol table of the
+		// tenant's, in place of one each (share.go).
+		RuleDependencyController: newRuleLabels(tr.externalLabels, r.externalURL.String(), logger.With("component", "rule manager")),
 	})
 	if !r.cfg.ManualEvaluation {
 		go tr.manager.Run()

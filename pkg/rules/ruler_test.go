@@ -810,9 +810,9 @@ func TestDataTenants(t *testing.T) {
 }
 
 // TestGPUPackOnlyForGPUData: a tenant whose data has no dcgm-exporter
-// series (node-exporter's here) gets no pack (~12 MB of rules that would
-// record and alert nothing of it), and gets it at the next poll once it
-// sends GPU data.
+// series (node-exporter's here) gets no pack (rules that would record and
+// alert nothing of it), and gets it at the next poll once it sends GPU
+// data.
 func TestGPUPackOnlyForGPUData(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.GPUPack = true })
 	db, err := e.dbs.Get("nodes-only")

@@ -352,9 +352,16 @@ func TestPasswordFloodKeepsVerifiedUsersVerified(t *testing.T) {
 	}
 	cancel()
 	<-done
-	// Every answer the flood read was a 401 (the last guesses' answers may
-	// have been cut by the cancel).
-	if n := flood.Count(http.StatusUnauthorized); n < guesses/2 || len(flood.ByCode) != 1 {
+	// Every answer the flood read was a 401, or a 503 past the bound of
+	// checks waiting (the last guesses' answers may have been cut by the
+	// cancel).
+	others := 0
+	for code, n := range flood.ByCode {
+		if code != http.StatusUnauthorized && code != http.StatusServiceUnavailable {
+			others += n
+		}
+	}
+	if n := flood.Count(http.StatusUnauthorized); n < guesses/2 || others > 0 {
 		t.Fatalf("the flood's answers: %v", flood.ByCode)
 	}
 	t.Logf("%d guesses answered 401 in %s", flood.Count(http.StatusUnauthorized), time.Since(floodStart).Round(time.Millisecond))
@@ -468,5 +475,69 @@ func TestRateLimitIsPerIdentity(t *testing.T) {
 	}
 	if code, _ := do(t, http.DefaultClient, base, call{path: "/api/v1/query", user: "grafana", pass: "g"}); code != http.StatusOK {
 		t.Errorf("another identity while the sender is limited: %d", code)
+	}
+}
+
+// statusAnswerer is a write route that answers in a format of its own, as
+// the OTLP handler answers a google.rpc.Status: the server's refusals on
+// its path go through AnswerError.
+type statusAnswerer struct{}
+
+func (statusAnswerer) ServeHTTP(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }
+
+func (statusAnswerer) AnswerError(w http.ResponseWriter, _ *http.Request, status int, msg string) {
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	w.WriteHeader(status)
+	_, _ = fmt.Fprintf(w, "status{%d %s}", status, msg)
+}
+
+// TestRefusalsInTheRoutesFormat: the web config's refusals (no or wrong
+// credentials 401, too many password checks waiting 503, the rate limit
+// 429) are answered by a route that answers errors in a format of its own
+// (the OTLP paths: a google.rpc.Status, as the OTLP/HTTP specification asks
+// of every failure), with their headers (WWW-Authenticate, Retry-After);
+// other routes keep the text answers. Before, the OTLP paths' 401 was text.
+func TestRefusalsInTheRoutesFormat(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "web.yml")
+	writeFile(t, file, "basic_auth_users:\n  prometheus: "+bcryptHash(t, "s3cret")+"\nrate_limit:\n  interval: 1h\n  burst: 1\n")
+	s, err := New(Config{ListenAddress: "127.0.0.1:0", WebConfigFile: file}, Deps{
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry(),
+		Ready: func() error { return nil }, Tenants: tenancy.DefaultConfig(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Writes.Handle("/otlp/v1/metrics", statusAnswerer{})
+	s.Mux.HandleFunc("/api/v1/query", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	if err := services.StartAndAwaitRunning(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), s) })
+	base := "http://" + s.Addr().String()
+	for _, k := range []call{{path: "/otlp/v1/metrics", method: http.MethodPost}, {path: "/otlp/v1/metrics", method: http.MethodPost, user: "prometheus", pass: "wrong"}} {
+		req, _ := http.NewRequest(k.method, base+k.path, strings.NewReader("x"))
+		if k.user != "" {
+			req.SetBasicAuth(k.user, k.pass)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(string(b), "status{401 ") || resp.Header.Get("WWW-Authenticate") == "" {
+			t.Errorf("OTLP export, credentials %q: %d %q (WWW-Authenticate %q), want the route's 401", k.user, resp.StatusCode, b, resp.Header.Get("WWW-Authenticate"))
+		}
+	}
+	// The one request of the rate limit's burst passes; the next is 429.
+	if code, _ := do(t, http.DefaultClient, base, call{path: "/otlp/v1/metrics", method: http.MethodPost, user: "prometheus", pass: "s3cret"}); code != http.StatusOK {
+		t.Fatalf("an export with credentials: %d", code)
+	}
+	code, body := do(t, http.DefaultClient, base, call{path: "/otlp/v1/metrics", method: http.MethodPost, user: "prometheus", pass: "s3cret"})
+	if code != http.StatusTooManyRequests || !strings.HasPrefix(body, "status{429 ") {
+		t.Errorf("an export past the rate limit: %d %q, want the route's 429", code, body)
+	}
+	if code, body := do(t, http.DefaultClient, base, call{path: "/api/v1/query"}); code != http.StatusUnauthorized || strings.HasPrefix(body, "status{") {
+		t.Errorf("a query without credentials: %d %q, want a text 401", code, body)
 	}
 }

@@ -3,6 +3,7 @@ package server
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -186,6 +187,16 @@ func TestWriteConcurrencyPerTenant(t *testing.T) {
 	release := make(chan struct{})
 	entered := make(chan struct{}, 10)
 	s.Writes.HandleFunc("/api/v1/write", func(w http.ResponseWriter, r *http.Request) {
+		// A write reads its body first (its slot is taken at its end) and
+		// answers a read error as the ingester does.
+		if _, err := io.ReadAll(r.Body); err != nil {
+			var busy *WriteSlotsBusyError
+			if errors.As(err, &busy) {
+				w.Header().Set("Retry-After", "1")
+			}
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
 		if r.Header.Get(tenancy.OrgIDHeader) == "a" && r.URL.Query().Get("block") != "" {
 			entered <- struct{}{}
 			<-release
@@ -240,11 +251,11 @@ func TestWriteConcurrencyPerTenant(t *testing.T) {
 }
 
 // TestStalledBodiesFreeTheirWriteSlots: bodies that stop arriving (the
-// abuse.SlowBodies workload: headers and one byte, then nothing) take every
-// write slot of a tenant, but each is cut once it has stalled for
-// write_body_stall_timeout, long before the read timeout: the tenant's
-// writes go through again within that time, and the cut bodies were read
-// with the error the handler answers 503 to.
+// abuse.SlowBodies workload: headers and one byte, then nothing), as many
+// as the tenant has write slots, keep none of them (a slot is taken once a
+// body is read) and are each cut once they have stalled for
+// write_body_stall_timeout, long before the read timeout, with the error
+// the handler answers 503 to.
 func TestStalledBodiesFreeTheirWriteSlots(t *testing.T) {
 	cfg := shortTimeouts()
 	cfg.ReadTimeout = model.Duration(time.Minute)
@@ -265,41 +276,24 @@ func TestStalledBodiesFreeTheirWriteSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeSlow()
-	write := func() int {
-		req, _ := http.NewRequest(http.MethodPost, "http://"+s.Addr().String()+"/api/v1/write", strings.NewReader("x"))
-		req.Header.Set(tenancy.OrgIDHeader, "gpu-prod")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	// The slow bodies hold every slot a moment after they were sent.
-	deadline := time.Now().Add(5 * time.Second)
-	for write() != http.StatusServiceUnavailable {
-		if time.Now().After(deadline) {
-			t.Fatal("the stalled bodies never held the tenant's write slots")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 	start := time.Now()
-	for write() != http.StatusNoContent {
-		if time.Since(start) > 5*time.Second {
-			t.Fatalf("the tenant's writes are still refused %s after its bodies stalled (stall timeout %s, read timeout %s)", time.Since(start), cfg.WriteBodyStallTimeout, cfg.ReadTimeout)
-		}
-		time.Sleep(50 * time.Millisecond)
+	req, _ := http.NewRequest(http.MethodPost, "http://"+s.Addr().String()+"/api/v1/write", strings.NewReader("x"))
+	req.Header.Set(tenancy.OrgIDHeader, "gpu-prod")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("writes through again %s after the slots were taken", time.Since(start).Round(time.Millisecond))
-	// The first slot freed lets writes through; the other bodies are cut
-	// within moments of it (on a busy machine, 7 of 50 had been when the
-	// first write passed).
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Errorf("a write of the tenant while %d bodies stall: %d", cfg.MaxConcurrentWritesPerTenant, resp.StatusCode)
+	}
 	for n := cut.Load(); n != int32(cfg.MaxConcurrentWritesPerTenant); n = cut.Load() {
 		if time.Since(start) > 5*time.Second {
-			t.Fatalf("%d stalled bodies were cut, want %d", n, cfg.MaxConcurrentWritesPerTenant)
+			t.Fatalf("%d stalled bodies were cut %s after they were sent, want %d (stall timeout %s, read timeout %s)", n, time.Since(start), cfg.MaxConcurrentWritesPerTenant, cfg.WriteBodyStallTimeout, cfg.ReadTimeout)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	t.Logf("%d stalled bodies cut %s after they were sent", cfg.MaxConcurrentWritesPerTenant, time.Since(start).Round(time.Millisecond))
 }
 
 // TestSlowHandlerAfterItsBodyKeepsItsContext: the stall deadline applies
@@ -350,4 +344,57 @@ func startWriteServer(t *testing.T, cfg Config, handler http.HandlerFunc) *Serve
 	}
 	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), s) })
 	return s
+}
+
+// TestTrickledBodiesHoldNoWriteSlots: bodies that trickle in (the
+// abuse.TrickledBodies workload: a byte every 300 ms, under the stall
+// timeout) do not keep their tenant's writes out, and each is cut once it
+// falls below write_body_min_rate, long before the read timeout. Before, a
+// write slot was taken before the body was read: a byte every 5 s held one
+// for the 5-minute read timeout, and 200 such bodies denied a tenant its
+// writes. The slot is now taken once the body has been read.
+func TestTrickledBodiesHoldNoWriteSlots(t *testing.T) {
+	cfg := shortTimeouts()
+	cfg.ReadTimeout = model.Duration(time.Minute)
+	cfg.WriteTimeout = model.Duration(time.Minute)
+	cfg.MaxConcurrentWritesPerTenant = 4
+	cfg.WriteBodyStallTimeout = model.Duration(time.Second)
+	cfg.WriteBodyMinRate = 1024
+	var cut atomic.Int32
+	s := startWriteServer(t, cfg, func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.ReadAll(r.Body); err != nil {
+			cut.Add(1)
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	n := 2 * cfg.MaxConcurrentWritesPerTenant
+	cutByServer, closeAll, err := abuse.TrickledBodies(s.Addr().String(), nil, "/api/v1/write", n, http.Header{tenancy.OrgIDHeader: {"gpu-prod"}}, 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll()
+	start := time.Now()
+	time.Sleep(300 * time.Millisecond) // every trickled body has begun
+	for i := range 5 {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+s.Addr().String()+"/api/v1/write", strings.NewReader("x"))
+		req.Header.Set(tenancy.OrgIDHeader, "gpu-prod")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNoContent {
+			t.Errorf("write %d of the tenant while %d bodies trickle in: %d", i, n, resp.StatusCode)
+		}
+	}
+	for int(cut.Load()) < n || cutByServer() < n {
+		if time.Since(start) > 20*time.Second {
+			t.Fatalf("%d of %d trickled bodies cut (%d connections answered) %s after they began (stall %s, min rate %d B/s, read timeout %s)",
+				cut.Load(), n, cutByServer(), time.Since(start), cfg.WriteBodyStallTimeout, cfg.WriteBodyMinRate, cfg.ReadTimeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("%d trickled bodies cut %s after they began", n, time.Since(start).Round(100*time.Millisecond))
 }

@@ -5,8 +5,10 @@
 // configuration (--web.config.file: TLS, basic auth, headers; pkg/auth).
 // Process-wide routes (/metrics, /-/reload and those marked with AdminOnly)
 // additionally need an identity that tenants.auth lets act for every tenant.
-// Write routes (Writes) are limited per tenant in concurrency, so one tenant's
-// burst of slow requests cannot take every connection and goroutine.
+// Write routes (Writes) are limited per tenant in the writes being decoded
+// and stored at once (a slot is taken once the body is read, so bodies that
+// arrive slowly hold none), and their bodies must keep arriving (a stall
+// timeout, a minimum rate).
 package server
 
 import (
@@ -19,7 +21,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -53,12 +54,17 @@ type Config struct {
 	WriteTimeout model.Duration `yaml:"write_timeout"`
 	// IdleTimeout closes keep-alive connections idle this long.
 	IdleTimeout model.Duration `yaml:"idle_timeout"`
-	// MaxConcurrentWritesPerTenant bounds one tenant's remote-write requests
-	// in progress; beyond it the answer is 503 with Retry-After (0: no bound).
+	// MaxConcurrentWritesPerTenant bounds one tenant's writes being decoded
+	// and stored at once (a write takes its slot once its body is read);
+	// beyond it the answer is 503 with Retry-After (0: no bound).
 	MaxConcurrentWritesPerTenant int `yaml:"max_concurrent_writes_per_tenant"`
 	// WriteBodyStallTimeout cuts a remote-write body that sends nothing for
 	// this long (0: only ReadTimeout bounds it).
 	WriteBodyStallTimeout model.Duration `yaml:"write_body_stall_timeout"`
+	// WriteBodyMinRate (bytes/s) cuts a write body that, after
+	// WriteBodyStallTimeout, has arrived slower than this on average since
+	// its headers (0: none).
+	WriteBodyMinRate int `yaml:"write_body_min_rate"`
 }
 
 // DefaultConfig listens on :9201, gpustore's port. The timeouts leave room
@@ -75,6 +81,7 @@ func DefaultConfig() Config {
 		IdleTimeout:                  model.Duration(2 * time.Minute),
 		MaxConcurrentWritesPerTenant: 200,
 		WriteBodyStallTimeout:        model.Duration(10 * time.Second),
+		WriteBodyMinRate:             4096,
 	}
 }
 
@@ -82,6 +89,9 @@ func DefaultConfig() Config {
 func (c Config) Validate() error {
 	if c.ReadHeaderTimeout < 0 || c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.IdleTimeout < 0 || c.WriteBodyStallTimeout < 0 {
 		return errors.New("server timeouts must not be negative (0: none)")
+	}
+	if c.WriteBodyMinRate < 0 {
+		return errors.New("server.write_body_min_rate must not be negative (0: none)")
 	}
 	if c.MaxConcurrentWritesPerTenant < 0 {
 		return errors.New("server.max_concurrent_writes_per_tenant must not be negative (0: no bound)")
@@ -173,7 +183,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 
 	var routed http.Handler = http.HandlerFunc(s.route)
 	if s.web != nil {
-		routed = s.web.Middleware(routed)
+		routed = s.web.MiddlewareAnswering(routed, s.refusal)
 	}
 	probes := http.NewServeMux()
 	probes.HandleFunc("/-/healthy", func(w http.ResponseWriter, _ *http.Request) {
@@ -320,19 +330,19 @@ func (s *Server) serveReload(w http.ResponseWriter, r *http.Request) {
 func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	if s.isInternalPath(r.URL.Path) {
 		if err := s.deps.Tenants.Peer(r, s.deps.Peers); err != nil {
-			refuse(w, err)
+			s.refuse(w, r, err)
 			return
 		}
 		r = r.WithContext(tenancy.AsPeer(r.Context()))
 	} else if s.isAdminPath(r.URL.Path) {
 		if err := s.deps.Tenants.Admin(r); err != nil {
-			refuse(w, err)
+			s.refuse(w, r, err)
 			return
 		}
 	}
 	if h, pattern := s.Writes.Handler(r); pattern != "" {
 		if stall := time.Duration(s.cfg.WriteBodyStallTimeout); stall > 0 {
-			r.Body = guardStalls(w, r.Body, stall, time.Duration(s.cfg.ReadTimeout))
+			r.Body = guardStalls(w, r.Body, stall, s.cfg.WriteBodyMinRate, time.Duration(s.cfg.ReadTimeout))
 		}
 		s.writes.serve(h, w, r)
 		return
@@ -340,14 +350,36 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	s.Mux.ServeHTTP(w, r)
 }
 
+// ErrorAnswerer is a route's handler that answers the server's refusals of
+// its requests (no or wrong credentials, the rate limit, an identity the
+// route is not for) in its protocol's own format: the OTLP paths answer a
+// google.rpc.Status, as the OTLP/HTTP specification asks of every failure.
+// The headers that go with a refusal (WWW-Authenticate, Retry-After) are
+// set before AnswerError is called.
+type ErrorAnswerer interface {
+	AnswerError(w http.ResponseWriter, r *http.Request, status int, msg string)
+}
+
+// refusal answers a refused request in its route's format (ErrorAnswerer),
+// or as text.
+func (s *Server) refusal(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	if h, pattern := s.Writes.Handler(r); pattern != "" {
+		if a, ok := h.(ErrorAnswerer); ok {
+			a.AnswerError(w, r, status, msg)
+			return
+		}
+	}
+	http.Error(w, msg, status)
+}
+
 // refuse answers a request its identity may not make.
-func refuse(w http.ResponseWriter, err error) {
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, err error) {
 	status := http.StatusForbidden
 	var te *tenancy.Error
 	if errors.As(err, &te) {
 		status = te.Status
 	}
-	http.Error(w, err.Error(), status)
+	s.refusal(w, r, status, err.Error())
 }
 
 func (s *Server) run(ctx context.Context) error {
@@ -400,7 +432,11 @@ func (s *Server) Drain() error {
 
 func (s *Server) stop(error) error { return s.Drain() }
 
-// writeLimiter bounds each tenant's remote-write requests in progress.
+// writeLimiter bounds each tenant's writes being decoded and stored. A
+// write takes its slot once its body has been read (slotBody): reading a
+// body is bounded by the stall timeout, the minimum rate and the in-flight
+// bytes, and a slot taken before it let bodies that trickle in (a byte every
+// 5 s) hold a tenant's slots for the whole read timeout.
 type writeLimiter struct {
 	max      int
 	tenants  tenancy.Config
@@ -419,15 +455,18 @@ func newWriteLimiter(max int, tenants tenancy.Config, reg prometheus.Registerer)
 		max: max, tenants: tenants, inflight: map[string]int{},
 		rejected: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Name: "gpustore_server_write_requests_throttled_total",
-			Help: "Remote-write requests answered 503 because the tenant had server.max_concurrent_writes_per_tenant in progress.",
+			Help: "Writes answered 503 because the tenant had server.max_concurrent_writes_per_tenant being decoded and stored.",
 		}, []string{"tenant"}),
 		gauge: promauto.With(reg).NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gpustore_server_inflight_write_requests",
-			Help: "Remote-write requests in progress, per tenant (no series for a tenant with none).",
+			Help: "Writes being decoded and stored (their bodies read), per tenant (no series for a tenant with none).",
 		}, []string{"tenant"}),
 	}
 }
 
+// serve runs h with r's body taking a slot of r's tenant once it is read;
+// a write that reads its body whole and finds no slot free reads an error
+// instead of the body's end (WriteSlotsBusyError), which it answers.
 func (l *writeLimiter) serve(h http.Handler, w http.ResponseWriter, r *http.Request) {
 	if l.max <= 0 {
 		h.ServeHTTP(w, r)
@@ -438,52 +477,108 @@ func (l *writeLimiter) serve(h http.Handler, w http.ResponseWriter, r *http.Requ
 		h.ServeHTTP(w, r) // the handler answers the tenant error itself
 		return
 	}
-	l.mtx.Lock()
-	if l.inflight[id] >= l.max {
-		l.mtx.Unlock()
-		l.rejected.WithLabelValues(id).Inc()
-		w.Header().Set("Retry-After", strconv.Itoa(int(writeRetryAfter/time.Second)))
-		http.Error(w, fmt.Sprintf("tenant %q has %d writes in progress (server.max_concurrent_writes_per_tenant); retry later", id, l.max), http.StatusServiceUnavailable)
-		return
-	}
-	l.inflight[id]++
-	l.gauge.WithLabelValues(id).Set(float64(l.inflight[id]))
-	l.mtx.Unlock()
+	body := &slotBody{ReadCloser: r.Body, take: func() error { return l.take(id) }}
+	r.Body = body
 	defer func() {
-		l.mtx.Lock()
-		defer l.mtx.Unlock()
-		// A tenant with no write in progress has no series: anyone may
-		// name tenants, and each name's series would stay forever.
-		if l.inflight[id]--; l.inflight[id] == 0 {
-			delete(l.inflight, id)
-			l.gauge.DeleteLabelValues(id)
-			return
+		if body.held {
+			l.release(id)
 		}
-		l.gauge.WithLabelValues(id).Set(float64(l.inflight[id]))
 	}()
 	h.ServeHTTP(w, r)
 }
 
-// stallGuard is a remote-write body whose reads fail once no data has come
-// for stall: before each read it moves the connection's read deadline to
-// stall from now, never past the request's own deadline (read_timeout from
-// the start). A body that stops arriving then frees its tenant's write slot
-// (and its goroutine) after stall, not after the whole read timeout; a body
-// that keeps coming is bounded by the read timeout as before.
+func (l *writeLimiter) take(id string) error {
+	l.mtx.Lock()
+	defer l.mtx.Unlock()
+	if l.inflight[id] >= l.max {
+		l.rejected.WithLabelValues(id).Inc()
+		return &WriteSlotsBusyError{Tenant: id, Max: l.max}
+	}
+	l.inflight[id]++
+	l.gauge.WithLabelValues(id).Set(float64(l.inflight[id]))
+	return nil
+}
+
+func (l *writeLimiter) release(id string) {
+	l.mtx.Lock()
+	defer l.mtx.Unlock()
+	// A tenant with no write in progress has no series: anyone may name
+	// tenants, and each name's series would stay forever.
+	if l.inflight[id]--; l.inflight[id] == 0 {
+		delete(l.inflight, id)
+		l.gauge.DeleteLabelValues(id)
+		return
+	}
+	l.gauge.WithLabelValues(id).Set(float64(l.inflight[id]))
+}
+
+// WriteSlotsBusyError is what a write's body reads in place of its end
+// when its tenant has server.max_concurrent_writes_per_tenant writes being
+// decoded and stored: the write handler answers 503 with Retry-After
+// (HTTPStatus), which every sender retries.
+type WriteSlotsBusyError struct {
+	Tenant string
+	Max    int
+}
+
+func (e *WriteSlotsBusyError) Error() string {
+	return fmt.Sprintf("tenant %q has %d writes in progress (server.max_concurrent_writes_per_tenant); retry in %s", e.Tenant, e.Max, writeRetryAfter)
+}
+
+// HTTPStatus is the answer to the write: 503.
+func (e *WriteSlotsBusyError) HTTPStatus() int { return http.StatusServiceUnavailable }
+
+// RetryAfter is how long the sender should wait.
+func (e *WriteSlotsBusyError) RetryAfter() time.Duration { return writeRetryAfter }
+
+// slotBody is a write's body that takes its tenant's write slot when it
+// has been read to its end.
+type slotBody struct {
+	io.ReadCloser
+	take    func() error
+	held    bool
+	refused error
+}
+
+func (b *slotBody) Read(p []byte) (int, error) {
+	if b.refused != nil {
+		return 0, b.refused
+	}
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && !b.held {
+		if b.refused = b.take(); b.refused != nil {
+			return n, b.refused
+		}
+		b.held = true
+	}
+	return n, err
+}
+
+// stallGuard is a write body whose reads fail once no data has come for
+// stall, or once, stall after it began, it has come slower than minRate on
+// average: before each read it moves the connection's read deadline to the
+// earlier of the two, never past the request's own deadline (read_timeout
+// from the start). A body that stops arriving, or trickles in (a byte every
+// few seconds), is then cut after about stall, not after the whole read
+// timeout; a body that keeps coming is bounded by the read timeout as
+// before.
 type stallGuard struct {
 	io.ReadCloser
-	rc    *http.ResponseController
-	stall time.Duration
-	until time.Time // the request's read deadline; zero: none
-	done  bool
+	rc      *http.ResponseController
+	stall   time.Duration
+	minRate int // bytes/s; 0: none
+	start   time.Time
+	read    int64
+	until   time.Time // the request's read deadline; zero: none
+	done    bool
 }
 
 // guardStalls wraps body; where the connection has no read deadlines to
 // move (a test's recorder) it returns body unchanged.
-func guardStalls(w http.ResponseWriter, body io.ReadCloser, stall, readTimeout time.Duration) io.ReadCloser {
-	g := &stallGuard{ReadCloser: body, rc: http.NewResponseController(w), stall: stall}
+func guardStalls(w http.ResponseWriter, body io.ReadCloser, stall time.Duration, minRate int, readTimeout time.Duration) io.ReadCloser {
+	g := &stallGuard{ReadCloser: body, rc: http.NewResponseController(w), stall: stall, minRate: minRate, start: time.Now()}
 	if readTimeout > 0 {
-		g.until = time.Now().Add(readTimeout)
+		g.until = g.start.Add(readTimeout)
 	}
 	if err := g.rc.SetReadDeadline(g.deadline()); err != nil {
 		return body
@@ -493,6 +588,13 @@ func guardStalls(w http.ResponseWriter, body io.ReadCloser, stall, readTimeout t
 
 func (g *stallGuard) deadline() time.Time {
 	d := time.Now().Add(g.stall)
+	if g.minRate > 0 {
+		// What has come may take stall and then minRate's time.
+		byRate := g.start.Add(g.stall + time.Duration(float64(g.read)/float64(g.minRate)*float64(time.Second)))
+		if byRate.Before(d) {
+			d = byRate
+		}
+	}
 	if !g.until.IsZero() && d.After(g.until) {
 		return g.until
 	}
@@ -505,6 +607,7 @@ func (g *stallGuard) Read(p []byte) (int, error) {
 	}
 	_ = g.rc.SetReadDeadline(g.deadline())
 	n, err := g.ReadCloser.Read(p)
+	g.read += int64(n)
 	if err != nil {
 		// The body is over (or broken): the deadline is left alone from
 		// here on. At the body's end net/http clears it and reads on in
@@ -512,6 +615,10 @@ func (g *stallGuard) Read(p []byte) (int, error) {
 		// again would end that read and cancel the request's context
 		// while the handler still stores the body.
 		g.done = true
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() && (g.until.IsZero() || time.Now().Before(g.until)) {
+			err = fmt.Errorf("the body stalled for %s or arrived slower than %d bytes/s (%d bytes in %s): %w", g.stall, g.minRate, g.read, time.Since(g.start).Round(time.Millisecond), err)
+		}
 	}
 	return n, err
 }

@@ -45,17 +45,38 @@ func openMetadataStore(path string) (*MetadataStore, error) {
 }
 
 // Set records m for the metric family; it is cheap when nothing changed.
-func (s *MetadataStore) Set(family string, m metadata.Metadata) {
+func (s *MetadataStore) Set(family string, m metadata.Metadata) { s.SetBounded(family, m, 0) }
+
+// SetBounded records m for the metric family unless the store holds
+// maxFamilies families already and this is not one of them (0: no bound);
+// false: refused. A store that holds more (a bound lowered since) keeps
+// them and takes no new family.
+func (s *MetadataStore) SetBounded(family string, m metadata.Metadata, maxFamilies int) bool {
 	s.mtx.RLock()
 	old, ok := s.families[family]
+	full := maxFamilies > 0 && len(s.families) >= maxFamilies
 	s.mtx.RUnlock()
 	if ok && old == m {
-		return
+		return true
+	}
+	if !ok && full {
+		return false
 	}
 	s.mtx.Lock()
+	defer s.mtx.Unlock()
+	if _, ok := s.families[family]; !ok && maxFamilies > 0 && len(s.families) >= maxFamilies {
+		return false
+	}
 	s.families[family] = m
 	s.dirty = true
-	s.mtx.Unlock()
+	return true
+}
+
+// Len is the number of families with metadata.
+func (s *MetadataStore) Len() int {
+	s.mtx.RLock()
+	defer s.mtx.RUnlock()
+	return len(s.families)
 }
 
 // Get returns the metadata of one metric family.
