@@ -137,7 +137,8 @@ func New(cfg Config, bkt objstore.BucketReader, logger *slog.Logger, reg prometh
 	}
 	s := &Store{
 		cfg: cfg, bkt: bkt, logger: logger,
-		cache:   NewPageCache(cfg.PageSize, cfg.CacheSize),
+		cache:      NewPageCache(cfg.PageSize, cfg.CacheSize),
+		blockCache: blockquery.NewCache(defaultBlockCacheSize, nil),
 		tenants: map[string][]*bucketBlock{}, views: map[string]*tenantView{},
 	}
 	s.m = newMetrics(s)
@@ -150,9 +151,14 @@ func New(cfg Config, bkt objstore.BucketReader, logger *slog.Logger, reg prometh
 }
 
 // SetBlockCache makes queries keep the selectors they resolve on a block in
-// c (pkg/blockquery); call it before the first query. Without it, every
+// c (pkg/blockquery), in place of the store's own (of
+// defaultBlockCacheSize); call it before the first query. nil: every
 // select reads the block's index.
 func (s *Store) SetBlockCache(c *blockquery.Cache) { s.blockCache = c }
+
+// defaultBlockCacheSize bounds a store's own cache of resolved selectors:
+// gpustore gives it the one it shares with the local TSDBs.
+const defaultBlockCacheSize = 64 << 20
 
 // blockQuerier is a querier of block b's samples in [lo, hi] for one
 // query. The cache holds a selector's series over the whole block, so the

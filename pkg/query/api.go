@@ -206,7 +206,7 @@ func New(opts Options) (*API, error) {
 	})
 
 	se := newSlicingEngine(engine, opts.Config.RangeParallelism, opts.Config.MinStepsPerSlice, opts.Registry)
-	se.pushDown, se.lookback = opts.Config.PushDownRangeFunctions, time.Duration(opts.Config.LookbackDelta)
+	se.pushDown, se.lookback, se.maxSamples = opts.Config.PushDownRangeFunctions, time.Duration(opts.Config.LookbackDelta), opts.Config.MaxSamples
 	q := TenantQueryable{DBs: opts.DBs, Sources: opts.Sources, Receivers: opts.Receivers, ReceiversLookback: opts.ReceiversLookback}
 	rr := opts.Rules
 	if rr == nil {

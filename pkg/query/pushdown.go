@@ -164,6 +164,10 @@ type pushdownQueryable struct {
 	storage.Queryable
 	calls    []pushedCall
 	lookback int64 // the query's lookback delta, ms
+	// maxSamples is the engine's bound on the samples a query holds
+	// (query.max_samples), which a call's windows and results count
+	// against as they would in the engine.
+	maxSamples int
 }
 
 func (p pushdownQueryable) Querier(mint, maxt int64) (storage.Querier, error) {
@@ -190,7 +194,7 @@ func (q *pushdownQuerier) Select(ctx context.Context, sortSeries bool, hints *st
 	if !ok {
 		return q.Querier.Select(ctx, sortSeries, hints, ms...)
 	}
-	return evalPushed(ctx, call, hints, q.p.lookback, func(h *storage.SelectHints) storage.SeriesSet {
+	return evalPushed(ctx, call, hints, q.p.lookback, q.p.maxSamples, func(h *storage.SelectHints) storage.SeriesSet {
 		inner, err := q.p.Queryable.Querier(h.Start, h.End)
 		if err != nil {
 			return storage.ErrSeriesSet(err)
@@ -232,7 +236,7 @@ func (q *pushdownQuerier) Close() error {
 // selects the call's own series with the hints the engine would have given
 // the call's selector, and returns a series per input series with a
 // result.
-func evalPushed(ctx context.Context, call pushedCall, h *storage.SelectHints, lookback int64, sel func(*storage.SelectHints) storage.SeriesSet) storage.SeriesSet {
+func evalPushed(ctx context.Context, call pushedCall, h *storage.SelectHints, lookback int64, maxSamples int, sel func(*storage.SelectHints) storage.SeriesSet) storage.SeriesSet {
 	if h == nil {
 		return storage.ErrSeriesSet(fmt.Errorf("range function %s pushed down without its query's steps", call.name))
 	}
@@ -243,7 +247,7 @@ func evalPushed(ctx context.Context, call pushedCall, h *storage.SelectHints, lo
 		Start: first - (call.rng - 1) - call.offset, End: last - call.offset,
 		Step: step, Range: call.rng, Func: call.name,
 	})
-	e := &pushEval{call: call, first: first, last: last, step: step, lookback: lookback}
+	e := &pushEval{call: call, first: first, last: last, step: step, lookback: lookback, maxSamples: maxSamples}
 	var out []storage.Series
 	for ss.Next() {
 		if err := ctx.Err(); err != nil {
@@ -270,6 +274,7 @@ type pushEval struct {
 	call              pushedCall
 	first, last, step int64
 	lookback          int64
+	maxSamples, held  int // held: the results so far, as the engine counts them
 	fs                []promql.FPoint
 	hs                []promql.HPoint
 	ts                []int64
@@ -314,6 +319,9 @@ func (e *pushEval) series(s storage.Series) (storage.Series, error) {
 			hlo++
 		}
 		got := false
+		if e.maxSamples > 0 && e.held+len(out.Floats)+len(out.Histograms)+(hi-lo)+(hhi-hlo) > e.maxSamples {
+			return nil, promql.ErrTooManySamples("query execution")
+		}
 		if hi > lo || hhi > hlo {
 			e.in[0].Floats, e.in[0].Histograms = e.fs[lo:hi:hi], e.hs[hlo:hhi:hhi]
 			e.enh.Ts, e.enh.Out = ts, e.enh.Out[:0]
@@ -344,6 +352,7 @@ func (e *pushEval) series(s storage.Series) (storage.Series, error) {
 	if results == 0 {
 		return nil, nil
 	}
+	e.held += len(out.Floats) + len(out.Histograms)
 	if floats > 0 { // as the engine: its note is on float results
 		e.noteCounterName(lset)
 	}

@@ -44,8 +44,9 @@ type slicingEngine struct {
 	cores     func() int
 	// pushDown: the query path evaluates range functions (pushdown.go);
 	// lookback is the engine's default lookback delta, which it needs.
-	pushDown bool
-	lookback time.Duration
+	pushDown   bool
+	lookback   time.Duration
+	maxSamples int
 
 	running atomic.Int64 // queries of this engine executing now
 
@@ -102,7 +103,7 @@ func (e *slicingEngine) pushdownOf(q storage.Queryable, calls []pushedCall, opts
 	if opts != nil && opts.LookbackDelta() > 0 {
 		lookback = opts.LookbackDelta()
 	}
-	return pushdownQueryable{Queryable: q, calls: calls, lookback: lookback.Milliseconds()}
+	return pushdownQueryable{Queryable: q, calls: calls, lookback: lookback.Milliseconds(), maxSamples: e.maxSamples}
 }
 
 // NewRangeQuery builds the whole query (which validates it) and, when it
