@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/prometheus/model/value"
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/promql/parser"
+	"github.com/prometheus/prometheus/promql/parser/posrange"
 	"github.com/prometheus/prometheus/schema"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
@@ -87,31 +88,18 @@ func rewritePushdown(qs string) (pushdown, bool) {
 		spans []posSpan
 	)
 	parser.Inspect(expr, func(node parser.Node, path []parser.Node) error {
-		call, ok := node.(*parser.Call)
-		if !ok || !pushableFuncs[call.Func.Name] || len(call.Args) != 1 || inSubquery(path) {
+		if inSubquery(path) {
 			return nil
 		}
-		ms, ok := call.Args[0].(*parser.MatrixSelector)
+		c, pr, ok := pushable(node, path)
 		if !ok {
 			return nil
 		}
-		vs, ok := ms.VectorSelector.(*parser.VectorSelector)
-		if !ok || vs.Timestamp != nil || vs.StartOrEnd != 0 || vs.Anchored || vs.Smoothed || ms.RangeExpr != nil || vs.OriginalOffsetExpr != nil || !namesOneMetric(vs.LabelMatchers) {
-			return nil
-		}
-		// As the engine prepares a selector without @ (its functions read
-		// Offset).
-		vs.Offset = vs.OriginalOffset
-		pr := call.PositionRange()
 		repl := fmt.Sprintf(`{%s="%d"}`, pushdownLabel, len(calls))
 		if int(pr.End-pr.Start) < len(repl) {
 			return nil
 		}
-		calls = append(calls, pushedCall{
-			fn: promql.FunctionCalls[call.Func.Name], name: call.Func.Name, args: call.Args,
-			matchers: vs.LabelMatchers, rng: ms.Range.Milliseconds(), offset: vs.OriginalOffset.Milliseconds(),
-			keepName: call.Func.Name == "last_over_time",
-		})
+		calls = append(calls, c)
 		spans = append(spans, posSpan{int(pr.Start), int(pr.End), repl})
 		return nil
 	})
@@ -128,6 +116,65 @@ func rewritePushdown(qs string) (pushdown, bool) {
 	}
 	sb.WriteString(qs[at:])
 	return pushdown{qs: sb.String(), calls: calls}, true
+}
+
+// pushable returns the call node stands for, if the query path can
+// evaluate it: a pushable range function of one plain selector, or a plain
+// selector read as an instant vector (each step's latest sample within the
+// lookback: cheap here, where the samples lie in arrays, and the engine
+// then steps through one sample a step instead of every sample).
+func pushable(node parser.Node, path []parser.Node) (pushedCall, posrange.PositionRange, bool) {
+	plain := func(vs *parser.VectorSelector) bool {
+		return vs.Timestamp == nil && vs.StartOrEnd == 0 && !vs.Anchored && !vs.Smoothed && vs.OriginalOffsetExpr == nil
+	}
+	switch n := node.(type) {
+	case *parser.Call:
+		if !pushableFuncs[n.Func.Name] || len(n.Args) != 1 {
+			return pushedCall{}, posrange.PositionRange{}, false
+		}
+		ms, ok := n.Args[0].(*parser.MatrixSelector)
+		if !ok || ms.RangeExpr != nil {
+			return pushedCall{}, posrange.PositionRange{}, false
+		}
+		vs, ok := ms.VectorSelector.(*parser.VectorSelector)
+		if !ok || !plain(vs) || !namesOneMetric(vs.LabelMatchers) {
+			return pushedCall{}, posrange.PositionRange{}, false
+		}
+		// As the engine prepares a selector without @ (its functions read
+		// Offset).
+		vs.Offset = vs.OriginalOffset
+		return pushedCall{
+			fn: promql.FunctionCalls[n.Func.Name], name: n.Func.Name, args: n.Args,
+			matchers: vs.LabelMatchers, rng: ms.Range.Milliseconds(), offset: vs.OriginalOffset.Milliseconds(),
+			keepName: n.Func.Name == "last_over_time",
+		}, n.PositionRange(), true
+	case *parser.VectorSelector:
+		parent := parser.Node(nil)
+		for i := len(path) - 1; i >= 0 && parent == nil; i-- {
+			if _, paren := path[i].(*parser.ParenExpr); !paren { // the engine looks through them
+				parent = path[i]
+			}
+		}
+		if !plain(n) || readsSelector(parent) {
+			return pushedCall{}, posrange.PositionRange{}, false
+		}
+		return pushedCall{name: "instant vector selector", matchers: n.LabelMatchers,
+			offset: n.OriginalOffset.Milliseconds(), keepName: true}, n.PositionRange(), true
+	}
+	return pushedCall{}, posrange.PositionRange{}, false
+}
+
+// readsSelector: a selector under parent is read for more than each step's
+// latest value: as a range, for its samples' own timestamps, or for its
+// matchers (absent builds its labels from them).
+func readsSelector(parent parser.Node) bool {
+	switch p := parent.(type) {
+	case *parser.MatrixSelector:
+		return true
+	case *parser.Call:
+		return p.Func.Name == "timestamp" || p.Func.Name == "info" || p.Func.Name == "absent"
+	}
+	return false
 }
 
 type posSpan struct {
@@ -243,10 +290,14 @@ func evalPushed(ctx context.Context, call pushedCall, h *storage.SelectHints, lo
 	// The rewritten selector is plain: its hints start a lookback (less a
 	// millisecond) before the first step.
 	first, last, step := h.Start+lookback-1, h.End, h.Step
-	ss := sel(&storage.SelectHints{
+	hints := &storage.SelectHints{
 		Start: first - (call.rng - 1) - call.offset, End: last - call.offset,
 		Step: step, Range: call.rng, Func: call.name,
-	})
+	}
+	if call.fn == nil { // a selector reaches back a lookback
+		hints.Start, hints.Func = first-(lookback-1)-call.offset, ""
+	}
+	ss := sel(hints)
 	e := &pushEval{call: call, first: first, last: last, step: step, lookback: lookback, maxSamples: maxSamples}
 	var out []storage.Series
 	for ss.Next() {
@@ -288,7 +339,10 @@ type pushEval struct {
 
 // series evaluates the call over s at every step; nil when it has no result.
 func (e *pushEval) series(s storage.Series) (storage.Series, error) {
-	if err := e.points(s); err != nil {
+	if e.call.fn == nil {
+		return e.selected(s)
+	}
+	if err := e.points(s, false); err != nil {
 		return nil, err
 	}
 	lset := s.Labels()
@@ -373,9 +427,56 @@ func (e *pushEval) noteCounterName(lset labels.Labels) {
 	e.annos.Add(annotations.NewPossibleNonCounterInfo(name, e.call.args[0].PositionRange()))
 }
 
+// selected reads s as an instant vector selector at every step: the
+// latest sample at or before the step (less the offset), if it is newer
+// than the lookback and not a staleness marker, as the engine selects.
+func (e *pushEval) selected(s storage.Series) (storage.Series, error) {
+	if err := e.points(s, true); err != nil {
+		return nil, err
+	}
+	out := promql.Series{Metric: s.Labels()}
+	fi, hi := 0, 0 // the samples at or before the step: fs[:fi], hs[:hi]
+	prev := false
+	for ts := e.first; ts <= e.last; ts += max(e.step, 1) {
+		ref := ts - e.call.offset
+		for fi < len(e.fs) && e.fs[fi].T <= ref {
+			fi++
+		}
+		for hi < len(e.hs) && e.hs[hi].T <= ref {
+			hi++
+		}
+		got := false
+		switch {
+		case fi > 0 && (hi == 0 || e.fs[fi-1].T > e.hs[hi-1].T):
+			if p := e.fs[fi-1]; p.T > ref-e.lookback && !value.IsStaleNaN(p.F) {
+				out.Floats, got = append(out.Floats, promql.FPoint{T: ts, F: p.F}), true
+			}
+		case hi > 0:
+			if p := e.hs[hi-1]; p.T > ref-e.lookback && !value.IsStaleNaN(p.H.Sum) {
+				out.Histograms, got = append(out.Histograms, promql.HPoint{T: ts, H: p.H.Copy()}), true
+			}
+		}
+		if !got && prev && e.step > 0 && e.step < e.lookback {
+			out.Floats = append(out.Floats, promql.FPoint{T: ts, F: math.Float64frombits(value.StaleNaN)})
+		}
+		prev = got
+		if e.maxSamples > 0 && e.held+len(out.Floats)+len(out.Histograms) > e.maxSamples {
+			return nil, promql.ErrTooManySamples("query execution")
+		}
+		if e.step == 0 {
+			break
+		}
+	}
+	if len(out.Floats) == 0 && len(out.Histograms) == 0 {
+		return nil, nil
+	}
+	e.held += len(out.Floats) + len(out.Histograms)
+	return promql.NewStorageSeries(out), nil
+}
+
 // points reads s into e.fs and e.hs, without staleness markers (the
-// engine leaves them out of a window).
-func (e *pushEval) points(s storage.Series) error {
+// engine leaves them out of a window) unless stale.
+func (e *pushEval) points(s storage.Series, stale bool) error {
 	e.fs, e.hs = e.fs[:0], e.hs[:0]
 	var ok bool
 	var err error
@@ -385,7 +486,7 @@ func (e *pushEval) points(s storage.Series) error {
 	}
 	if ok {
 		for i, t := range e.ts {
-			if !value.IsStaleNaN(e.vs[i]) {
+			if stale || !value.IsStaleNaN(e.vs[i]) {
 				e.fs = append(e.fs, promql.FPoint{T: t, F: e.vs[i]})
 			}
 		}
@@ -396,12 +497,12 @@ func (e *pushEval) points(s storage.Series) error {
 		switch vt {
 		case chunkenc.ValFloat:
 			t, f := e.it.At()
-			if !value.IsStaleNaN(f) {
+			if stale || !value.IsStaleNaN(f) {
 				e.fs = append(e.fs, promql.FPoint{T: t, F: f})
 			}
 		case chunkenc.ValHistogram, chunkenc.ValFloatHistogram:
 			t, h := e.it.AtFloatHistogram(&histogram.FloatHistogram{})
-			if !value.IsStaleNaN(h.Sum) {
+			if stale || !value.IsStaleNaN(h.Sum) {
 				e.hs = append(e.hs, promql.HPoint{T: t, H: h})
 			}
 		}

@@ -27,6 +27,19 @@ var pushdownTemplates = []string{
 	`sum(%[1]s(%[2]s[%[3]s])) / sum(%[1]s(%[2]s[%[3]s] offset 30s))`,
 	`count(%[1]s(%[2]s[%[3]s]))`,
 	`max_over_time(%[1]s(%[2]s[%[3]s])[20m:1m])`, // inside a subquery: not pushed down
+	// Plain selectors (the call is not in these).
+	`%[2]s`,
+	`avg(%[2]s)`,
+	`max by (i) (%[2]s offset 7m)`,
+	`quantile(0.9, %[2]s)`,
+	`%[2]s / on (i, job) %[2]s offset 1h`,
+	`topk(2, %[2]s)`,
+	`%[2]s offset -10m > 1`,
+	`timestamp(%[2]s)`, // reads the samples' own times: not pushed down
+	`absent(%[2]s)`,
+	`absent((%[2]s)) or timestamp(((%[2]s)))`,
+	`max_over_time(%[2]s[20m:1m])`, // inside a subquery: not pushed down
+	`sum by (job) (%[1]s(%[2]s[%[3]s])) / sum by (job) (%[2]s)`,
 }
 
 // TestPushdownMatchesEngine: range functions evaluated in the query path
@@ -46,13 +59,13 @@ func TestPushdownMatchesEngine(t *testing.T) {
 	se.cores = func() int { return 3 }
 	se.pushDown, se.lookback = true, 5*time.Minute
 	funcs := slices.Sorted(mapsKeys(pushableFuncs))
-	metrics := []string{`c_total`, `g`, `nh`, `c_total{job="job-1"}`, `g{i=~"[0-3]"}`}
+	metrics := []string{`c_total`, `g`, `nh`, `c_total{job="job-1"}`, `g{i=~"[0-3]"}`, `{__name__="nh"}`}
 	ranges := []string{"1m", "5m", "7m", "1h", "90s"}
 	steps := []time.Duration{15 * time.Second, 30 * time.Second, time.Minute, 97 * time.Second, 5 * time.Minute, 30 * time.Minute}
 	rng := rand.New(rand.NewPCG(9, 1))
 	ctx := context.Background()
 	pushed := 0
-	for round := range 400 {
+	for round := range 600 {
 		qs := fmt.Sprintf(pushdownTemplates[rng.IntN(len(pushdownTemplates))], funcs[rng.IntN(len(funcs))], metrics[rng.IntN(len(metrics))], ranges[rng.IntN(len(ranges))])
 		if _, ok := rewritePushdown(qs); ok {
 			pushed++
@@ -93,8 +106,8 @@ func TestPushdownMatchesEngine(t *testing.T) {
 		wq.Close()
 		gq.Close()
 	}
-	if pushed < 300 {
-		t.Fatalf("only %d of 400 queries were pushed down", pushed)
+	if pushed < 400 {
+		t.Fatalf("only %d of 600 queries were pushed down", pushed)
 	}
 }
 
@@ -147,7 +160,7 @@ func TestPushdownRewriteKeepsPositions(t *testing.T) {
 			t.Fatalf("%s: %q", qs, pd.qs)
 		}
 	}
-	for _, qs := range []string{`rate(x{a="b"}[5m] @ 100)`, `max_over_time(rate(x[1m])[5m:])`, `quantile_over_time(0.5, x[5m])`, `rate({__name__=~"x|y"}[5m])`} {
+	for _, qs := range []string{`rate(x{a="b"}[5m] @ 100)`, `timestamp(DCGM_FI_DEV_GPU_UTIL)`, `DCGM_FI_DEV_GPU_UTIL @ 100`, `max_over_time(rate(x[1m])[5m:])`, `quantile_over_time(0.5, x[5m])`, `rate({__name__=~"x|y"}[5m])`} {
 		if pd, ok := rewritePushdown(qs); ok {
 			t.Errorf("%s rewritten to %q", qs, pd.qs)
 		}
