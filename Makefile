@@ -27,6 +27,7 @@ RACE_PKGS := ./pkg/ingest/... ./pkg/tenantdb/... ./pkg/query/... ./pkg/rules/...
 RACE_PKGS += ./pkg/shipper/... ./pkg/bucketstore/... ./pkg/hatracker/... ./pkg/limits/...
 RACE_PKGS += ./pkg/server/... ./pkg/auth/... # write bound, drain; web config swapped under requests
 RACE_PKGS += ./pkg/queryfrontend/... # pieces in parallel, the shared results cache
+RACE_PKGS += ./pkg/blockquery/... ./pkg/seriesset/... # one series cache for every querier
 RACE_PKGS += ./pkg/distributor/... ./pkg/receivers/... # quorum sends that outlive the request; concurrent fan-out reads
 UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./...))
 # pkg/compact runs whole in test-unit (its week, downsampling and crash tests
