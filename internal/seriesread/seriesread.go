@@ -84,4 +84,3 @@ func Walk(t testing.TB, ss storage.SeriesSet, rnd *rand.Rand, mint, maxt int64) 
 	}
 	return out
 }
-

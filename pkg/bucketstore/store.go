@@ -139,7 +139,7 @@ func New(cfg Config, bkt objstore.BucketReader, logger *slog.Logger, reg prometh
 		cfg: cfg, bkt: bkt, logger: logger,
 		cache:      NewPageCache(cfg.PageSize, cfg.CacheSize),
 		blockCache: blockquery.NewCache(defaultBlockCacheSize, nil),
-		tenants: map[string][]*bucketBlock{}, views: map[string]*tenantView{},
+		tenants:    map[string][]*bucketBlock{}, views: map[string]*tenantView{},
 	}
 	s.m = newMetrics(s)
 	if reg != nil {
