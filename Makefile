@@ -27,6 +27,7 @@ RACE_PKGS := ./pkg/ingest/... ./pkg/tenantdb/... ./pkg/query/... ./pkg/rules/...
 RACE_PKGS += ./pkg/shipper/... ./pkg/bucketstore/... ./pkg/hatracker/... ./pkg/limits/...
 RACE_PKGS += ./pkg/server/... ./pkg/auth/... # write bound, drain; web config swapped under requests
 RACE_PKGS += ./pkg/queryfrontend/... # pieces in parallel, the shared results cache
+RACE_PKGS += ./pkg/blockquery/... ./pkg/seriesset/... # one series cache for every querier
 RACE_PKGS += ./pkg/distributor/... ./pkg/receivers/... # quorum sends that outlive the request; concurrent fan-out reads
 UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./...))
 # pkg/compact runs whole in test-unit (its week, downsampling and crash tests
@@ -34,7 +35,7 @@ UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./.
 # its concurrency: the lease's renewal and two compactors on one bucket.
 COMPACT_RACE_TESTS := TestLeaseExpiresAfterHolderDies|TestTwoCompactorsOneBucket|TestWorkingDirectoryBounded
 
-.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact bench-relabel bench-ring bench-cluster-day clean docker dashboards manifests docs dev-stack
+.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact bench-relabel bench-ring bench-cluster-day bench-panels clean docker dashboards manifests docs dev-stack
 
 all: build
 
@@ -245,15 +246,30 @@ clean:
 # bench/RESULTS.md). VictoriaMetrics is installed once into $(TOOLS_DIR).
 # Extra flags for bench/cmd/benchcompare: make bench-compare BENCH_FLAGS='-keep'.
 BENCH_FLAGS ?=
-bench-compare: $(TOOLS_DIR)/.prometheus-mod-$(PROMETHEUS_VERSION)
-	@test -f $(TOOLS_DIR)/.victoria-metrics-$(VM_VERSION) || { \
-		mkdir -p $(TOOLS_DIR) && \
-		echo "installing VictoriaMetrics $(VM_VERSION) into $(TOOLS_DIR)" && \
-		GOBIN=$(TOOLS_DIR) $(GO) install github.com/VictoriaMetrics/VictoriaMetrics/app/victoria-metrics@$(VM_VERSION) && \
-		touch $(TOOLS_DIR)/.victoria-metrics-$(VM_VERSION); }
+bench-compare: $(TOOLS_DIR)/.prometheus-mod-$(PROMETHEUS_VERSION) $(TOOLS_DIR)/.victoria-metrics-$(VM_VERSION)
 	$(GO) build -o bin/gpustore ./cmd/gpustore
 	$(GO) build -o bin/benchcompare ./bench/cmd/benchcompare
 	./bin/benchcompare -gpustore bin/gpustore \
 		-prometheus $(TOOLS_DIR)/prometheus -prometheus.version $(PROMETHEUS_VERSION) \
 		-victoria-metrics $(TOOLS_DIR)/victoria-metrics -victoria-metrics.version $(VM_VERSION) \
 		-gpustore.version "$$(git rev-parse --short HEAD 2>/dev/null || echo tree)+tree" $(BENCH_FLAGS)
+
+$(TOOLS_DIR)/.victoria-metrics-$(VM_VERSION):
+	mkdir -p $(TOOLS_DIR)
+	@echo "installing VictoriaMetrics $(VM_VERSION) into $(TOOLS_DIR)"
+	GOBIN=$(TOOLS_DIR) $(GO) install github.com/VictoriaMetrics/VictoriaMetrics/app/victoria-metrics@$(VM_VERSION)
+	touch $@
+
+# Dashboards against VictoriaMetrics and Prometheus (issue 42): the six GPU
+# panels over 24 h and 7 d, on 64 GPUs x 7 days and 512 GPUs x 1 day at 1 m,
+# the same bytes written in order into all three, gpustore settled (blocks
+# compacted into the bucket, the head's last hours), results caches
+# bypassed; p50/p99 and server CPU per query, answers compared with
+# Prometheus'. ~40 minutes; the table goes to bench/panels-latest.md.
+# Extra flags: make bench-panels PANEL_FLAGS='-datasets 64x7d -rounds 5'.
+PANEL_FLAGS ?=
+bench-panels: $(TOOLS_DIR)/.prometheus-mod-$(PROMETHEUS_VERSION) $(TOOLS_DIR)/.victoria-metrics-$(VM_VERSION)
+	$(GO) build -o bin/gpustore ./cmd/gpustore
+	$(GO) build -o bin/panelbench ./bench/cmd/panelbench
+	./bin/panelbench -gpustore bin/gpustore -prometheus $(TOOLS_DIR)/prometheus \
+		-victoria-metrics $(TOOLS_DIR)/victoria-metrics -out bench/panels-latest.md $(PANEL_FLAGS)

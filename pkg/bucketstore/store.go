@@ -38,6 +38,7 @@ import (
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/blockquery"
 	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/seriesset"
 )
@@ -114,11 +115,13 @@ func (c Config) Validate() error {
 
 // Store is the per-tenant view of the bucket's blocks.
 type Store struct {
-	cfg    Config
-	bkt    objstore.BucketReader
-	cache  *PageCache
-	logger *slog.Logger
-	m      *metrics
+	cfg   Config
+	bkt   objstore.BucketReader
+	cache *PageCache
+	// blockCache keeps the selectors queries resolved on blocks (nil: none).
+	blockCache *blockquery.Cache
+	logger     *slog.Logger
+	m          *metrics
 
 	syncMtx sync.Mutex // one sync at a time
 
@@ -134,8 +137,9 @@ func New(cfg Config, bkt objstore.BucketReader, logger *slog.Logger, reg prometh
 	}
 	s := &Store{
 		cfg: cfg, bkt: bkt, logger: logger,
-		cache:   NewPageCache(cfg.PageSize, cfg.CacheSize),
-		tenants: map[string][]*bucketBlock{}, views: map[string]*tenantView{},
+		cache:      NewPageCache(cfg.PageSize, cfg.CacheSize),
+		blockCache: blockquery.NewCache(defaultBlockCacheSize, nil),
+		tenants:    map[string][]*bucketBlock{}, views: map[string]*tenantView{},
 	}
 	s.m = newMetrics(s)
 	if reg != nil {
@@ -144,6 +148,35 @@ func New(cfg Config, bkt objstore.BucketReader, logger *slog.Logger, reg prometh
 		}
 	}
 	return s, nil
+}
+
+// SetBlockCache makes queries keep the selectors they resolve on a block in
+// c (pkg/blockquery), in place of the store's own (of
+// defaultBlockCacheSize); call it before the first query. nil: every
+// select reads the block's index.
+func (s *Store) SetBlockCache(c *blockquery.Cache) { s.blockCache = c }
+
+// defaultBlockCacheSize bounds a store's own cache of resolved selectors:
+// gpustore gives it the one it shares with the local TSDBs.
+const defaultBlockCacheSize = 64 << 20
+
+// blockQuerier is a querier of block b's samples in [lo, hi] for one
+// query. The cache holds a selector's series over the whole block, so the
+// view its index is read through covers the whole block and leaves no chunk
+// out; the step windows a sparse select needs are applied to the cached
+// series instead.
+func (s *Store) blockQuerier(ctx context.Context, b *bucketBlock, lo, hi int64) (storage.Querier, error) {
+	if s.blockCache == nil {
+		return tsdb.NewBlockQuerier(newView(ctx, b, lo, hi), lo, hi)
+	}
+	v := newView(ctx, b, b.meta.MinTime, b.meta.MaxTime-1)
+	var keep func(mint, maxt int64) bool
+	if need := v.st.need; need != nil {
+		v.st.need = nil
+		early := max(b.meta.GPUStore.Downsample.Resolution-1, 0)
+		keep = func(mint, maxt int64) bool { return need.overlaps(mint-early, maxt) }
+	}
+	return blockquery.NewQuerier(v, s.blockCache, lo, hi, blockquery.Options{Key: b.meta.ULID.String(), Keep: keep})
 }
 
 // CacheStats returns the page cache's counters.
@@ -504,7 +537,7 @@ func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt in
 	}
 	for _, b := range bs {
 		lo, hi := q.readRange(b, mint, maxt)
-		bq, err := tsdb.NewBlockQuerier(newView(ctx, b, lo, hi), lo, hi)
+		bq, err := q.s.blockQuerier(ctx, b, lo, hi)
 		if err != nil {
 			return fail(err)
 		}
@@ -522,7 +555,7 @@ func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt in
 		p := downsample.Part{Querier: bq, Lo: lo, Hi: hi, KeptCounts: b.meta.GPUStore.Downsample.KeptCounts}
 		// Counter pairs are read up to a window past hi (downsample's pairs.go).
 		if _, wide := q.readRange(b, mint, maxt+min(res-1, math.MaxInt64-maxt)); wide > hi {
-			if p.Pairs, err = tsdb.NewBlockQuerier(newView(ctx, b, lo, wide), lo, wide); err != nil {
+			if p.Pairs, err = q.s.blockQuerier(ctx, b, lo, wide); err != nil {
 				_ = bq.Close()
 				return fail(err)
 			}

@@ -205,7 +205,14 @@ func diffMatrices(want, got promql.Matrix) string {
 			return fmt.Sprintf("series %d: %s, sliced %s", i, w.Metric, g.Metric)
 		}
 		if len(w.Floats) != len(g.Floats) || len(w.Histograms) != len(g.Histograms) {
-			return fmt.Sprintf("%s: %d+%d points, sliced %d+%d", w.Metric, len(w.Floats), len(w.Histograms), len(g.Floats), len(g.Histograms))
+			at := ""
+			for j := range min(len(w.Floats), len(g.Floats)) {
+				if w.Floats[j] != g.Floats[j] {
+					at = fmt.Sprintf(" (first difference: %v, sliced %v)", w.Floats[j], g.Floats[j])
+					break
+				}
+			}
+			return fmt.Sprintf("%s: %d+%d points, sliced %d+%d%s", w.Metric, len(w.Floats), len(w.Histograms), len(g.Floats), len(g.Histograms), at)
 		}
 		for j := range w.Floats {
 			if w.Floats[j].T != g.Floats[j].T || math.Float64bits(w.Floats[j].F) != math.Float64bits(g.Floats[j].F) {
