@@ -48,6 +48,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -261,7 +262,7 @@ type pass struct {
 	held   *Held
 	logger *slog.Logger
 	blocks map[ulid.ULID]*blockState
-	cov    map[string]map[ulid.ULID]struct{} // per resolution and group labels: sources covered (mayDelete's memo)
+	cov    map[groupID]map[ulid.ULID]struct{} // per compaction group: sources covered (mayDelete's memo)
 }
 
 func (p *pass) run(ctx context.Context) error {
@@ -494,52 +495,28 @@ func (p *pass) deleteBlock(ctx context.Context, b *blockState) error {
 	return nil
 }
 
-// markReplaced marks for deletion each complete block whose sources another
-// complete, unmarked block of its group (resolution and labels) holds (with
-// more sources, or the same sources and a smaller ULID: of two identical
-// results the older stays).
+// markReplaced marks for deletion each complete block that another
+// complete, unmarked block replaces, by the rule readers hide blocks by
+// (bucketindex.Replaced): the block the compactor keeps is the one readers
+// read.
 func (p *pass) markReplaced(ctx context.Context) error {
-	bySource := map[ulid.ULID][]*blockState{}
-	for _, b := range p.blocks {
-		if b.live() {
-			for _, s := range sources(b.meta) {
-				bySource[s] = append(bySource[s], b)
-			}
+	var live []*block.Meta
+	for _, id := range p.sortedIDs() {
+		if b := p.blocks[id]; b.live() {
+			live = append(live, b.meta)
 		}
 	}
-	for _, id := range p.sortedIDs() {
-		b := p.blocks[id]
-		if !b.live() {
+	replaced := bucketindex.Replaced(live)
+	for _, m := range live {
+		by, ok := replaced[m.ULID]
+		if !ok {
 			continue
 		}
-		src := sources(b.meta)
-		for _, a := range bySource[src[0]] {
-			if a == b || !a.live() {
-				continue
-			}
-			if GroupKey(a.meta) != GroupKey(b.meta) {
-				continue // a downsampled block has its raw block's sources, and replaces nothing
-			}
-			as := sources(a.meta)
-			if len(as) < len(src) || (len(as) == len(src) && a.id.Compare(b.id) > 0) || !containsAll(as, src) {
-				continue
-			}
-			if err := p.markDeleted(ctx, b, "replaced", fmt.Sprintf("replaced by %s", a.id)); err != nil {
-				return err
-			}
-			break
+		if err := p.markDeleted(ctx, p.blocks[m.ULID], "replaced", fmt.Sprintf("replaced by %s", by)); err != nil {
+			return err
 		}
 	}
 	return nil
-}
-
-// sources are a block's compaction sources (itself for a block that never
-// was compacted).
-func sources(m *block.Meta) []ulid.ULID {
-	if len(m.Compaction.Sources) == 0 {
-		return []ulid.ULID{m.ULID}
-	}
-	return m.Compaction.Sources
 }
 
 // sourceRanges are the sources' time ranges of the blocks in plan, once
@@ -561,19 +538,6 @@ func sourceRanges(plan []*block.Meta) []block.SourceRange {
 	}
 	slices.SortFunc(out, func(a, b block.SourceRange) int { return a.ULID.Compare(b.ULID) })
 	return out
-}
-
-func containsAll(super, sub []ulid.ULID) bool {
-	set := make(map[ulid.ULID]struct{}, len(super))
-	for _, s := range super {
-		set[s] = struct{}{}
-	}
-	for _, s := range sub {
-		if _, ok := set[s]; !ok {
-			return false
-		}
-	}
-	return true
 }
 
 // retention returns how long blocks of a resolution are kept (0: forever).
@@ -658,12 +622,12 @@ func (p *pass) sortedIDs() []ulid.ULID {
 	return ids
 }
 
-// groups returns the compactable blocks per group.
-func (p *pass) groups() map[string][]*block.Meta {
-	out := map[string][]*block.Meta{}
+// groups returns the compactable blocks per compaction group.
+func (p *pass) groups() map[groupID][]*block.Meta {
+	out := map[groupID][]*block.Meta{}
 	for _, b := range p.blocks {
 		if b.live() && !b.noCompact {
-			k := GroupKey(b.meta)
+			k := groupOf(b.meta)
 			out[k] = append(out[k], b.meta)
 		}
 	}
@@ -687,11 +651,7 @@ func (p *pass) updateGauges() {
 // compactGroups compacts each group until its plan is empty.
 func (p *pass) compactGroups(ctx context.Context) error {
 	groups := p.groups()
-	keys := make([]string, 0, len(groups))
-	for k := range groups {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := slices.SortedFunc(maps.Keys(groups), groupID.compare)
 	ranges := p.c.cfg.ranges()
 	for _, k := range keys {
 		start := time.Now()
@@ -727,7 +687,7 @@ func (e *badBlocksError) Error() string { return fmt.Sprintf("blocks %v fail to 
 
 // compactPlan compacts the planned blocks of a group into one block in the
 // bucket and marks them for deletion.
-func (p *pass) compactPlan(ctx context.Context, group string, plan []*block.Meta) error {
+func (p *pass) compactPlan(ctx context.Context, group groupID, plan []*block.Meta) error {
 	start := time.Now()
 	work := filepath.Join(p.c.dir, p.tenant)
 	if err := os.RemoveAll(work); err != nil {

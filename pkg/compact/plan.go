@@ -3,28 +3,29 @@ package compact
 import (
 	"cmp"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 
 	"github.com/gpustore/gpustore/pkg/block"
 )
 
-// GroupKey names the blocks that may be compacted together: one tenant's
-// blocks of one resolution and one set of external labels (meta.json's
-// gpustore section). Blocks of two receivers with the same external labels
-// share a group, so their overlapping blocks are merged.
-func GroupKey(m *block.Meta) string {
-	keys := slices.Sorted(maps.Keys(m.GPUStore.Labels))
-	var b strings.Builder
-	fmt.Fprintf(&b, "%d@", m.GPUStore.Downsample.Resolution)
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		fmt.Fprintf(&b, "%s=%q", k, m.GPUStore.Labels[k])
-	}
-	return b.String()
+// groupID is a compaction group: the blocks of one group (block.GroupKey)
+// at one resolution, which may be compacted together. Blocks of two
+// receivers with the same external labels share a group, so their
+// overlapping blocks are merged.
+type groupID struct {
+	res    int64
+	labels string // block.GroupKey
+}
+
+func groupOf(m *block.Meta) groupID {
+	return groupID{res: m.GPUStore.Downsample.Resolution, labels: block.GroupKey(m)}
+}
+
+func (g groupID) String() string { return fmt.Sprintf("%d@%s", g.res, g.labels) }
+
+func (g groupID) compare(o groupID) int {
+	return cmp.Or(cmp.Compare(g.res, o.res), strings.Compare(g.labels, o.labels))
 }
 
 // Plan returns the next blocks of one group to compact into one, or nil when
