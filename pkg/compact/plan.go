@@ -2,31 +2,10 @@ package compact
 
 import (
 	"cmp"
-	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/gpustore/gpustore/pkg/block"
 )
-
-// groupID is a compaction group: the blocks of one group (block.GroupKey)
-// at one resolution, which may be compacted together. Blocks of two
-// receivers with the same external labels share a group, so their
-// overlapping blocks are merged.
-type groupID struct {
-	res    int64
-	labels string // block.GroupKey
-}
-
-func groupOf(m *block.Meta) groupID {
-	return groupID{res: m.GPUStore.Downsample.Resolution, labels: block.GroupKey(m)}
-}
-
-func (g groupID) String() string { return fmt.Sprintf("%d@%s", g.res, g.labels) }
-
-func (g groupID) compare(o groupID) int {
-	return cmp.Or(cmp.Compare(g.res, o.res), strings.Compare(g.labels, o.labels))
-}
 
 // Plan returns the next blocks of one group to compact into one, or nil when
 // there is nothing to do. metas are the group's blocks that may be compacted
