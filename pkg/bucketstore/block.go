@@ -101,7 +101,7 @@ func (b *bucketBlock) indexHeader(ctx context.Context) (*indexHeader, error) {
 		b.lmtx.Unlock()
 
 		if owner {
-			h, err := loadIndexHeader(ctx, b.cache, b.index, tsdb.DefaultPostingsDecoderFactory(&b.meta.BlockMeta))
+			h, err := loadIndexHeader(ctx, b.cache, b.index)
 			b.lmtx.Lock()
 			if err == nil {
 				b.header.Store(h)
