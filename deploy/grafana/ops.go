@@ -220,7 +220,7 @@ func rulerPanels() []*timeseries.PanelBuilder {
 func compactorPanels() []*timeseries.PanelBuilder {
 	return []*timeseries.PanelBuilder{
 		opsPanel("Compaction", "Per tenant: 1 while its compaction passes fail (retried every pass); hours since its last successful pass.", unitCount,
-			`max by (tenant) (gpustore_compact_halted{`+opsSel+`})`, "{{tenant}} failing",
+			`max by (tenant) (gpustore_compact_last_pass_failed{`+opsSel+`})`, "{{tenant}} failing",
 			`(time() - max by (tenant) (gpustore_compact_last_success_timestamp_seconds{`+opsSel+`})) / 3600`, "{{tenant}} hours since last pass"),
 		opsPanel("Blocks compacted and downsampled", "In the last hour, every tenant.", unitCount,
 			`sum(increase(gpustore_compact_blocks_compacted_total{`+opsSel+`}[1h]))`, "compacted",

@@ -336,6 +336,14 @@ func TestReplaced(t *testing.T) {
 	if got := Replaced([]*block.Meta{p, ch}); got[p.ULID] != ch.ULID || len(got) != 1 {
 		t.Fatalf("parent rule: %v", got)
 	}
+	// A block of another group (other external labels) replaces nothing,
+	// whatever its sources or parents.
+	other := testMeta("t", id(30), 0, 20, a1.ULID, a2.ULID)
+	other.GPUStore.Labels = map[string]string{"replica": "b"}
+	other.Compaction.Parents = []tsdb.BlockDesc{{ULID: c.ULID}}
+	if got := Replaced([]*block.Meta{a1, a2, c, other}); got[c.ULID] != (ulid.ULID{}) || got[other.ULID] != (ulid.ULID{}) || got[a1.ULID] != c.ULID {
+		t.Fatalf("across groups: %v", got)
+	}
 }
 
 func TestWithUnindexedSeesNewAndDeletedBlocks(t *testing.T) {

@@ -24,7 +24,7 @@ import (
 type bucketBlock struct {
 	meta     *block.Meta
 	tenant   string
-	group    string // its compaction group within the tenant (groupKey)
+	group    string // its group within the tenant (block.GroupKey)
 	cache    *PageCache
 	index    object
 	segments []object
@@ -53,7 +53,7 @@ type headerLoad struct {
 }
 
 func newBucketBlock(bkt objstore.BucketReader, cache *PageCache, readahead int64, meta *block.Meta) (*bucketBlock, error) {
-	b := &bucketBlock{meta: meta, tenant: meta.GPUStore.Tenant, group: groupKey(meta), cache: cache, readahead: readahead}
+	b := &bucketBlock{meta: meta, tenant: meta.GPUStore.Tenant, group: block.GroupKey(meta), cache: cache, readahead: readahead}
 	idx, _ := meta.File(block.IndexFilename)
 	b.index = newObject(bkt, meta, idx)
 	for _, rel := range meta.ChunkSegments() {
@@ -101,7 +101,7 @@ func (b *bucketBlock) indexHeader(ctx context.Context) (*indexHeader, error) {
 		b.lmtx.Unlock()
 
 		if owner {
-			h, err := loadIndexHeader(ctx, b.cache, b.index, tsdb.DefaultPostingsDecoderFactory(&b.meta.BlockMeta))
+			h, err := loadIndexHeader(ctx, b.cache, b.index)
 			b.lmtx.Lock()
 			if err == nil {
 				b.header.Store(h)

@@ -4,9 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"maps"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -52,16 +50,6 @@ func covered(m *block.Meta) span {
 }
 
 func (s span) overlaps(o span) bool { return s.from < o.to && s.to > o.from }
-
-// groupKey names a block's compaction group within its tenant: its external
-// labels, whatever its resolution (pkg/compact groups by both).
-func groupKey(m *block.Meta) string {
-	var b strings.Builder
-	for _, k := range slices.Sorted(maps.Keys(m.GPUStore.Labels)) {
-		fmt.Fprintf(&b, "%q=%q,", k, m.GPUStore.Labels[k])
-	}
-	return b.String()
-}
 
 // planner chooses the resolution of each time range of a Select.
 type planner struct {

@@ -58,13 +58,12 @@ func (p *pass) downsampleAll(ctx context.Context) error {
 	return nil
 }
 
-// covered returns the sources of the live blocks of resolution res with the
-// labels of m's group.
-func (p *pass) covered(labelsKey string, res int64) map[ulid.ULID]struct{} {
+// covered returns the sources of the live blocks of compaction group g.
+func (p *pass) covered(g groupID) map[ulid.ULID]struct{} {
 	out := map[ulid.ULID]struct{}{}
 	for _, b := range p.blocks {
-		if b.live() && b.meta.GPUStore.Downsample.Resolution == res && labelsOf(b.meta) == labelsKey {
-			for _, s := range sources(b.meta) {
+		if b.live() && groupOf(b.meta) == g {
+			for _, s := range b.meta.SourceIDs() {
 				out[s] = struct{}{}
 			}
 		}
@@ -81,19 +80,12 @@ func (p *pass) isCovered(m *block.Meta, covs ...map[ulid.ULID]struct{}) bool {
 	if empty {
 		return true
 	}
-	for _, s := range sources(m) {
+	for _, s := range m.SourceIDs() {
 		if !slices.ContainsFunc(covs, func(cov map[ulid.ULID]struct{}) bool { _, ok := cov[s]; return ok }) {
 			return false
 		}
 	}
 	return true
-}
-
-// labelsOf is the group key without the resolution.
-func labelsOf(m *block.Meta) string {
-	c := *m
-	c.GPUStore.Downsample.Resolution = 0
-	return GroupKey(&c)
 }
 
 // toDownsample returns the finished, compactable blocks of resolution from
@@ -104,7 +96,7 @@ func (p *pass) toDownsample(from, to int64) []*block.Meta {
 		if metas[0].GPUStore.Downsample.Resolution != from {
 			continue
 		}
-		cov := p.covered(labelsOf(metas[0]), to)
+		cov := p.covered(groupID{res: to, labels: block.GroupKey(metas[0])})
 		for _, m := range metas {
 			if p.isCovered(m, cov) {
 				continue
@@ -138,9 +130,9 @@ func (p *pass) downsampleBlock(ctx context.Context, m *block.Meta, res int64) er
 		lo, hi = mint, maxt // downsampled points are stored 1 ms before the time they stand for
 	}
 	var inputs []*block.Meta
-	key := GroupKey(m)
+	g := groupOf(m)
 	for _, b := range p.blocks {
-		if b.live() && !b.noCompact && GroupKey(b.meta) == key && b.meta.MinTime < hi && b.meta.MaxTime > lo {
+		if b.live() && !b.noCompact && groupOf(b.meta) == g && b.meta.MinTime < hi && b.meta.MaxTime > lo {
 			inputs = append(inputs, b.meta)
 		}
 	}
@@ -173,7 +165,7 @@ func (p *pass) downsampleBlock(ctx context.Context, m *block.Meta, res int64) er
 	out := filepath.Join(work, "out")
 	dcfg := downsample.Config{
 		SourceResolution: m.GPUStore.Downsample.Resolution, Resolution: res,
-		Mint: mint, Maxt: maxt, Dir: out, Tenant: p.tenant, Sources: sources(m),
+		Mint: mint, Maxt: maxt, Dir: out, Tenant: p.tenant, Sources: m.SourceIDs(),
 		Fold: p.c.fold, Logger: p.logger,
 	}
 	dcfg.SourceKeptCounts = true
@@ -237,15 +229,15 @@ func (p *pass) mayDelete(m *block.Meta) bool {
 	return true
 }
 
-// coverage is covered(labelsOf(m), res), computed once per group and pass
-// (retention asks for every block).
+// coverage is what covered returns for m's group at resolution res,
+// computed once per group and pass (retention asks for every block).
 func (p *pass) coverage(m *block.Meta, res int64) map[ulid.ULID]struct{} {
-	key := fmt.Sprintf("%d@%s", res, labelsOf(m))
+	key := groupID{res: res, labels: block.GroupKey(m)}
 	cov, ok := p.cov[key]
 	if !ok {
-		cov = p.covered(labelsOf(m), res)
+		cov = p.covered(key)
 		if p.cov == nil {
-			p.cov = map[string]map[ulid.ULID]struct{}{}
+			p.cov = map[groupID]map[ulid.ULID]struct{}{}
 		}
 		p.cov[key] = cov
 	}

@@ -2,30 +2,10 @@ package compact
 
 import (
 	"cmp"
-	"fmt"
-	"maps"
 	"slices"
-	"strings"
 
 	"github.com/gpustore/gpustore/pkg/block"
 )
-
-// GroupKey names the blocks that may be compacted together: one tenant's
-// blocks of one resolution and one set of external labels (meta.json's
-// gpustore section). Blocks of two receivers with the same external labels
-// share a group, so their overlapping blocks are merged.
-func GroupKey(m *block.Meta) string {
-	keys := slices.Sorted(maps.Keys(m.GPUStore.Labels))
-	var b strings.Builder
-	fmt.Fprintf(&b, "%d@", m.GPUStore.Downsample.Resolution)
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		fmt.Fprintf(&b, "%s=%q", k, m.GPUStore.Labels[k])
-	}
-	return b.String()
-}
 
 // Plan returns the next blocks of one group to compact into one, or nil when
 // there is nothing to do. metas are the group's blocks that may be compacted

@@ -86,16 +86,17 @@ func TestPlan(t *testing.T) {
 	}
 }
 
-func TestGroupKey(t *testing.T) {
+// TestGroupOf: a compaction group is one group at one resolution.
+func TestGroupOf(t *testing.T) {
 	a := &block.Meta{GPUStore: block.GPUStoreMeta{Labels: map[string]string{"b": "2", "a": "1"}}}
 	b := &block.Meta{GPUStore: block.GPUStoreMeta{Labels: map[string]string{"a": "1", "b": "2"}}}
 	c := &block.Meta{GPUStore: block.GPUStoreMeta{Labels: map[string]string{"a": "1", "b": "2"}, Downsample: block.Downsample{Resolution: downsample.Res5m}}}
 	d := &block.Meta{GPUStore: block.GPUStoreMeta{Labels: map[string]string{"a": "1,b=2"}}}
-	if GroupKey(a) != GroupKey(b) {
+	if groupOf(a) != groupOf(b) {
 		t.Fatal("label order changes the group")
 	}
-	if GroupKey(a) == GroupKey(c) || GroupKey(a) == GroupKey(d) {
-		t.Fatalf("distinct groups share a key: %s %s %s", GroupKey(a), GroupKey(c), GroupKey(d))
+	if groupOf(a) == groupOf(c) || groupOf(a) == groupOf(d) {
+		t.Fatalf("distinct groups share a key: %s %s %s", groupOf(a), groupOf(c), groupOf(d))
 	}
 }
 
