@@ -61,6 +61,11 @@ type Limits struct {
 	RateLimitStatusCode int `yaml:"rate_limit_status_code"`
 	// MaxActiveSeries bounds the series in the tenant's head; 0 = unlimited.
 	MaxActiveSeries int `yaml:"max_active_series"`
+	// MaxSeriesPerMetric bounds the head's series of one metric name, and
+	// MaxNewSeriesPerDay the series the head creates in a UTC day (the
+	// churn of jobs re-creating every series); 0 = unlimited.
+	MaxSeriesPerMetric int `yaml:"max_series_per_metric"`
+	MaxNewSeriesPerDay int `yaml:"max_new_series_per_day"`
 	// Label limits, checked when a series is first seen.
 	MaxLabelNamesPerSeries int `yaml:"max_label_names_per_series"`
 	MaxLabelNameLength     int `yaml:"max_label_name_length"`
@@ -151,6 +156,8 @@ func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&l.IngestionBurstSize, "limits.ingestion-burst-size", l.IngestionBurstSize, "Default per-tenant ingestion burst in samples.")
 	fs.IntVar(&l.RateLimitStatusCode, "limits.rate-limit-status-code", l.RateLimitStatusCode, "Answer to writes over the ingestion rate: 503 (retried by every Prometheus) or 429 (retried only with retry_on_http_429).")
 	fs.IntVar(&l.MaxActiveSeries, "limits.max-active-series", l.MaxActiveSeries, "Default per-tenant limit of series in the head (0: unlimited).")
+	fs.IntVar(&l.MaxSeriesPerMetric, "limits.max-series-per-metric", l.MaxSeriesPerMetric, "Default per-tenant limit of series of one metric name in the head (0: unlimited).")
+	fs.IntVar(&l.MaxNewSeriesPerDay, "limits.max-new-series-per-day", l.MaxNewSeriesPerDay, "Default per-tenant limit of series created in the head in a UTC day (0: unlimited).")
 	fs.IntVar(&l.MaxLabelNamesPerSeries, "limits.max-label-names-per-series", l.MaxLabelNamesPerSeries, "Maximum labels of a series.")
 	fs.IntVar(&l.MaxLabelNameLength, "limits.max-label-name-length", l.MaxLabelNameLength, "Maximum length of a label name.")
 	fs.IntVar(&l.MaxLabelValueLength, "limits.max-label-value-length", l.MaxLabelValueLength, "Maximum length of a label value.")
@@ -170,7 +177,8 @@ func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
 // Validate checks one set of limits.
 func (l Limits) Validate() error {
 	var errs []error
-	if l.IngestionRate < 0 || l.IngestionBurstSize < 0 || l.MaxActiveSeries < 0 || l.MaxSeriesPerRequest < 0 || l.MaxMetadataFamilies < 0 {
+	if l.IngestionRate < 0 || l.IngestionBurstSize < 0 || l.MaxActiveSeries < 0 || l.MaxSeriesPerRequest < 0 || l.MaxMetadataFamilies < 0 ||
+		l.MaxSeriesPerMetric < 0 || l.MaxNewSeriesPerDay < 0 {
 		errs = append(errs, errors.New("limits must not be negative"))
 	}
 	if l.MaxFetchedSeriesPerQuery < 0 || l.MaxFetchedChunkBytesPerQuery < 0 || l.MaxSamplesPerQuery < 0 || l.QueryTimeout < 0 || l.MaxConcurrentQueries < 0 {
@@ -402,6 +410,12 @@ func (o *Overrides) MaxTenants() int { return o.maxTenants }
 
 // MaxActiveSeries implements tenantdb.TenantLimits.
 func (o *Overrides) MaxActiveSeries(tenant string) int { return o.For(tenant).MaxActiveSeries }
+
+// MaxSeriesPerMetric implements tenantdb.TenantLimits.
+func (o *Overrides) MaxSeriesPerMetric(tenant string) int { return o.For(tenant).MaxSeriesPerMetric }
+
+// MaxNewSeriesPerDay implements tenantdb.TenantLimits.
+func (o *Overrides) MaxNewSeriesPerDay(tenant string) int { return o.For(tenant).MaxNewSeriesPerDay }
 
 // OutOfOrderWindow implements tenantdb.TenantLimits.
 func (o *Overrides) OutOfOrderWindow(tenant string) time.Duration {
