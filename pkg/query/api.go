@@ -172,10 +172,11 @@ type MetadataSource interface {
 
 // API is the query HTTP API.
 type API struct {
-	opts   Options
-	engine *promql.Engine
-	router *route.Router
-	http   *httpMetrics
+	opts      Options
+	queryable TenantQueryable
+	engine    *promql.Engine
+	router    *route.Router
+	http      *httpMetrics
 }
 
 // New builds the PromQL engine and Prometheus' API handler.
@@ -274,7 +275,7 @@ func New(opts Options) (*API, error) {
 	api.Register(router.WithPrefix(apiPrefix))
 	// gpustore's own handlers of these paths (RegisterRoutes) replace the
 	// v1 API's; they are among its routes already.
-	return &API{opts: opts, engine: engine, router: router, http: newHTTPMetrics(opts.Registry, routes)}, nil
+	return &API{opts: opts, queryable: q, engine: engine, router: router, http: newHTTPMetrics(opts.Registry, routes)}, nil
 }
 
 // Engine returns the PromQL engine, shared with rule evaluation.
@@ -361,6 +362,8 @@ func (a *API) RegisterRoutes(mux *http.ServeMux) {
 	mux.Handle(apiPrefix+"/metadata", outer(a.tenant(http.HandlerFunc(a.metadata))))
 	mux.Handle(apiPrefix+"/status/tsdb", outer(a.tenant(http.HandlerFunc(a.tsdbStatus))))
 	mux.Handle(apiPrefix+"/status/tsdb/blocks", outer(a.tenant(http.HandlerFunc(a.tsdbBlocks))))
+	mux.Handle(apiPrefix+"/cardinality/label_names", outer(a.tenant(http.HandlerFunc(a.cardinalityLabelNames))))
+	mux.Handle(apiPrefix+"/cardinality/label_values", outer(a.tenant(http.HandlerFunc(a.cardinalityLabelValues))))
 	// A stream of events is not compressed: the compressor holds the
 	// headers back until it has seen enough of the answer to decide, and
 	// an event stream that has nothing to say yet would never start.

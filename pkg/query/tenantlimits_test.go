@@ -45,6 +45,7 @@ type limitedAPI struct {
 	srv       *httptest.Server
 	overrides string // the file's path
 	limits    *limits.Overrides
+	dbs       *tenantdb.Manager
 	now       int64
 }
 
@@ -121,7 +122,7 @@ func newLimitedAPI(t *testing.T, overrides string, nodes map[string]int, mutate 
 	api.RegisterRoutes(mux)
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	return &limitedAPI{srv: srv, overrides: path, limits: lim, now: now}
+	return &limitedAPI{srv: srv, overrides: path, limits: lim, dbs: dbs, now: now}
 }
 
 // setOverrides rewrites the limits file and waits until tenant's limits
