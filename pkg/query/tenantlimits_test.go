@@ -50,7 +50,7 @@ type limitedAPI struct {
 }
 
 // newLimitedAPI writes nodes × 8 GPUs × dcgmMetrics for each tenant over
-// the last hour at 15 s, cut into 30-minute blocks (the head keeps the
+// the last hour at 1 m, cut into 30-minute blocks (the head keeps the
 // last), and serves them with overrides as the limits file.
 func newLimitedAPI(t *testing.T, overrides string, nodes map[string]int, mutate func(*Options)) *limitedAPI {
 	t.Helper()
@@ -70,13 +70,13 @@ func newLimitedAPI(t *testing.T, overrides string, nodes map[string]int, mutate 
 		if err != nil {
 			t.Fatal(err)
 		}
-		for ts := now - time.Hour.Milliseconds(); ts <= now; ts += 15_000 {
+		for ts := now - time.Hour.Milliseconds(); ts <= now; ts += 60_000 {
 			app := db.Appender(ctx)
 			for node := range n {
 				for gpu := range 8 {
 					pod := fmt.Sprintf("llm-train-%d-worker-%d", node/2, node%2)
 					for i, m := range dcgmMetrics {
-						if _, err := app.Append(0, dcgmSeries(m, node, gpu, pod), ts, float64(ts/15_000%100+int64(i))); err != nil {
+						if _, err := app.Append(0, dcgmSeries(m, node, gpu, pod), ts, float64(ts/60_000%100+int64(i))); err != nil {
 							t.Fatal(err)
 						}
 					}
@@ -198,7 +198,7 @@ func TestTenantMaxFetchedSeries(t *testing.T) {
 // are bounded per tenant; a narrower query and other tenants are answered.
 func TestTenantMaxFetchedChunkBytes(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	const over = "overrides:\n  gpu-prod:\n    max_fetched_chunk_bytes_per_query: 20000\n"
+	const over = "overrides:\n  gpu-prod:\n    max_fetched_chunk_bytes_per_query: 5000\n"
 	a := newLimitedAPI(t, over, map[string]int{"gpu-prod": 4, "lab": 4}, nil)
 	for _, q := range []string{`{__name__=~"DCGM.*"}`, podRates} {
 		code, r := a.rangeQuery(t, rng, "gpu-prod", q)
@@ -219,7 +219,7 @@ func TestTenantMaxFetchedChunkBytes(t *testing.T) {
 // Prometheus answers a query over max samples (422, execution).
 func TestTenantMaxSamplesPerQuery(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
-	const over = "overrides:\n  gpu-prod:\n    max_samples_per_query: 200\n"
+	const over = "overrides:\n  gpu-prod:\n    max_samples_per_query: 100\n"
 	a := newLimitedAPI(t, over, map[string]int{"gpu-prod": 2, "lab": 2}, nil)
 	for _, q := range []string{`{__name__=~"DCGM.*"}`, `sum(rate(DCGM_FI_DEV_POWER_USAGE[5m]))`, `max_over_time(DCGM_FI_DEV_GPU_TEMP[10m])`} {
 		code, r := a.rangeQuery(t, rng, "gpu-prod", q)
