@@ -11,6 +11,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/tsdb/chunkenc"
+
+	"github.com/gpustore/gpustore/pkg/limits/querylimit"
 )
 
 // gpuSeries is a dcgm-exporter series of GPU gpu on node, scraped while pod
@@ -138,5 +141,50 @@ func TestMaxNewSeriesPerDay(t *testing.T) {
 	clock = clock.Add(2 * time.Hour) // the next UTC day
 	if err := appendJob(db, "DCGM_FI_DEV_GPU_UTIL", 4, "job-3", now+15_000); err != nil {
 		t.Fatalf("the next day: %v", err)
+	}
+}
+
+// TestHeadChunkBytesCounted: the head's chunks a query reads count against
+// its max_fetched_chunk_bytes_per_query, as the blocks' do.
+func TestHeadChunkBytesCounted(t *testing.T) {
+	m := newTestManager(t, nil)
+	db, err := m.Get("gpu-prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UnixMilli()
+	for i := range 40 {
+		if err := appendJob(db, "DCGM_FI_DEV_GPU_UTIL", 2, "llm-train-0", now-int64(40-i)*15_000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(ctx context.Context) error {
+		// A query's range (an unbounded one reads the head as out-of-order
+		// data, through the TSDB's own reader).
+		q, err := db.Querier(now-time.Hour.Milliseconds(), now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer q.Close()
+		ss := q.Select(ctx, false, nil, labels.MustNewMatcher(labels.MatchRegexp, "__name__", "DCGM.*"))
+		var it chunkenc.Iterator
+		for ss.Next() {
+			it = ss.At().Iterator(it)
+			for it.Next() != chunkenc.ValNone {
+			}
+			if it.Err() != nil {
+				return it.Err()
+			}
+		}
+		return ss.Err()
+	}
+	if err := read(querylimit.With(context.Background(), querylimit.New("gpu-prod", 0, 200))); !querylimit.IsError(err) {
+		t.Fatalf("16 series' head chunks under a 200-byte limit: %v, want the limit's error", err)
+	}
+	if err := read(querylimit.With(context.Background(), querylimit.New("gpu-prod", 0, 1<<20))); err != nil {
+		t.Fatalf("within the limit: %v", err)
+	}
+	if err := read(context.Background()); err != nil {
+		t.Fatalf("without a limiter: %v", err)
 	}
 }

@@ -6,8 +6,9 @@
 // that fetches reports to it: the query path counts each series it hands
 // the engine once, whatever sources (head, local and bucket blocks, the
 // ring's receivers) it was merged from; pkg/blockquery counts the bytes of
-// each block chunk it opens, for local and bucket blocks alike, and
-// pkg/receivers the bytes of the chunks the ring's receivers send. A query
+// each block chunk it opens, for local and bucket blocks alike,
+// pkg/tenantdb those of the head's chunks, and pkg/receivers those of the
+// chunks the ring's receivers send. A query
 // split into slices or days shares one Limiter, so the limit is the whole
 // request's. The first report past a limit returns an *Error, which the
 // read path returns as its error: the query stops there, answered 422 as
