@@ -268,7 +268,7 @@ func TestOperationsDashboardLayout(t *testing.T) {
 			}
 		}
 	}
-	want := []string{"Write path (distributor)", "Ring and replication", "Receiver: TSDB and shipper", "Object storage", "Querier", "Ruler", "Compactor", "Process resources"}
+	want := []string{"Write path (distributor)", "Ring and replication", "Receiver: TSDB and shipper", "Cardinality: top offenders", "Object storage", "Querier", "Ruler", "Compactor", "Process resources"}
 	if !slices.Equal(rows, want) {
 		t.Errorf("rows %q, want %q", rows, want)
 	}

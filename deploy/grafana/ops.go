@@ -87,6 +87,7 @@ func opsRows() []opsRow {
 		{"Write path (distributor)", writePathPanels()},
 		{"Ring and replication", ringPanels()},
 		{"Receiver: TSDB and shipper", receiverPanels()},
+		{"Cardinality: top offenders", cardinalityPanels()},
 		{"Object storage", objstorePanels()},
 		{"Querier", querierPanels()},
 		{"Ruler", rulerPanels()},
@@ -146,6 +147,20 @@ func receiverPanels() []*timeseries.PanelBuilder {
 		opsPanel("Blocks uploaded and failed uploads", "In the last hour, every tenant.", unitCount,
 			`sum(increase(gpustore_shipper_uploaded_blocks_total{`+opsSel+`}[1h]))`, "uploaded",
 			`sum(increase(gpustore_shipper_upload_failures_total{`+opsSel+`}[1h]))`, "failed"),
+	}
+}
+
+// cardinalityPanels show which metric blew up, and what the cardinality
+// limits refused: the API (/api/v1/cardinality/label_values?label_names[]=pod)
+// then names the label (docs/limits.md).
+func cardinalityPanels() []*timeseries.PanelBuilder {
+	return []*timeseries.PanelBuilder{
+		opsPanel("Top metrics by head series", "The 10 metric names with the most series in the heads, of every tenant (each tenant's 10 are exported); max_series_per_metric bounds them.", unitCount,
+			`topk(10, max by (tenant, metric) (gpustore_tsdb_head_top_metric_series{`+opsSel+`}))`, "{{tenant}} {{metric}}"),
+		opsPanel("Series created today", "Series each tenant's head created since the UTC day began (job churn: a new pod label re-creates every GPU's series); max_new_series_per_day bounds them.", unitCount,
+			`max by (tenant) (gpustore_tsdb_head_series_created_today{`+opsSel+`})`, "{{tenant}}"),
+		opsPanel("Samples refused by series limits", "New series' samples answered 400 by max_active_series, max_series_per_metric or max_new_series_per_day, per tenant.", unitPerSecond,
+			`sum by (tenant, reason) (rate(gpustore_ingest_rejected_samples_total{`+ingestSel+`, reason=~"max_active_series|max_series_per_metric|max_new_series_per_day"}[$__rate_interval]))`, "{{tenant}} {{reason}}"),
 	}
 }
 

@@ -406,6 +406,7 @@ func (a *App) initQuery() (services.Service, error) {
 		Metadata:      a.receiversMetadata(),
 		Rules:         a.rulesRetriever,
 		Notifications: a.notifications,
+		Limits:        a.queryLimits(),
 		BuildInfo: v1.PrometheusVersion{
 			Version: version.Version, Revision: version.Revision, Branch: version.Branch,
 			BuildUser: version.BuildUser, BuildDate: version.BuildDate, GoVersion: version.GoVersion,
@@ -420,6 +421,15 @@ func (a *App) initQuery() (services.Service, error) {
 	// and the runtime (secrets are redacted, but they are the operator's).
 	a.Server.AdminOnly("/api/v1/status/self_metrics", "/api/v1/status/flags", "/api/v1/status/config", "/api/v1/status/runtimeinfo")
 	return services.NewIdleService(nil, nil), nil
+}
+
+// queryLimits are the tenants' query limits; nil without overrides (a nil
+// *limits.Overrides must not become a non-nil interface).
+func (a *App) queryLimits() query.TenantLimits {
+	if a.Limits == nil {
+		return nil
+	}
+	return a.Limits
 }
 
 // takesWrites tells whether this process serves remote write and OTLP: the

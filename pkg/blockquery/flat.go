@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
 	"github.com/prometheus/prometheus/tsdb/chunks"
+
+	"github.com/gpustore/gpustore/pkg/limits/querylimit"
 )
 
 // flatSeries is a series of a select: its chunks that overlap [mint, maxt].
@@ -16,6 +18,7 @@ type flatSeries struct {
 	chunks     []chunkMeta
 	cr         tsdb.ChunkReader
 	mint, maxt int64
+	limiter    *querylimit.Limiter
 }
 
 func (s *flatSeries) Labels() labels.Labels { return s.lset }
@@ -61,6 +64,10 @@ func (f *flatIterator) open(i int) bool {
 	if chk == nil {
 		f.cur = iterable.Iterator(nil)
 		return true
+	}
+	if err := f.s.limiter.AddChunkBytes(len(chk.Bytes())); err != nil {
+		f.err, f.i = err, len(f.s.chunks)
+		return false
 	}
 	enc := chk.Encoding()
 	var reuse chunkenc.Iterator
@@ -175,7 +182,10 @@ func (s *flatSeries) AppendFloats(ts []int64, fs []float64, mint, maxt int64) ([
 			it = iterable.Iterator(nil)
 		} else {
 			if chk.Encoding() != chunkenc.EncXOR {
-				return ts, fs, false, nil
+				return ts, fs, false, nil // read again by the iterator, and counted there
+			}
+			if err := s.limiter.AddChunkBytes(len(chk.Bytes())); err != nil {
+				return ts, fs, true, err
 			}
 			it = chk.Iterator(it)
 		}

@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/prometheus/prometheus/tsdb/chunks"
 	"github.com/prometheus/prometheus/util/annotations"
+
+	"github.com/gpustore/gpustore/pkg/limits/querylimit"
 )
 
 // Options say how a querier reads its block.
@@ -99,7 +101,7 @@ func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.Se
 	if err != nil {
 		return storage.ErrSeriesSet(err)
 	}
-	return &seriesSet{q: q, series: series, mint: mint, maxt: maxt, i: -1}
+	return &seriesSet{q: q, series: series, mint: mint, maxt: maxt, i: -1, limiter: querylimit.From(ctx)}
 }
 
 // resolve returns the block's series that ms match, with all their chunks,
@@ -207,6 +209,7 @@ type seriesSet struct {
 	mint, maxt int64
 	i          int
 	cur        *flatSeries
+	limiter    *querylimit.Limiter // the query's: counts the chunk bytes read
 }
 
 func (s *seriesSet) Next() bool {
@@ -216,7 +219,7 @@ func (s *seriesSet) Next() bool {
 		if len(chks) == 0 {
 			continue
 		}
-		s.cur = &flatSeries{lset: cs.lset, chunks: chks, cr: s.q.cr, mint: s.mint, maxt: s.maxt}
+		s.cur = &flatSeries{lset: cs.lset, chunks: chks, cr: s.q.cr, mint: s.mint, maxt: s.maxt, limiter: s.limiter}
 		return true
 	}
 	return false

@@ -84,6 +84,52 @@ func TestLimits(t *testing.T) {
 		}
 	})
 
+	t.Run("max series per metric: 400 for a metric's new series past it, others stored", func(t *testing.T) {
+		ti := newTestIngester(t, withLimits(func(l *limits.Limits) { l.MaxSeriesPerMetric = 16 }))
+		// dcgm-exporter through a Kubernetes scrape: every job's pod label
+		// re-creates the series of each of the node's 8 GPUs.
+		job := func(pod string, ts int64, metrics ...string) []prompb.TimeSeries {
+			var out []prompb.TimeSeries
+			for _, m := range metrics {
+				for g := range 8 {
+					out = append(out, v1Series([]prompb.Sample{{Timestamp: ts, Value: 1}}, "__name__", m, "gpu", fmt.Sprint(g),
+						"UUID", fmt.Sprintf("GPU-0a1b-%02d", g), "Hostname", "gpu-node-007", "modelName", "NVIDIA H100 80GB HBM3",
+						"pod", pod, "namespace", "training", "container", "trainer"))
+				}
+			}
+			return out
+		}
+		for _, pod := range []string{"llm-a-0", "llm-b-0"} {
+			if resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: job(pod, now, "DCGM_FI_DEV_GPU_UTIL")})); resp.code != http.StatusNoContent {
+				t.Fatalf("within the limit: %d %s", resp.code, resp.body)
+			}
+		}
+		resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: job("llm-c-0", now, "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE")}))
+		if resp.code != http.StatusBadRequest || !strings.Contains(resp.body, "max_series_per_metric: 8") {
+			t.Fatalf("status %d body %q", resp.code, resp.body)
+		}
+		if v := rejectedCount(ti, reasonMaxSeriesMetric); v != 8 {
+			t.Fatalf("max_series_per_metric rejections %v", v)
+		}
+		if got := ti.stored(t, "default"); len(got) != 24 { // 16 of GPU_UTIL, 8 of POWER_USAGE
+			t.Fatalf("stored %d series, want 24", len(got))
+		}
+		if resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: job("llm-a-0", now+15_000, "DCGM_FI_DEV_GPU_UTIL")})); resp.code != http.StatusNoContent {
+			t.Fatalf("existing series: %d %s", resp.code, resp.body)
+		}
+	})
+
+	t.Run("max new series per day: 400 past it", func(t *testing.T) {
+		ti := newTestIngester(t, withLimits(func(l *limits.Limits) { l.MaxNewSeriesPerDay = 3 }))
+		resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: nSeries(5, now, "pod", "job-1")}))
+		if resp.code != http.StatusBadRequest || !strings.Contains(resp.body, "max_new_series_per_day: 2") {
+			t.Fatalf("status %d body %q", resp.code, resp.body)
+		}
+		if got := ti.stored(t, "default"); len(got) != 3 {
+			t.Fatalf("stored %d series, want 3", len(got))
+		}
+	})
+
 	t.Run("label limits: 400 naming the series", func(t *testing.T) {
 		ti := newTestIngester(t, withLimits(func(l *limits.Limits) {
 			l.MaxLabelNamesPerSeries, l.MaxLabelNameLength, l.MaxLabelValueLength = 4, 10, 12

@@ -45,6 +45,8 @@ const (
 	reasonLabelNameTooLong  = "label_name_too_long"
 	reasonLabelValueTooLong = "label_value_too_long"
 	reasonMaxSeries         = "max_active_series"
+	reasonMaxSeriesMetric   = "max_series_per_metric"
+	reasonMaxNewSeriesDay   = "max_new_series_per_day"
 	// Whole-request rejections.
 	reasonTooManySeries = "too_many_series_in_request"
 	reasonRateLimited   = "rate_limited"
@@ -52,7 +54,7 @@ const (
 
 var rejectReasons = []string{
 	reasonInvalidLabels, reasonOutOfOrder, reasonDuplicate, reasonTooOld, reasonTooFarFuture, reasonInvalidHist, reasonNoSamples,
-	reasonTooManyLabels, reasonLabelNameTooLong, reasonLabelValueTooLong, reasonMaxSeries, reasonTooManySeries, reasonRateLimited,
+	reasonTooManyLabels, reasonLabelNameTooLong, reasonLabelValueTooLong, reasonMaxSeries, reasonMaxSeriesMetric, reasonMaxNewSeriesDay, reasonTooManySeries, reasonRateLimited,
 }
 
 // maxAheadTime is how far in the future a sample may be; Prometheus' own
@@ -787,6 +789,10 @@ func sampleRejection(err error) (string, bool) {
 		return reasonTooOld, true
 	case errors.Is(err, tenantdb.ErrMaxActiveSeries):
 		return reasonMaxSeries, true
+	case errors.Is(err, tenantdb.ErrMaxSeriesPerMetric):
+		return reasonMaxSeriesMetric, true
+	case errors.Is(err, tenantdb.ErrMaxNewSeriesPerDay):
+		return reasonMaxNewSeriesDay, true
 	case errors.Is(err, tsdb.ErrInvalidSample):
 		return reasonInvalidLabels, true
 	}

@@ -61,6 +61,11 @@ type Limits struct {
 	RateLimitStatusCode int `yaml:"rate_limit_status_code"`
 	// MaxActiveSeries bounds the series in the tenant's head; 0 = unlimited.
 	MaxActiveSeries int `yaml:"max_active_series"`
+	// MaxSeriesPerMetric bounds the head's series of one metric name, and
+	// MaxNewSeriesPerDay the series the head creates in a UTC day (the
+	// churn of jobs re-creating every series); 0 = unlimited.
+	MaxSeriesPerMetric int `yaml:"max_series_per_metric"`
+	MaxNewSeriesPerDay int `yaml:"max_new_series_per_day"`
 	// Label limits, checked when a series is first seen.
 	MaxLabelNamesPerSeries int `yaml:"max_label_names_per_series"`
 	MaxLabelNameLength     int `yaml:"max_label_name_length"`
@@ -91,6 +96,17 @@ type Limits struct {
 	DCGMHostnameLabel    string                `yaml:"dcgm_hostname_label,omitempty"`
 	// OTLP is how the tenant's OTLP metrics are translated (otlp.go).
 	OTLP OTLP `yaml:"otlp"`
+	// Query limits (one request of the query API, whatever slices or days
+	// it is split into): the distinct series it may fetch and the bytes of
+	// block chunks it may read (0: unlimited), the samples it may hold at
+	// once (0: query.max_samples), how long it may run (0: query.timeout;
+	// never longer) and how many of the tenant's queries run at once (0:
+	// only query.max_concurrency bounds them).
+	MaxFetchedSeriesPerQuery     int            `yaml:"max_fetched_series_per_query"`
+	MaxFetchedChunkBytesPerQuery int            `yaml:"max_fetched_chunk_bytes_per_query"`
+	MaxSamplesPerQuery           int            `yaml:"max_samples_per_query"`
+	QueryTimeout                 model.Duration `yaml:"query_timeout"`
+	MaxConcurrentQueries         int            `yaml:"max_concurrent_queries"`
 	// relabel is compiled from the three fields above by compileRelabel
 	// (Load, New); nil: no rules.
 	relabel *relabel.Rules
@@ -140,6 +156,8 @@ func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&l.IngestionBurstSize, "limits.ingestion-burst-size", l.IngestionBurstSize, "Default per-tenant ingestion burst in samples.")
 	fs.IntVar(&l.RateLimitStatusCode, "limits.rate-limit-status-code", l.RateLimitStatusCode, "Answer to writes over the ingestion rate: 503 (retried by every Prometheus) or 429 (retried only with retry_on_http_429).")
 	fs.IntVar(&l.MaxActiveSeries, "limits.max-active-series", l.MaxActiveSeries, "Default per-tenant limit of series in the head (0: unlimited).")
+	fs.IntVar(&l.MaxSeriesPerMetric, "limits.max-series-per-metric", l.MaxSeriesPerMetric, "Default per-tenant limit of series of one metric name in the head (0: unlimited).")
+	fs.IntVar(&l.MaxNewSeriesPerDay, "limits.max-new-series-per-day", l.MaxNewSeriesPerDay, "Default per-tenant limit of series created in the head in a UTC day (0: unlimited).")
 	fs.IntVar(&l.MaxLabelNamesPerSeries, "limits.max-label-names-per-series", l.MaxLabelNamesPerSeries, "Maximum labels of a series.")
 	fs.IntVar(&l.MaxLabelNameLength, "limits.max-label-name-length", l.MaxLabelNameLength, "Maximum length of a label name.")
 	fs.IntVar(&l.MaxLabelValueLength, "limits.max-label-value-length", l.MaxLabelValueLength, "Maximum length of a label value.")
@@ -147,6 +165,11 @@ func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&l.MaxMetadataFamilies, "limits.max-metadata-families", l.MaxMetadataFamilies, "Metric families whose metadata (type, help, unit) a tenant keeps at most; past it new families' metadata is refused (0: unlimited).")
 	fs.IntVar(&l.MaxMetadataLength, "limits.max-metadata-length", l.MaxMetadataLength, "Maximum length of a metric family's help and of its unit.")
 	fs.Var(&l.OutOfOrderWindow, "limits.out-of-order-window", "Default out-of-order window per tenant (0: reject out-of-order samples).")
+	fs.IntVar(&l.MaxFetchedSeriesPerQuery, "limits.max-fetched-series-per-query", l.MaxFetchedSeriesPerQuery, "Distinct series one query may fetch from every source together (0: unlimited); past it the query is answered 422.")
+	fs.IntVar(&l.MaxFetchedChunkBytesPerQuery, "limits.max-fetched-chunk-bytes-per-query", l.MaxFetchedChunkBytesPerQuery, "Bytes of block chunks (local and bucket blocks) one query may read (0: unlimited); past it the query is answered 422.")
+	fs.IntVar(&l.MaxSamplesPerQuery, "limits.max-samples-per-query", l.MaxSamplesPerQuery, "Samples one query may hold in memory at once, as query.max-samples (0: query.max-samples); past it the query is answered 422.")
+	fs.Var(&l.QueryTimeout, "limits.query-timeout", "How long one query of a tenant may run (0: query.timeout, which also bounds it); past it the query is answered 503.")
+	fs.IntVar(&l.MaxConcurrentQueries, "limits.max-concurrent-queries", l.MaxConcurrentQueries, "Queries of one tenant that run at once; more wait for a slot within their timeout (0: only query.max-concurrency bounds them).")
 	fs.StringVar(&l.HAClusterLabel, "limits.ha-cluster-label", l.HAClusterLabel, "Label naming a Prometheus HA pair's cluster.")
 	fs.StringVar(&l.HAReplicaLabel, "limits.ha-replica-label", l.HAReplicaLabel, "Label naming the replica of an HA pair; removed before storage.")
 }
@@ -154,8 +177,12 @@ func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
 // Validate checks one set of limits.
 func (l Limits) Validate() error {
 	var errs []error
-	if l.IngestionRate < 0 || l.IngestionBurstSize < 0 || l.MaxActiveSeries < 0 || l.MaxSeriesPerRequest < 0 || l.MaxMetadataFamilies < 0 {
+	if l.IngestionRate < 0 || l.IngestionBurstSize < 0 || l.MaxActiveSeries < 0 || l.MaxSeriesPerRequest < 0 || l.MaxMetadataFamilies < 0 ||
+		l.MaxSeriesPerMetric < 0 || l.MaxNewSeriesPerDay < 0 {
 		errs = append(errs, errors.New("limits must not be negative"))
+	}
+	if l.MaxFetchedSeriesPerQuery < 0 || l.MaxFetchedChunkBytesPerQuery < 0 || l.MaxSamplesPerQuery < 0 || l.QueryTimeout < 0 || l.MaxConcurrentQueries < 0 {
+		errs = append(errs, errors.New("query limits must not be negative (0: unlimited or the query section's)"))
 	}
 	if l.IngestionRate > 0 && l.IngestionBurstSize <= 0 {
 		errs = append(errs, errors.New("ingestion_burst_size must be positive when ingestion_rate is set"))
@@ -384,6 +411,12 @@ func (o *Overrides) MaxTenants() int { return o.maxTenants }
 // MaxActiveSeries implements tenantdb.TenantLimits.
 func (o *Overrides) MaxActiveSeries(tenant string) int { return o.For(tenant).MaxActiveSeries }
 
+// MaxSeriesPerMetric implements tenantdb.TenantLimits.
+func (o *Overrides) MaxSeriesPerMetric(tenant string) int { return o.For(tenant).MaxSeriesPerMetric }
+
+// MaxNewSeriesPerDay implements tenantdb.TenantLimits.
+func (o *Overrides) MaxNewSeriesPerDay(tenant string) int { return o.For(tenant).MaxNewSeriesPerDay }
+
 // OutOfOrderWindow implements tenantdb.TenantLimits.
 func (o *Overrides) OutOfOrderWindow(tenant string) time.Duration {
 	return time.Duration(o.For(tenant).OutOfOrderWindow)
@@ -392,4 +425,22 @@ func (o *Overrides) OutOfOrderWindow(tenant string) time.Duration {
 // CompactorRetentionRaw implements compact.Limits.
 func (o *Overrides) CompactorRetentionRaw(tenant string) time.Duration {
 	return time.Duration(o.For(tenant).CompactorRetentionRaw)
+}
+
+// QueryLimits are a tenant's limits of one query of the query API.
+type QueryLimits struct {
+	MaxFetchedSeries     int
+	MaxFetchedChunkBytes int
+	MaxSamples           int           // 0: query.max_samples
+	Timeout              time.Duration // 0: query.timeout
+	MaxConcurrent        int
+}
+
+// QueryLimits implements query.TenantLimits.
+func (o *Overrides) QueryLimits(tenant string) QueryLimits {
+	l := o.For(tenant)
+	return QueryLimits{
+		MaxFetchedSeries: l.MaxFetchedSeriesPerQuery, MaxFetchedChunkBytes: l.MaxFetchedChunkBytesPerQuery,
+		MaxSamples: l.MaxSamplesPerQuery, Timeout: time.Duration(l.QueryTimeout), MaxConcurrent: l.MaxConcurrentQueries,
+	}
 }

@@ -43,6 +43,7 @@ import (
 	v1 "github.com/prometheus/prometheus/web/api/v1"
 
 	"github.com/gpustore/gpustore/pkg/downsample"
+	"github.com/gpustore/gpustore/pkg/limits/querylimit"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
@@ -153,6 +154,9 @@ type Options struct {
 	// Metadata, when set, adds the metric metadata held elsewhere (the
 	// ring's receivers) to the local TSDB's in /api/v1/metadata.
 	Metadata MetadataSource
+	// Limits are the per-tenant query limits (max_fetched_series_per_query
+	// ...); nil: only this Config's bounds.
+	Limits TenantLimits
 	// Notifications are what /api/v1/notifications and
 	// /api/v1/notifications/live show (a failed reload, as in Prometheus);
 	// nil: New makes an empty list of its own.
@@ -168,10 +172,11 @@ type MetadataSource interface {
 
 // API is the query HTTP API.
 type API struct {
-	opts   Options
-	engine *promql.Engine
-	router *route.Router
-	http   *httpMetrics
+	opts      Options
+	queryable TenantQueryable
+	engine    *promql.Engine
+	router    *route.Router
+	http      *httpMetrics
 }
 
 // New builds the PromQL engine and Prometheus' API handler.
@@ -191,7 +196,7 @@ func New(opts Options) (*API, error) {
 	if notes == nil {
 		notes = notifications.NewNotifications(maxNotificationSubscribers, opts.Registry)
 	}
-	engine := promql.NewEngine(promql.EngineOpts{
+	engineOpts := promql.EngineOpts{
 		Logger:             opts.Logger.With("component", "promql"),
 		Reg:                opts.Registry,
 		MaxSamples:         opts.Config.MaxSamples,
@@ -203,10 +208,14 @@ func New(opts Options) (*API, error) {
 		EnableAtModifier:         true,
 		EnableNegativeOffset:     true,
 		FeatureRegistry:          featureSet,
-	})
+	}
+	engine := promql.NewEngine(engineOpts)
 
 	se := newSlicingEngine(engine, opts.Config.RangeParallelism, opts.Config.MinStepsPerSlice, opts.Registry)
 	se.pushDown, se.lookback, se.maxSamples = opts.Config.PushDownRangeFunctions, time.Duration(opts.Config.LookbackDelta), opts.Config.MaxSamples
+	if opts.Limits != nil {
+		se.engines = newEnginesBySamples(engine, engineOpts)
+	}
 	q := TenantQueryable{DBs: opts.DBs, Sources: opts.Sources, Receivers: opts.Receivers, ReceiversLookback: opts.ReceiversLookback}
 	rr := opts.Rules
 	if rr == nil {
@@ -266,7 +275,7 @@ func New(opts Options) (*API, error) {
 	api.Register(router.WithPrefix(apiPrefix))
 	// gpustore's own handlers of these paths (RegisterRoutes) replace the
 	// v1 API's; they are among its routes already.
-	return &API{opts: opts, engine: engine, router: router, http: newHTTPMetrics(opts.Registry, routes)}, nil
+	return &API{opts: opts, queryable: q, engine: engine, router: router, http: newHTTPMetrics(opts.Registry, routes)}, nil
 }
 
 // Engine returns the PromQL engine, shared with rule evaluation.
@@ -293,6 +302,10 @@ func errorCodes[N comparable](num N, err error) (int, bool) {
 		return http.StatusServiceUnavailable, true
 	case any(num) == any(v1.ErrorUnavailable):
 		return http.StatusNotFound, true
+	case querylimit.IsError(err):
+		// Over a tenant's limit: as Prometheus answers a query over its
+		// max samples. Retrying the same query cannot succeed.
+		return http.StatusUnprocessableEntity, true
 	}
 	return 0, false
 }
@@ -339,7 +352,7 @@ func (a *API) RegisterRoutes(mux *http.ServeMux) {
 	}
 	compress := answerCompression()
 	outer := func(h http.Handler) http.Handler { return a.http.instrument(compress(h)) }
-	admission := newAdmission(a.opts.Config)
+	admission := newAdmission(a.opts.Config, a.opts.Limits)
 	mux.Handle(apiPrefix+"/", outer(a.tenant(admission.admit(api))))
 	// format_query in front of its formatter's cost (format.go).
 	mux.Handle(apiPrefix+"/format_query", outer(a.tenant(admission.admit(formatQuery(a.opts.Config.MaxExpressionDepth)))))
@@ -349,6 +362,8 @@ func (a *API) RegisterRoutes(mux *http.ServeMux) {
 	mux.Handle(apiPrefix+"/metadata", outer(a.tenant(http.HandlerFunc(a.metadata))))
 	mux.Handle(apiPrefix+"/status/tsdb", outer(a.tenant(http.HandlerFunc(a.tsdbStatus))))
 	mux.Handle(apiPrefix+"/status/tsdb/blocks", outer(a.tenant(http.HandlerFunc(a.tsdbBlocks))))
+	mux.Handle(apiPrefix+"/cardinality/label_names", outer(a.tenant(http.HandlerFunc(a.cardinalityLabelNames))))
+	mux.Handle(apiPrefix+"/cardinality/label_values", outer(a.tenant(http.HandlerFunc(a.cardinalityLabelValues))))
 	// A stream of events is not compressed: the compressor holds the
 	// headers back until it has seen enough of the answer to decide, and
 	// an event stream that has nothing to say yet would never start.

@@ -7,8 +7,12 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/grafana/dskit/tenant"
 	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/prometheus/prometheus/util/gate"
+
+	"github.com/gpustore/gpustore/pkg/limits"
+	"github.com/gpustore/gpustore/pkg/limits/querylimit"
 )
 
 // Why PromQL is bounded before it is parsed: the parser's time grows with
@@ -148,11 +152,29 @@ type admission struct {
 	maxBytes, maxDepth int
 	timeout            time.Duration
 	slots              *gate.Gate
+	// limits are the tenants' (nil: none); tenantSlots bound each
+	// tenant's queries running at once.
+	limits      TenantLimits
+	tenantSlots *tenantSlots
 }
 
-func newAdmission(c Config) *admission {
+func newAdmission(c Config, l TenantLimits) *admission {
 	return &admission{maxBytes: c.MaxExpressionBytes, maxDepth: c.MaxExpressionDepth,
-		timeout: time.Duration(c.Timeout), slots: gate.New(c.MaxConcurrency)}
+		timeout: time.Duration(c.Timeout), slots: gate.New(c.MaxConcurrency),
+		limits: l, tenantSlots: newTenantSlots()}
+}
+
+// tenantLimits are the limits of the request's tenant (the tenant
+// middleware runs first).
+func (ad *admission) tenantLimits(ctx context.Context) (string, limits.QueryLimits) {
+	if ad.limits == nil {
+		return "", limits.QueryLimits{}
+	}
+	id, err := tenant.TenantID(ctx)
+	if err != nil {
+		return "", limits.QueryLimits{}
+	}
+	return id, ad.limits.QueryLimits(id)
 }
 
 // promQLParams are the parameters of the query API that hold PromQL.
@@ -178,8 +200,25 @@ func (ad *admission) admit(next http.Handler) http.Handler {
 				return
 			}
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), ad.timeout)
+		id, tl := ad.tenantLimits(r.Context())
+		timeout := ad.timeout
+		if tl.Timeout > 0 {
+			timeout = min(timeout, tl.Timeout)
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), timeout)
 		defer cancel()
+		// The tenant's own slot first: a tenant at its bound waits without
+		// holding one of the process's, which the other tenants use.
+		release, err := ad.tenantSlots.acquire(ctx, id, tl.MaxConcurrent)
+		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				writeError(w, http.StatusServiceUnavailable, "timeout", fmt.Errorf("query timed out waiting for one of tenant %q's %d max_concurrent_queries slots: %w", id, tl.MaxConcurrent, err))
+			} else {
+				writeError(w, statusClientClosedRequest, "canceled", fmt.Errorf("query canceled waiting for a slot: %w", err))
+			}
+			return
+		}
+		defer release()
 		if err := ad.slots.Start(ctx); err != nil {
 			if errors.Is(err, context.DeadlineExceeded) {
 				writeError(w, http.StatusServiceUnavailable, "timeout", fmt.Errorf("query timed out waiting for one of query.max_concurrency slots: %w", err))
@@ -189,7 +228,8 @@ func (ad *admission) admit(next http.Handler) http.Handler {
 			return
 		}
 		defer ad.slots.Done()
-		r = r.WithContext(ctx)
+		ctx = querylimit.With(ctx, querylimit.New(id, tl.MaxFetchedSeries, tl.MaxFetchedChunkBytes))
+		r = r.WithContext(withMaxSamples(ctx, tl.MaxSamples))
 		// A slot may be given to a request whose client has just left (the
 		// gate picks at random when both are ready): nothing it parses is
 		// wanted any more, and a parse cannot be stopped once begun.

@@ -511,7 +511,7 @@ func TestFormatQueryWorkBounded(t *testing.T) {
 // (the gate's select), and half of them were parsed for nobody.
 func TestAdmissionSkipsClientsThatLeft(t *testing.T) {
 	cfg := DefaultConfig()
-	ad := newAdmission(cfg)
+	ad := newAdmission(cfg, nil)
 	passed := 0
 	h := ad.admit(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { passed++ }))
 	ctx, cancel := context.WithCancel(context.Background())

@@ -24,6 +24,8 @@ import (
 type oooLimits struct{ window time.Duration }
 
 func (oooLimits) MaxActiveSeries(string) int              { return 0 }
+func (oooLimits) MaxSeriesPerMetric(string) int           { return 0 }
+func (oooLimits) MaxNewSeriesPerDay(string) int           { return 0 }
 func (l oooLimits) OutOfOrderWindow(string) time.Duration { return l.window }
 
 // TestBucketThenLocalReadInOrder: a receiver's bucket holds the hour

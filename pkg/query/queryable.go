@@ -122,7 +122,9 @@ func (t *tenantQuerier[S, Q]) Select(ctx context.Context, sortSeries bool, hints
 }
 
 // selectSamples selects from the tenant's querier and, unless the request
-// turned it off, merges the replicas of an HA pair (dedup.go). The series
+// turned it off, merges the replicas of an HA pair (dedup.go). The merged
+// series are counted against the query's max_fetched_series_per_query
+// here, where every source's series meet, each once. The series
 // are selected in label order whether the caller asks or not (the engine
 // does not): the engine ranks ties (topk, bottomk) in the order it is
 // handed series, and Prometheus hands them in label order whenever a query
@@ -133,7 +135,7 @@ func selectSamples(ctx context.Context, q storage.Querier, _ bool, hints *storag
 	if replicaLabels := dedupLabels(ctx); len(replicaLabels) > 0 {
 		ss = dedupSeriesSet(ss, replicaLabels, hints)
 	}
-	return timeoutSeriesSet{seriesset.Decoded(ss)}
+	return timeoutSeriesSet{seriesset.Decoded(countSeries(ctx, ss))}
 }
 
 // selectChunks is selectSamples for chunk queries (remote read): merging
@@ -141,9 +143,9 @@ func selectSamples(ctx context.Context, q storage.Querier, _ bool, hints *storag
 func selectChunks(ctx context.Context, q storage.ChunkQuerier, sortSeries bool, hints *storage.SelectHints, matchers ...*labels.Matcher) storage.ChunkSeriesSet {
 	if replicaLabels := dedupLabels(ctx); len(replicaLabels) > 0 {
 		ss := storage.NewSeriesSetFromChunkSeriesSet(q.Select(ctx, sortSeries, hints, matchers...))
-		return storage.NewSeriesSetToChunkSet(timeoutSeriesSet{dedupSeriesSet(ss, replicaLabels, hints)})
+		return storage.NewSeriesSetToChunkSet(timeoutSeriesSet{countSeries(ctx, dedupSeriesSet(ss, replicaLabels, hints))})
 	}
-	return q.Select(ctx, sortSeries, hints, matchers...)
+	return countChunkSeries(ctx, q.Select(ctx, sortSeries, hints, matchers...))
 }
 
 // asTimeout turns a deadline met inside storage into PromQL's query timeout,

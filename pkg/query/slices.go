@@ -47,6 +47,9 @@ type slicingEngine struct {
 	pushDown   bool
 	lookback   time.Duration
 	maxSamples int
+	// engines, when set, picks the engine of the request's tenant's
+	// max_samples_per_query (tenantlimits.go); nil: Engine alone.
+	engines *enginesBySamples
 
 	running atomic.Int64 // queries of this engine executing now
 
@@ -73,7 +76,8 @@ func newSlicingEngine(ng *promql.Engine, maxSlices, minSteps int, reg prometheus
 // NewInstantQuery counts the query among those running.
 func (e *slicingEngine) NewInstantQuery(ctx context.Context, q storage.Queryable, opts promql.QueryOpts, qs string, ts time.Time) (promql.Query, error) {
 	qs, pushed := e.pushdown(qs)
-	qry, err := e.Engine.NewInstantQuery(ctx, e.pushdownOf(q, pushed, opts), opts, qs, ts)
+	ng, maxSamples := e.engineFor(ctx)
+	qry, err := ng.NewInstantQuery(ctx, e.pushdownOf(q, pushed, opts, maxSamples), opts, qs, ts)
 	if err != nil {
 		return nil, err
 	}
@@ -93,9 +97,18 @@ func (e *slicingEngine) pushdown(qs string) (string, []pushedCall) {
 	return pd.qs, pd.calls
 }
 
+// engineFor is the engine of the request's tenant's max_samples_per_query,
+// and that bound.
+func (e *slicingEngine) engineFor(ctx context.Context) (*promql.Engine, int) {
+	if e.engines == nil {
+		return e.Engine, e.maxSamples
+	}
+	return e.engines.forContext(ctx)
+}
+
 // pushdownOf is the queryable a query rewritten for calls reads: q itself
 // without calls.
-func (e *slicingEngine) pushdownOf(q storage.Queryable, calls []pushedCall, opts promql.QueryOpts) storage.Queryable {
+func (e *slicingEngine) pushdownOf(q storage.Queryable, calls []pushedCall, opts promql.QueryOpts, maxSamples int) storage.Queryable {
 	if len(calls) == 0 {
 		return q
 	}
@@ -103,15 +116,16 @@ func (e *slicingEngine) pushdownOf(q storage.Queryable, calls []pushedCall, opts
 	if opts != nil && opts.LookbackDelta() > 0 {
 		lookback = opts.LookbackDelta()
 	}
-	return pushdownQueryable{Queryable: q, calls: calls, lookback: lookback.Milliseconds(), maxSamples: e.maxSamples}
+	return pushdownQueryable{Queryable: q, calls: calls, lookback: lookback.Milliseconds(), maxSamples: maxSamples}
 }
 
 // NewRangeQuery builds the whole query (which validates it) and, when it
 // may be sliced, defers the choice to Exec, when the load is known.
 func (e *slicingEngine) NewRangeQuery(ctx context.Context, q storage.Queryable, opts promql.QueryOpts, qs string, start, end time.Time, step time.Duration) (promql.Query, error) {
 	qs, pushed := e.pushdown(qs)
-	q = e.pushdownOf(q, pushed, opts)
-	whole, err := e.Engine.NewRangeQuery(ctx, q, opts, qs, start, end, step)
+	ng, maxSamples := e.engineFor(ctx)
+	q = e.pushdownOf(q, pushed, opts, maxSamples)
+	whole, err := ng.NewRangeQuery(ctx, q, opts, qs, start, end, step)
 	if err != nil {
 		return nil, err
 	}
@@ -123,7 +137,7 @@ func (e *slicingEngine) NewRangeQuery(ctx context.Context, q storage.Queryable, 
 	if e.maxSlices == 1 || steps < 2*e.minSteps || (opts != nil && opts.EnablePerStepStats()) || !ok || readsQueryRange(stmt.Expr) {
 		return &countedQuery{Query: whole, running: &e.running}, nil
 	}
-	return &slicedQuery{e: e, whole: whole, queryable: q, opts: opts, qs: qs, start: start, step: step, steps: steps}, nil
+	return &slicedQuery{e: e, ng: ng, whole: whole, queryable: q, opts: opts, qs: qs, start: start, step: step, steps: steps}, nil
 }
 
 // slicesFor is how many slices a query of the given steps runs as while
@@ -198,6 +212,7 @@ func (q *countedQuery) Exec(ctx context.Context) *promql.Result {
 // slicedQuery is a range query that may run as slices of its steps.
 type slicedQuery struct {
 	e         *slicingEngine
+	ng        *promql.Engine // the engine of the whole query, and of its slices
 	whole     promql.Query
 	queryable storage.Queryable
 	opts      promql.QueryOpts
@@ -237,7 +252,7 @@ func (q *slicedQuery) Exec(ctx context.Context) *promql.Result {
 		from := q.start.Add(time.Duration(first) * q.step)
 		to := q.start.Add(time.Duration(last) * q.step)
 		pieces[i] = Slice{From: from.UnixMilli(), To: to.UnixMilli(), Start: q.start.UnixMilli(), End: end, shared: shared}
-		p, err := q.e.Engine.NewRangeQuery(ctx, q.queryable, q.opts, q.qs, from, to, q.step)
+		p, err := q.ng.NewRangeQuery(ctx, q.queryable, q.opts, q.qs, from, to, q.step)
 		if err != nil { // the whole query was built from the same string
 			for _, b := range parts[:i] {
 				b.Close()

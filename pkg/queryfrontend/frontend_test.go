@@ -49,7 +49,9 @@ type testLimits struct {
 	ooo time.Duration
 }
 
-func (l *testLimits) MaxActiveSeries(string) int { return 0 }
+func (l *testLimits) MaxActiveSeries(string) int    { return 0 }
+func (l *testLimits) MaxSeriesPerMetric(string) int { return 0 }
+func (l *testLimits) MaxNewSeriesPerDay(string) int { return 0 }
 func (l *testLimits) OutOfOrderWindow(string) time.Duration {
 	l.mtx.Lock()
 	defer l.mtx.Unlock()

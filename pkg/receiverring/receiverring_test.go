@@ -11,6 +11,8 @@ type fixedLimits struct {
 }
 
 func (f fixedLimits) MaxActiveSeries(string) int            { return f.series }
+func (f fixedLimits) MaxSeriesPerMetric(string) int         { return 0 }
+func (f fixedLimits) MaxNewSeriesPerDay(string) int         { return 0 }
 func (f fixedLimits) OutOfOrderWindow(string) time.Duration { return f.window }
 
 // TestReplicaLimits: a receiver's out-of-order window is at least the remote

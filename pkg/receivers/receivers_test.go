@@ -38,6 +38,7 @@ import (
 
 	"github.com/gpustore/gpustore/internal/abuse"
 	"github.com/gpustore/gpustore/internal/logging"
+	"github.com/gpustore/gpustore/pkg/limits/querylimit"
 	"github.com/gpustore/gpustore/pkg/query"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
@@ -416,6 +417,21 @@ func TestSelectMergesReplicas(t *testing.T) {
 	}
 	if n, err := testutil.GatherAndCount(reg, "gpustore_receivers_read_request_duration_seconds"); err != nil || n != 1 {
 		t.Errorf("duration histogram: %d, %v", n, err)
+	}
+}
+
+// TestSelectCountsChunkBytes: the chunk bytes the receivers send count
+// against the query's max_fetched_chunk_bytes_per_query (querylimit).
+func TestSelectCountsChunkBytes(t *testing.T) {
+	c := newCluster(t)
+	src, _ := newSource(t, c.ring, "")
+	ctx := querylimit.With(context.Background(), querylimit.New("team-a", 0, 10))
+	if _, _, err := dump(ctx, src, "team-a", all); !querylimit.IsError(err) {
+		t.Fatalf("a select of more than 10 bytes of chunks: %v, want the limit's error", err)
+	}
+	ctx = querylimit.With(context.Background(), querylimit.New("team-a", 0, 1<<20))
+	if got, _, err := dump(ctx, src, "team-a", all); err != nil || got != wantTeamA {
+		t.Fatalf("within the limit: %v\n%s", err, got)
 	}
 }
 

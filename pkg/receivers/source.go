@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/prometheus/storage/remote"
 	"github.com/prometheus/prometheus/util/annotations"
 
+	"github.com/gpustore/gpustore/pkg/limits/querylimit"
 	"github.com/gpustore/gpustore/pkg/query"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 )
@@ -281,7 +282,27 @@ func (q *querier) read(ctx context.Context, mint, maxt int64, hints *storage.Sel
 	syms := labels.NewSymbolTable() // the select's labels share one
 	res, err := q.s.read(ctx, q.tenant, pq, hints != nil && hints.Func == "series", syms)
 	res.syms = syms
+	if err == nil {
+		err = countChunkBytes(ctx, res.answers)
+	}
 	return res, err
+}
+
+// countChunkBytes reports the chunk bytes the receivers sent (every
+// replica's: what the query fetched) to the query's limiter
+// (max_fetched_chunk_bytes_per_query).
+func countChunkBytes(ctx context.Context, answers []*answer) error {
+	l := querylimit.From(ctx)
+	if l == nil {
+		return nil
+	}
+	n := 0
+	for _, a := range answers {
+		for _, c := range a.chunks {
+			n += len(c.data)
+		}
+	}
+	return l.AddChunkBytes(n)
 }
 
 // count adds one select's replica statistics to the metrics.

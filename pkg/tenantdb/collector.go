@@ -9,7 +9,14 @@ type collector struct {
 	blocks       *prometheus.Desc
 	metaFamilies *prometheus.Desc
 	headSpan     *prometheus.Desc
+	topMetrics   *prometheus.Desc
+	today        *prometheus.Desc
 }
+
+// topMetricsPerTenant is how many metric names per tenant
+// gpustore_tsdb_head_top_metric_series shows: the offenders, at a bounded
+// cost of the metric itself.
+const topMetricsPerTenant = 10
 
 // NewCollector returns a collector of gpustore_tsdb_* gauges per tenant.
 func NewCollector(m *Manager) prometheus.Collector {
@@ -20,6 +27,10 @@ func NewCollector(m *Manager) prometheus.Collector {
 		metaFamilies: prometheus.NewDesc("gpustore_tsdb_metadata_families", "Metric families with metadata for the tenant.", []string{"tenant"}, nil),
 		headSpan: prometheus.NewDesc("gpustore_tsdb_head_span_seconds", "Time between the oldest and newest sample of the tenant's TSDB head; "+
 			"the head cuts a block once it exceeds 1.5 block durations, so a larger value means blocks are waiting to be cut.", []string{"tenant"}, nil),
+		topMetrics: prometheus.NewDesc("gpustore_tsdb_head_top_metric_series", "Series in the tenant's head of each of its 10 metric names with the most "+
+			"(max_series_per_metric bounds them).", []string{"tenant", "metric"}, nil),
+		today: prometheus.NewDesc("gpustore_tsdb_head_series_created_today", "Series the tenant's head created since the UTC day began "+
+			"(or the process started; max_new_series_per_day bounds them).", []string{"tenant"}, nil),
 	}
 }
 
@@ -28,6 +39,8 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.blocks
 	ch <- c.metaFamilies
 	ch <- c.headSpan
+	ch <- c.topMetrics
+	ch <- c.today
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -44,5 +57,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			span = float64(h.MaxTime()-h.MinTime()) / 1000
 		}
 		ch <- prometheus.MustNewConstMetric(c.headSpan, prometheus.GaugeValue, span, t)
+		top, today := db.TopMetrics(topMetricsPerTenant)
+		for _, m := range top {
+			ch <- prometheus.MustNewConstMetric(c.topMetrics, prometheus.GaugeValue, float64(m.Series), t, m.Metric)
+		}
+		ch <- prometheus.MustNewConstMetric(c.today, prometheus.GaugeValue, float64(today), t)
 	}
 }

@@ -17,6 +17,8 @@ import (
 type windowLimits struct{ window time.Duration }
 
 func (windowLimits) MaxActiveSeries(string) int              { return 0 }
+func (windowLimits) MaxSeriesPerMetric(string) int           { return 0 }
+func (windowLimits) MaxNewSeriesPerDay(string) int           { return 0 }
 func (l windowLimits) OutOfOrderWindow(string) time.Duration { return l.window }
 
 // TestFlushHeads: a receiver leaving the ring writes its whole head, in-order

@@ -17,9 +17,11 @@ import (
 
 // testLimits are limits a test changes while the database runs, as the
 // overrides file does.
-type testLimits struct{ maxSeries atomic.Int64 }
+type testLimits struct{ maxSeries, perMetric, perDay atomic.Int64 }
 
 func (l *testLimits) MaxActiveSeries(string) int            { return int(l.maxSeries.Load()) }
+func (l *testLimits) MaxSeriesPerMetric(string) int         { return int(l.perMetric.Load()) }
+func (l *testLimits) MaxNewSeriesPerDay(string) int         { return int(l.perDay.Load()) }
 func (l *testLimits) OutOfOrderWindow(string) time.Duration { return 0 }
 
 // appendSeries appends one sample at ts to each of the series [from, to) in

@@ -1,12 +1,19 @@
 package tenantdb
 
 import (
+	"context"
 	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/tsdb/chunkenc"
+	"github.com/prometheus/prometheus/tsdb/chunks"
 
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 
 	"github.com/gpustore/gpustore/pkg/blockquery"
+	"github.com/gpustore/gpustore/pkg/limits/querylimit"
 	"github.com/gpustore/gpustore/pkg/seriesset"
 )
 
@@ -41,11 +48,69 @@ func (l *localReads) blockQuerier(b tsdb.BlockReader, mint, maxt int64) (storage
 		*l.collect = append(*l.collect, seriesset.SpanQuerier(q, m.MinTime, m.MaxTime-1))
 		return storage.NoopQuerier(), nil
 	}
-	q, err := tsdb.NewBlockQuerier(b, mint, maxt)
+	// The head: its chunks are counted against the query's
+	// max_fetched_chunk_bytes_per_query as the TSDB's querier reads them.
+	counted := &countedReader{BlockReader: b}
+	q, err := tsdb.NewBlockQuerier(counted, mint, maxt)
 	if err != nil {
 		return nil, err
 	}
-	return seriesset.MemoQuerier(q), nil
+	return limitedQuerier{Querier: seriesset.MemoQuerier(q), r: counted}, nil
+}
+
+// countedReader is a block reader (the head's) whose chunks count against
+// the limiter of the query reading it. A querier is opened per query, so
+// its reader counts for one query: the limiter its selects carry.
+type countedReader struct {
+	tsdb.BlockReader
+	limiter atomic.Pointer[querylimit.Limiter]
+}
+
+func (r *countedReader) Chunks() (tsdb.ChunkReader, error) {
+	cr, err := r.BlockReader.Chunks()
+	if err != nil {
+		return nil, err
+	}
+	return countedChunks{ChunkReader: cr, r: r}, nil
+}
+
+type countedChunks struct {
+	tsdb.ChunkReader
+	r *countedReader
+}
+
+func (c countedChunks) ChunkOrIterable(meta chunks.Meta) (chunkenc.Chunk, chunkenc.Iterable, error) {
+	chk, it, err := c.ChunkReader.ChunkOrIterable(meta)
+	if err == nil && chk != nil {
+		if l := c.r.limiter.Load(); l != nil {
+			if err := l.AddChunkBytes(len(chk.Bytes())); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	return chk, it, err
+}
+
+// EnableChunkCache passes the TSDB's request for the head's chunk cache on
+// (range queries read every chunk of a series in turn).
+func (c countedChunks) EnableChunkCache() {
+	if e, ok := c.ChunkReader.(interface{ EnableChunkCache() }); ok {
+		e.EnableChunkCache()
+	}
+}
+
+// limitedQuerier hands its selects' limiter to the reader its chunks come
+// from.
+type limitedQuerier struct {
+	storage.Querier
+	r *countedReader
+}
+
+func (q limitedQuerier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
+	if l := querylimit.From(ctx); l != nil {
+		q.r.limiter.Store(l)
+	}
+	return q.Querier.Select(ctx, sortSeries, hints, ms...)
 }
 
 // Querier returns a querier of the tenant's blocks and head in [mint, maxt].

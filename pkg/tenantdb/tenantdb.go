@@ -25,9 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/config"
-	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/tsdb"
-	"github.com/prometheus/prometheus/tsdb/chunks"
 	"github.com/prometheus/prometheus/util/compression"
 
 	"github.com/gpustore/gpustore/pkg/blockquery"
@@ -109,6 +107,7 @@ type DB struct {
 	symbols      symbols
 	exemplars    *exemplarRing
 	reads        *localReads
+	series       *seriesLimiter // the head's series by metric, and today's
 }
 
 // TenantLimits lets the per-tenant limits shape each tenant's database.
@@ -117,42 +116,23 @@ type TenantLimits interface {
 	MaxActiveSeries(tenant string) int
 	// OutOfOrderWindow is how far behind its series' newest sample a sample may be.
 	OutOfOrderWindow(tenant string) time.Duration
+	// MaxSeriesPerMetric bounds the head's series of one metric name, and
+	// MaxNewSeriesPerDay the series the head creates in a UTC day; 0 =
+	// unlimited (cardinality.go).
+	MaxSeriesPerMetric(tenant string) int
+	MaxNewSeriesPerDay(tenant string) int
 }
 
 type noLimits struct{}
 
 func (noLimits) MaxActiveSeries(string) int            { return 0 }
 func (noLimits) OutOfOrderWindow(string) time.Duration { return 0 }
+func (noLimits) MaxSeriesPerMetric(string) int         { return 0 }
+func (noLimits) MaxNewSeriesPerDay(string) int         { return 0 }
 
 // ErrTooManyTenants is returned (wrapped) by Get for a tenant that has no
 // database yet when the manager holds MaxTenants already.
 var ErrTooManyTenants = errors.New("tenant limit reached")
-
-// ErrMaxActiveSeries is returned (wrapped) by appends that would create a
-// series beyond the tenant's limit.
-var ErrMaxActiveSeries = errors.New("per-tenant active series limit reached")
-
-// seriesLimiter vetoes series creation past the tenant's limit; the TSDB
-// calls it before it creates a series.
-type seriesLimiter struct {
-	tenant string
-	limits TenantLimits
-	head   func() *tsdb.Head
-}
-
-func (s *seriesLimiter) PreCreation(labels.Labels) error {
-	limit := s.limits.MaxActiveSeries(s.tenant)
-	if limit <= 0 {
-		return nil
-	}
-	h := s.head()
-	if h != nil && h.NumSeries() >= uint64(limit) {
-		return fmt.Errorf("%w (%d series) for tenant %q", ErrMaxActiveSeries, limit, s.tenant)
-	}
-	return nil
-}
-func (s *seriesLimiter) PostCreation(labels.Labels)                          {}
-func (s *seriesLimiter) PostDeletion(map[chunks.HeadSeriesRef]labels.Labels) {}
 
 // Manager opens, hands out and closes the per-tenant databases.
 type Manager struct {
@@ -413,12 +393,13 @@ func (m *Manager) open(tenantID string, gate DeletionGate) (*DB, error) {
 	opts.RetentionDuration = m.cfg.Retention.Milliseconds()
 	opts.OutOfOrderTimeWindow = m.limits.OutOfOrderWindow(tenantID).Milliseconds()
 	var opened atomic.Pointer[tsdb.DB]
-	opts.SeriesLifecycleCallback = &seriesLimiter{tenant: tenantID, limits: m.limits, head: func() *tsdb.Head {
+	series := newSeriesLimiter(tenantID, m.limits, func() *tsdb.Head {
 		if db := opened.Load(); db != nil {
 			return db.Head()
 		}
 		return nil // during WAL replay: the series being restored are not new
-	}}
+	})
+	opts.SeriesLifecycleCallback = series
 	// Persisted blocks are read through pkg/blockquery (localread.go).
 	reads := &localReads{cache: m.blockCache}
 	opts.BlockQuerierFunc = reads.blockQuerier
@@ -472,7 +453,7 @@ func (m *Manager) open(tenantID string, gate DeletionGate) (*DB, error) {
 		return nil, fmt.Errorf("open metadata of tenant %q: %w", tenantID, err)
 	}
 	m.logger.Info("opened tenant database", "tenant", tenantID, "dir", dir, "duration", time.Since(start))
-	db := &DB{DB: tdb, Tenant: tenantID, Metadata: md, openedWindow: opts.OutOfOrderTimeWindow, logger: m.logger.With("tenant", tenantID), exemplars: ring, reads: reads}
+	db := &DB{DB: tdb, Tenant: tenantID, Metadata: md, openedWindow: opts.OutOfOrderTimeWindow, logger: m.logger.With("tenant", tenantID), exemplars: ring, reads: reads, series: series}
 	ring.grow = func() error { return m.applyLimits(tenantID, db) }
 	db.rebuildSymbols() // the replayed series' labels and the new ones share one table
 	return db, nil
