@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
 
+	"github.com/gpustore/gpustore/pkg/seriesset"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
@@ -40,6 +41,29 @@ func BenchmarkRingSelect(b *testing.B) {
 			for b.Loop() {
 				q := src.Querier("t", mint, maxt, nil)
 				benchIterate(b, q.Select(ctx, false, hints, m), 256*240)
+				_ = q.Close()
+			}
+		})
+		// As the query path reads a series the engine is about to
+		// evaluate: decoded into arrays (seriesset.Decoded).
+		b.Run(tc.name+"/ring/decoded", func(b *testing.B) {
+			var ts []int64
+			var fs []float64
+			for b.Loop() {
+				q := src.Querier("t", mint, maxt, nil)
+				ss := q.Select(ctx, false, hints, m)
+				n := 0
+				for ss.Next() {
+					var err error
+					ts, fs, _, err = seriesset.AppendFloats(ss.At(), ts[:0], fs[:0], mint, maxt)
+					if err != nil {
+						b.Fatal(err)
+					}
+					n += len(ts)
+				}
+				if err := ss.Err(); err != nil || n != 256*240 {
+					b.Fatalf("%d samples, want %d (%v)", n, 256*240, err)
+				}
 				_ = q.Close()
 			}
 		})
@@ -77,7 +101,7 @@ func benchIterate(b *testing.B, ss storage.SeriesSet, want int) {
 
 // benchRing starts three receivers in a ring (RF 3) holding 256 GPU
 // series over an hour, each missing the given share of samples.
-func benchRing(b *testing.B, miss float64) ([]*tenantdb.Manager, *Source, int64, int64) {
+func benchRing(b testing.TB, miss float64) ([]*tenantdb.Manager, *Source, int64, int64) {
 	b.Helper()
 	rng := rand.New(rand.NewPCG(1, 2))
 	const steps = 240

@@ -1,6 +1,8 @@
 package receivers
 
 import (
+	"sync"
+
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
@@ -162,3 +164,54 @@ func (it *chunksIterator) AtFloatHistogram(fh *histogram.FloatHistogram) (int64,
 func (it *chunksIterator) AtT() int64  { return it.cur.AtT() }
 func (it *chunksIterator) AtST() int64 { return it.cur.AtST() }
 func (it *chunksIterator) Err() error  { return it.err }
+
+// appenders are chunksIterators lent to AppendFloats for their decoders.
+var appenders = sync.Pool{New: func() any { return &chunksIterator{} }}
+
+// AppendFloats appends the series' samples in [mint, maxt] (and the
+// select's range) to ts and fs chunk after chunk, each read by its
+// chunk's own decoder in a tight loop (seriesset.FloatAppender): the query
+// path decodes a series the engine is about to read into arrays
+// (seriesset.Decoded) and evaluates pushed-down range functions over them,
+// without chunksIterator between the decoder and every sample. A cluster
+// of replicas' differing chunks is read through their merge. ok is false
+// at the first sample that is not a float.
+func (s *ringSeries) AppendFloats(ts []int64, fs []float64, mint, maxt int64) ([]int64, []float64, bool, error) {
+	mint, maxt = max(mint, s.mint), min(maxt, s.maxt)
+	d := appenders.Get().(*chunksIterator)
+	defer func() { d.clusters = nil; appenders.Put(d) }()
+	d.clusters, d.mint, d.maxt = s.clusters, mint, maxt
+	for i := range s.chunks {
+		c := &s.chunks[i]
+		if c.maxT < mint {
+			continue
+		}
+		if c.minT > maxt {
+			break
+		}
+		it, err := d.open(c)
+		if err != nil {
+			return ts, fs, true, err
+		}
+		var vt chunkenc.ValueType
+		if c.minT < mint {
+			vt = it.Seek(mint)
+		} else {
+			vt = it.Next()
+		}
+		for ; vt == chunkenc.ValFloat; vt = it.Next() {
+			t, f := it.At()
+			if t > maxt {
+				return ts, fs, true, nil
+			}
+			ts, fs = append(ts, t), append(fs, f)
+		}
+		if vt != chunkenc.ValNone {
+			return ts, fs, false, nil
+		}
+		if err := it.Err(); err != nil {
+			return ts, fs, true, err
+		}
+	}
+	return ts, fs, true, nil
+}
