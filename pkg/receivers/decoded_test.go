@@ -25,6 +25,7 @@ func TestRingSeriesAppendFloats(t *testing.T) {
 		_, src, mint, maxt := benchRing(t, miss)
 		ctx := user.InjectOrgID(context.Background(), "t")
 		rng := rand.New(rand.NewPCG(uint64(miss*100), 7))
+		merged := 0 // series read with clusters of differing chunks
 		for range 20 {
 			qmint := mint + rng.Int64N(maxt-mint)/2 - 30_000
 			qmaxt := maxt - rng.Int64N(maxt-mint)/2 + 30_000
@@ -34,6 +35,9 @@ func TestRingSeriesAppendFloats(t *testing.T) {
 			n := 0
 			for ss.Next() {
 				s := ss.At()
+				if rs, ok := s.(*ringSeries); ok && len(rs.clusters) > 0 {
+					merged++
+				}
 				fa, ok := s.(seriesset.FloatAppender)
 				if !ok {
 					t.Fatalf("%T is not a seriesset.FloatAppender", s)
@@ -73,6 +77,9 @@ func TestRingSeriesAppendFloats(t *testing.T) {
 				t.Fatalf("%d series, want 256", n)
 			}
 			_ = q.Close()
+		}
+		if miss > 0 && merged == 0 {
+			t.Errorf("miss %v: no series had replicas' chunks to merge", miss)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package receivers
 
 import (
+	"math"
 	"sync"
 
 	"github.com/prometheus/prometheus/model/histogram"
@@ -174,8 +175,8 @@ var appenders = sync.Pool{New: func() any { return &chunksIterator{} }}
 // path decodes a series the engine is about to read into arrays
 // (seriesset.Decoded) and evaluates pushed-down range functions over them,
 // without chunksIterator between the decoder and every sample. A cluster
-// of replicas' differing chunks is read through their merge. ok is false
-// at the first sample that is not a float.
+// of replicas' differing chunks is merged from its runs' arrays
+// (appendCluster). ok is false at the first sample that is not a float.
 func (s *ringSeries) AppendFloats(ts []int64, fs []float64, mint, maxt int64) ([]int64, []float64, bool, error) {
 	mint, maxt = max(mint, s.mint), min(maxt, s.maxt)
 	d := appenders.Get().(*chunksIterator)
@@ -188,6 +189,14 @@ func (s *ringSeries) AppendFloats(ts []int64, fs []float64, mint, maxt int64) ([
 		}
 		if c.minT > maxt {
 			break
+		}
+		if c.cluster > 0 {
+			var ok bool
+			var err error
+			if ts, fs, ok, err = appendCluster(ts, fs, s.clusters[c.cluster-1], mint, maxt); !ok || err != nil {
+				return ts, fs, ok, err
+			}
+			continue
 		}
 		it, err := d.open(c)
 		if err != nil {
@@ -214,4 +223,57 @@ func (s *ringSeries) AppendFloats(ts []int64, fs []float64, mint, maxt int64) ([
 		}
 	}
 	return ts, fs, true, nil
+}
+
+// clusterRuns are the decoded runs of a cluster, reused.
+var clusterRuns = sync.Pool{New: func() any { return &decodedRuns{} }}
+
+type decodedRuns struct {
+	ts  [][]int64
+	fs  [][]float64
+	pos []int
+}
+
+// appendCluster appends the samples in [mint, maxt] of a cluster of
+// replicas' differing chunks: each replica's run decoded into arrays, then
+// merged one sample per timestamp, the earliest first and of equal ones
+// the first run's, as seriesset.ChainSampleIterator merges them when the
+// series is iterated (chunksIterator.open).
+func appendCluster(ts []int64, fs []float64, runs [][]wireChunk, mint, maxt int64) ([]int64, []float64, bool, error) {
+	r := clusterRuns.Get().(*decodedRuns)
+	defer clusterRuns.Put(r)
+	for len(r.ts) < len(runs) {
+		r.ts, r.fs = append(r.ts, nil), append(r.fs, nil)
+	}
+	r.pos = r.pos[:0]
+	for i, run := range runs {
+		var ok bool
+		var err error
+		part := ringSeries{chunks: run, mint: mint, maxt: maxt}
+		if r.ts[i], r.fs[i], ok, err = part.AppendFloats(r.ts[i][:0], r.fs[i][:0], mint, maxt); !ok || err != nil {
+			return ts, fs, ok, err
+		}
+		r.pos = append(r.pos, 0)
+	}
+	rts, rfs := r.ts[:len(runs)], r.fs[:len(runs)]
+	lastT := int64(math.MinInt64)
+	for {
+		best := -1
+		for i, p := range r.pos {
+			for p < len(rts[i]) && rts[i][p] <= lastT { // another run's copy of a sample taken
+				p++
+			}
+			r.pos[i] = p
+			if p < len(rts[i]) && (best < 0 || rts[i][p] < rts[best][r.pos[best]]) {
+				best = i
+			}
+		}
+		if best < 0 {
+			return ts, fs, true, nil
+		}
+		p := r.pos[best]
+		lastT = rts[best][p]
+		ts, fs = append(ts, lastT), append(fs, rfs[best][p])
+		r.pos[best]++
+	}
 }
