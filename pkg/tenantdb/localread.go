@@ -36,18 +36,19 @@ type localReads struct {
 
 // blockChunkQuerier is the database's tsdb.Options.BlockChunkQuerierFunc:
 // the TSDB's own, but while ChunkQuerierUnmerged runs, each persisted
-// block's chunk querier is handed to it (and the TSDB a no-op one), as
+// block's chunk querier (through pkg/blockquery: whole-chunk selects
+// resolved once per block) is handed to it and the TSDB a no-op one, as
 // blockQuerier does for Querier.
 func (l *localReads) blockChunkQuerier(b tsdb.BlockReader, mint, maxt int64) (storage.ChunkQuerier, error) {
-	q, err := tsdb.NewBlockChunkQuerier(b, mint, maxt)
-	if err != nil {
-		return nil, err
-	}
-	if _, ok := b.(*tsdb.Block); ok && l.collectChunks != nil {
+	if blk, ok := b.(*tsdb.Block); ok && l.collectChunks != nil {
+		q, err := blockquery.NewChunkQuerier(blk, l.cache, mint, maxt, blockquery.Options{Key: blk.Meta().ULID.String()})
+		if err != nil {
+			return nil, err
+		}
 		*l.collectChunks = append(*l.collectChunks, q)
 		return storage.NoopChunkedQuerier(), nil
 	}
-	return q, nil
+	return tsdb.NewBlockChunkQuerier(b, mint, maxt)
 }
 
 // ChunkQuerierUnmerged returns a chunk querier of the tenant's blocks and
