@@ -16,7 +16,7 @@ import (
 
 type oooLimits struct{}
 
-func (oooLimits) MaxActiveSeries(string) int              { return 0 }
+func (oooLimits) MaxActiveSeries(string) int            { return 0 }
 func (oooLimits) OutOfOrderWindow(string) time.Duration { return 2 * time.Hour }
 
 // TestRingReadsOutOfOrderLikeSingleNode: receivers that took samples out
