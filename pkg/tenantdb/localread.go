@@ -51,6 +51,19 @@ func (l *localReads) blockChunkQuerier(b tsdb.BlockReader, mint, maxt int64) (st
 	return tsdb.NewBlockChunkQuerier(b, mint, maxt)
 }
 
+// ChunkQuerier is the TSDB's own chunk querier, opened under the lock
+// ChunkQuerierUnmerged holds while it collects the blocks' chunk queriers
+// (blockChunkQuerier), so that one opened meanwhile keeps its blocks.
+func (db *DB) ChunkQuerier(mint, maxt int64) (storage.ChunkQuerier, error) {
+	l := db.reads
+	if l == nil {
+		return db.DB.ChunkQuerier(mint, maxt)
+	}
+	l.mtx.Lock()
+	defer l.mtx.Unlock()
+	return db.DB.ChunkQuerier(mint, maxt)
+}
+
 // ChunkQuerierUnmerged returns a chunk querier of the tenant's blocks and
 // head in [mint, maxt] whose series hold every part's chunks as they are,
 // in order of their first time: where parts overlap (an out-of-order

@@ -134,3 +134,69 @@ func TestChunkQuerierUnmerged(t *testing.T) {
 		t.Error("no overlapping chunks passed on: the out-of-order parts were merged and encoded again")
 	}
 }
+
+// TestChunkQueriersConcurrently: a tenant's plain chunk querier (remote
+// read through the query API) opened while a receiver's unmerged one opens
+// gets every block, never one handed to the other.
+func TestChunkQueriersConcurrently(t *testing.T) {
+	const hour = int64(time.Hour / time.Millisecond)
+	m := newTestManager(t, func(c *Config) {
+		c.BlockDuration = model.Duration(time.Hour)
+		c.Retention = model.Duration(1000 * time.Hour)
+	})
+	m.SetBlockCache(blockquery.NewCache(64<<20, nil))
+	db, err := m.Get("team-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	base := 100 * hour
+	lset := labels.FromStrings("__name__", "gpu_temp", "gpu", "0")
+	for ts := base; ts < base+5*hour; ts += 60_000 {
+		app := db.Appender(ctx)
+		if _, err := app.Append(0, lset, ts, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := app.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	count := func(open func(int64, int64) (storage.ChunkQuerier, error)) int {
+		q, err := open(base, base+5*hour)
+		if err != nil {
+			t.Error(err)
+			return -1
+		}
+		defer q.Close()
+		ss := q.Select(ctx, false, &storage.SelectHints{Start: base, End: base + 5*hour, DisableTrimming: true},
+			labels.MustNewMatcher(labels.MatchEqual, "__name__", "gpu_temp"))
+		n := 0
+		for ss.Next() {
+			it := ss.At().Iterator(nil)
+			for it.Next() {
+				n += it.At().Chunk.NumSamples()
+			}
+		}
+		return n
+	}
+	want := count(db.ChunkQuerier)
+	if want != 300 {
+		t.Fatalf("%d samples, want 300", want)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 300 {
+			count(db.ChunkQuerierUnmerged)
+		}
+	}()
+	for range 300 {
+		if n := count(db.ChunkQuerier); n != want {
+			t.Fatalf("the plain chunk querier read %d samples beside an unmerged one, want %d", n, want)
+		}
+	}
+	<-done
+}
