@@ -12,7 +12,10 @@
 # CPU of every gpustore process together, and per query window the CPU
 # the front and every gpustore process spent per query (warm-up round
 # included) with the load average after it. ROUNDS (default 5) and
-# WINDOWS (default "1h 6h") change the query phase. RATE (samples/s, default
+# WINDOWS (default "1h 6h") change the query phase; PANELS (default "dashboard") names
+# the panel sets, run one after the other on the same data: "dashboard" (the
+# 22 dashboard panels), "issue42" (issue 42's six panels). GPUSTORE_BIN
+# runs a gpustore built elsewhere (an A/B on the same script). RATE (samples/s, default
 # as fast as accepted) paces the write: written 100 times faster than real
 # time or more, a write acknowledged by a quorum is overtaken on the
 # slowest replica by the next one, which that replica stores out of order
@@ -25,7 +28,14 @@ topologies=${1:-"single 1:1 3:1 3:3 5:3"}
 rounds=${ROUNDS:-5}
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
-go build -tags dedupelabels -o "$work/gpustore" "$root/cmd/gpustore"
+if [ -n "${GPUSTORE_BIN:-}" ]; then
+	cp "$GPUSTORE_BIN" "$work/gpustore"
+else
+	go build -tags dedupelabels -o "$work/gpustore" "$root/cmd/gpustore"
+fi
+panelsets=${PANELS:-dashboard}
+npanels() { case $1 in dashboard) echo 22 ;; issue42) echo 6 ;; *) echo "PANELS: dashboard or issue42" >&2; exit 2 ;; esac; }
+for ps in $panelsets; do npanels "$ps" >/dev/null; done
 go build -o "$work/loadgen" "$root/bench/cmd/loadgen"
 pids=()
 stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
@@ -67,13 +77,16 @@ for topo in $topologies; do
 	sleep 3
 	echo "every gpustore process: $(echo "$(cpu) - $c0" | bc) CPU-seconds"
 	front_pid=${pids[-1]}
-	for w in ${WINDOWS:-1h 6h}; do
-		c0=$(cpu) f0=$(cpu "$front_pid")
-		"$work/loadgen" query -url "http://$front" -end 2026-12-03T18:00:00Z -windows "$w" -rounds "$rounds" 2>&1 | tail -3
-		# Every panel of every round, the warm-up round included, counts.
-		n=$((22 * (rounds + 1)))
-		echo "$w: front $(echo "scale=2; 1000*($(cpu "$front_pid") - $f0)/$n" | bc) CPU-ms/query," \
-			"every gpustore process $(echo "scale=2; 1000*($(cpu) - $c0)/$n" | bc) CPU-ms/query; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+	for ps in $panelsets; do
+		for w in ${WINDOWS:-1h 6h}; do
+			c0=$(cpu) f0=$(cpu "$front_pid")
+			echo "-- $ps panels, $w"
+			"$work/loadgen" query -url "http://$front" -end 2026-12-03T18:00:00Z -windows "$w" -rounds "$rounds" -panels "$ps" 2>&1 | tail -3
+			# Every panel of every round, the warm-up round included, counts.
+			n=$(($(npanels "$ps") * (rounds + 1)))
+			echo "$w: front $(echo "scale=2; 1000*($(cpu "$front_pid") - $f0)/$n" | bc) CPU-ms/query," \
+				"every gpustore process $(echo "scale=2; 1000*($(cpu) - $c0)/$n" | bc) CPU-ms/query; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+		done
 	done
 	stop
 done

@@ -53,6 +53,17 @@ func DashboardQueries(node string) []Query {
 	}
 }
 
+// Issue42Panels are the six panels of issue 42, as Grafana's dcgm-exporter
+// dashboards and the source document's overview draw them.
+var Issue42Panels = []Query{
+	{Dashboard: "overview", Panel: "avg util", Expr: `avg(DCGM_FI_DEV_GPU_UTIL)`},
+	{Dashboard: "overview", Panel: "max temp by host", Expr: `max by (Hostname) (DCGM_FI_DEV_GPU_TEMP)`},
+	{Dashboard: "overview", Panel: "power by host (energy rate)", Expr: `sum by (Hostname) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m]))`},
+	{Dashboard: "node", Panel: "power by GPU", Expr: `avg by (Hostname, gpu) (DCGM_FI_DEV_POWER_USAGE)`},
+	{Dashboard: "node", Panel: "max temp over 1h", Expr: `max_over_time(DCGM_FI_DEV_GPU_TEMP[1h])`},
+	{Dashboard: "overview", Panel: "p90 SM clock", Expr: `quantile(0.9, DCGM_FI_DEV_SM_CLOCK)`},
+}
+
 // GrafanaStep is the step Grafana's Prometheus data source would use for a
 // panel over rng: about rng/250 points' worth, never below the data's
 // scrape interval, rounded to whole seconds.

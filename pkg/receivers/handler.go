@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/storage/remote"
+	"github.com/prometheus/prometheus/util/annotations"
 
 	"github.com/gpustore/gpustore/pkg/query"
 	"github.com/gpustore/gpustore/pkg/tenancy"
@@ -54,7 +56,7 @@ const (
 // A streamed answer carries LocalBlocksHeader: the tenant's blocks on this
 // receiver's disk.
 func ReadHandler(dbs *tenantdb.Manager, tenants tenancy.Config, logger *slog.Logger, reg prometheus.Registerer) http.Handler {
-	return readHandler(receiverQueryable{query.TenantQueryable{DBs: dbs}, localBlocks(dbs)}, tenants, logger, reg)
+	return readHandler(receiverQueryable{SampleAndChunkQueryable: query.TenantQueryable{DBs: dbs}, dbs: dbs, blocks: localBlocks(dbs)}, tenants, logger, reg)
 }
 
 // LocalBlocksHeader lists, in a receiver's streamed answer, the ULIDs of
@@ -89,24 +91,53 @@ func localBlocks(dbs *tenantdb.Manager) func(tenant string) []ulid.ULID {
 }
 
 // receiverQueryable is the queryable of a receiver's remote reads: its
-// chunk selects leave chunks whole and report the tenant's local blocks.
+// chunk selects read the tenant's TSDB with
+// tenantdb.DB.ChunkQuerierUnmerged, leave chunks whole and report the
+// tenant's local blocks.
 type receiverQueryable struct {
 	storage.SampleAndChunkQueryable
+	dbs    *tenantdb.Manager
 	blocks func(tenant string) []ulid.ULID
 }
 
 func (q receiverQueryable) ChunkQuerier(mint, maxt int64) (storage.ChunkQuerier, error) {
-	cq, err := q.SampleAndChunkQueryable.ChunkQuerier(mint, maxt)
-	if err != nil {
-		return nil, err
-	}
-	return receiverChunkQuerier{ChunkQuerier: cq, mint: mint, maxt: maxt, blocks: q.blocks}, nil
+	return &receiverChunkQuerier{dbs: q.dbs, mint: mint, maxt: maxt, blocks: q.blocks}, nil
 }
 
+// receiverChunkQuerier opens the chunk querier of the tenant in the
+// context of its first call (the read handler puts it there).
 type receiverChunkQuerier struct {
-	storage.ChunkQuerier
+	dbs        *tenantdb.Manager
 	mint, maxt int64
 	blocks     func(tenant string) []ulid.ULID
+
+	mtx    sync.Mutex
+	opened []storage.ChunkQuerier
+}
+
+// open returns the chunk querier of the tenant in ctx (nil when it has
+// no data here).
+func (q *receiverChunkQuerier) open(ctx context.Context) (storage.ChunkQuerier, string, error) {
+	id, err := user.ExtractOrgID(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	db := q.dbs.Existing(id)
+	if db == nil {
+		return nil, id, nil
+	}
+	// Overlapping parts' chunks (out-of-order blocks and head) are
+	// passed on as stored: the query process merges chunks that overlap
+	// anyway, the replicas' (dedupChunks), where only samples are decoded,
+	// never encoded again.
+	cq, err := db.ChunkQuerierUnmerged(q.mint, q.maxt)
+	if err != nil {
+		return nil, id, fmt.Errorf("open chunk querier of tenant %q: %w", id, err)
+	}
+	q.mtx.Lock()
+	q.opened = append(q.opened, cq)
+	q.mtx.Unlock()
+	return cq, id, nil
 }
 
 // Select asks the TSDB for whole chunks: trimmed to the range, a series'
@@ -115,19 +146,23 @@ type receiverChunkQuerier struct {
 // to the range as it decodes them anyway.
 //
 // It lists the tenant's local blocks into the answer's LocalBlocksHeader
-// (found in the context, see readHandler) after the inner select, which
-// opens the tenant's TSDB querier (query.TenantQueryable opens it on first
-// use), and before anything of the answer is written.
-func (q receiverChunkQuerier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.ChunkSeriesSet {
+// (found in the context, see readHandler) after the tenant's querier
+// opened, and before anything of the answer is written.
+func (q *receiverChunkQuerier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.ChunkSeriesSet {
 	h := storage.SelectHints{Start: q.mint, End: q.maxt}
 	if hints != nil {
 		h = *hints
 	}
 	h.DisableTrimming = true
-	set := q.ChunkQuerier.Select(ctx, sortSeries, &h, ms...)
-	header, ok := ctx.Value(answerHeaderKey{}).(http.Header)
-	id, err := user.ExtractOrgID(ctx)
-	if ok && err == nil && q.blocks != nil {
+	cq, id, err := q.open(ctx)
+	if err != nil {
+		return storage.ErrChunkSeriesSet(err)
+	}
+	set := storage.EmptyChunkSeriesSet()
+	if cq != nil {
+		set = cq.Select(ctx, sortSeries, &h, ms...)
+	}
+	if header, ok := ctx.Value(answerHeaderKey{}).(http.Header); ok && q.blocks != nil {
 		ids := q.blocks(id)
 		s := make([]string, len(ids))
 		for i, id := range ids {
@@ -136,6 +171,33 @@ func (q receiverChunkQuerier) Select(ctx context.Context, sortSeries bool, hints
 		header.Set(LocalBlocksHeader, strings.Join(s, ","))
 	}
 	return set
+}
+
+func (q *receiverChunkQuerier) LabelValues(ctx context.Context, name string, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	cq, _, err := q.open(ctx)
+	if err != nil || cq == nil {
+		return nil, nil, err
+	}
+	return cq.LabelValues(ctx, name, hints, ms...)
+}
+
+func (q *receiverChunkQuerier) LabelNames(ctx context.Context, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	cq, _, err := q.open(ctx)
+	if err != nil || cq == nil {
+		return nil, nil, err
+	}
+	return cq.LabelNames(ctx, hints, ms...)
+}
+
+func (q *receiverChunkQuerier) Close() error {
+	q.mtx.Lock()
+	defer q.mtx.Unlock()
+	var errs []error
+	for _, cq := range q.opened {
+		errs = append(errs, cq.Close())
+	}
+	q.opened = nil
+	return errors.Join(errs...)
 }
 
 // answerHeaderKey carries a read's answer header in its context.

@@ -1,6 +1,9 @@
 package receivers
 
 import (
+	"math"
+	"sync"
+
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
@@ -162,3 +165,115 @@ func (it *chunksIterator) AtFloatHistogram(fh *histogram.FloatHistogram) (int64,
 func (it *chunksIterator) AtT() int64  { return it.cur.AtT() }
 func (it *chunksIterator) AtST() int64 { return it.cur.AtST() }
 func (it *chunksIterator) Err() error  { return it.err }
+
+// appenders are chunksIterators lent to AppendFloats for their decoders.
+var appenders = sync.Pool{New: func() any { return &chunksIterator{} }}
+
+// AppendFloats appends the series' samples in [mint, maxt] (and the
+// select's range) to ts and fs chunk after chunk, each read by its
+// chunk's own decoder in a tight loop (seriesset.FloatAppender): the query
+// path decodes a series the engine is about to read into arrays
+// (seriesset.Decoded) and evaluates pushed-down range functions over them,
+// without chunksIterator between the decoder and every sample. A cluster
+// of replicas' differing chunks is merged from its runs' arrays
+// (appendCluster). ok is false at the first sample that is not a float.
+func (s *ringSeries) AppendFloats(ts []int64, fs []float64, mint, maxt int64) ([]int64, []float64, bool, error) {
+	mint, maxt = max(mint, s.mint), min(maxt, s.maxt)
+	d := appenders.Get().(*chunksIterator)
+	defer func() { d.clusters = nil; appenders.Put(d) }()
+	d.clusters, d.mint, d.maxt = s.clusters, mint, maxt
+	for i := range s.chunks {
+		c := &s.chunks[i]
+		if c.maxT < mint {
+			continue
+		}
+		if c.minT > maxt {
+			break
+		}
+		if c.cluster > 0 {
+			var ok bool
+			var err error
+			if ts, fs, ok, err = appendCluster(ts, fs, s.clusters[c.cluster-1], mint, maxt); !ok || err != nil {
+				return ts, fs, ok, err
+			}
+			continue
+		}
+		it, err := d.open(c)
+		if err != nil {
+			return ts, fs, true, err
+		}
+		var vt chunkenc.ValueType
+		if c.minT < mint {
+			vt = it.Seek(mint)
+		} else {
+			vt = it.Next()
+		}
+		for ; vt == chunkenc.ValFloat; vt = it.Next() {
+			t, f := it.At()
+			if t > maxt {
+				return ts, fs, true, nil
+			}
+			ts, fs = append(ts, t), append(fs, f)
+		}
+		if vt != chunkenc.ValNone {
+			return ts, fs, false, nil
+		}
+		if err := it.Err(); err != nil {
+			return ts, fs, true, err
+		}
+	}
+	return ts, fs, true, nil
+}
+
+// clusterRuns are the decoded runs of a cluster, reused.
+var clusterRuns = sync.Pool{New: func() any { return &decodedRuns{} }}
+
+type decodedRuns struct {
+	ts  [][]int64
+	fs  [][]float64
+	pos []int
+}
+
+// appendCluster appends the samples in [mint, maxt] of a cluster of
+// replicas' differing chunks: each replica's run decoded into arrays, then
+// merged one sample per timestamp, the earliest first and of equal ones
+// the first run's, as seriesset.ChainSampleIterator merges them when the
+// series is iterated (chunksIterator.open).
+func appendCluster(ts []int64, fs []float64, runs [][]wireChunk, mint, maxt int64) ([]int64, []float64, bool, error) {
+	r := clusterRuns.Get().(*decodedRuns)
+	defer clusterRuns.Put(r)
+	for len(r.ts) < len(runs) {
+		r.ts, r.fs = append(r.ts, nil), append(r.fs, nil)
+	}
+	r.pos = r.pos[:0]
+	for i, run := range runs {
+		var ok bool
+		var err error
+		part := ringSeries{chunks: run, mint: mint, maxt: maxt}
+		if r.ts[i], r.fs[i], ok, err = part.AppendFloats(r.ts[i][:0], r.fs[i][:0], mint, maxt); !ok || err != nil {
+			return ts, fs, ok, err
+		}
+		r.pos = append(r.pos, 0)
+	}
+	rts, rfs := r.ts[:len(runs)], r.fs[:len(runs)]
+	lastT := int64(math.MinInt64)
+	for {
+		best := -1
+		for i, p := range r.pos {
+			for p < len(rts[i]) && rts[i][p] <= lastT { // another run's copy of a sample taken
+				p++
+			}
+			r.pos[i] = p
+			if p < len(rts[i]) && (best < 0 || rts[i][p] < rts[best][r.pos[best]]) {
+				best = i
+			}
+		}
+		if best < 0 {
+			return ts, fs, true, nil
+		}
+		p := r.pos[best]
+		lastT = rts[best][p]
+		ts, fs = append(ts, lastT), append(fs, rfs[best][p])
+		r.pos[best]++
+	}
+}

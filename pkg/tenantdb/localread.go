@@ -1,7 +1,9 @@
 package tenantdb
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -33,8 +35,92 @@ import (
 type localReads struct {
 	cache *blockquery.Cache
 
-	mtx     sync.Mutex // one Querier call at a time per tenant
-	collect *[]storage.Querier
+	mtx           sync.Mutex // one Querier or ChunkQuerierUnmerged call at a time per tenant
+	collect       *[]storage.Querier
+	collectChunks *[]storage.ChunkQuerier
+}
+
+// blockChunkQuerier is the database's tsdb.Options.BlockChunkQuerierFunc:
+// the TSDB's own, but while ChunkQuerierUnmerged runs, each persisted
+// block's chunk querier (through pkg/blockquery: whole-chunk selects
+// resolved once per block) is handed to it and the TSDB a no-op one, as
+// blockQuerier does for Querier.
+func (l *localReads) blockChunkQuerier(b tsdb.BlockReader, mint, maxt int64) (storage.ChunkQuerier, error) {
+	if blk, ok := b.(*tsdb.Block); ok && l.collectChunks != nil {
+		q, err := blockquery.NewChunkQuerier(blk, l.cache, mint, maxt, blockquery.Options{Key: blk.Meta().ULID.String()})
+		if err != nil {
+			return nil, err
+		}
+		*l.collectChunks = append(*l.collectChunks, q)
+		return storage.NoopChunkedQuerier(), nil
+	}
+	return tsdb.NewBlockChunkQuerier(b, mint, maxt)
+}
+
+// ChunkQuerier is the TSDB's own chunk querier, opened under the lock
+// ChunkQuerierUnmerged holds while it collects the blocks' chunk queriers
+// (blockChunkQuerier), so that one opened meanwhile keeps its blocks.
+func (db *DB) ChunkQuerier(mint, maxt int64) (storage.ChunkQuerier, error) {
+	l := db.reads
+	if l == nil {
+		return db.DB.ChunkQuerier(mint, maxt)
+	}
+	l.mtx.Lock()
+	defer l.mtx.Unlock()
+	return db.DB.ChunkQuerier(mint, maxt)
+}
+
+// ChunkQuerierUnmerged returns a chunk querier of the tenant's blocks and
+// head in [mint, maxt] whose series hold every part's chunks as they are,
+// in order of their first time: where parts overlap (an out-of-order
+// block beside an in-order one, or the head), their chunks overlap too,
+// instead of being decoded, merged and encoded again as tsdb.DB's chunk
+// querier does for every series found in several parts. For readers that
+// merge overlapping chunks themselves: the ring's query processes, which
+// merge replicas' chunks the same way (pkg/receivers).
+func (db *DB) ChunkQuerierUnmerged(mint, maxt int64) (storage.ChunkQuerier, error) {
+	l := db.reads
+	if l == nil {
+		return db.DB.ChunkQuerier(mint, maxt)
+	}
+	var qs []storage.ChunkQuerier
+	l.mtx.Lock()
+	l.collectChunks = &qs
+	head, err := db.DB.ChunkQuerier(mint, maxt)
+	l.collectChunks = nil
+	l.mtx.Unlock()
+	if err != nil {
+		for _, q := range qs {
+			_ = q.Close()
+		}
+		return nil, err
+	}
+	return storage.NewMergeChunkQuerier(append(qs, head), nil, concatChunks), nil
+}
+
+// concatChunks is a series' parts' chunks one after the other in order of
+// their first time (each part's are in order), never re-encoded.
+func concatChunks(parts ...storage.ChunkSeries) storage.ChunkSeries {
+	if len(parts) == 1 {
+		return parts[0]
+	}
+	return &storage.ChunkSeriesEntry{
+		Lset: parts[0].Labels(),
+		ChunkIteratorFn: func(chunks.Iterator) chunks.Iterator {
+			var metas []chunks.Meta
+			for _, p := range parts {
+				it := p.Iterator(nil)
+				for it.Next() {
+					metas = append(metas, it.At())
+				}
+				if err := it.Err(); err != nil {
+					return errChunks{err}
+				}
+			}
+			slices.SortStableFunc(metas, func(a, b chunks.Meta) int { return cmp.Compare(a.MinTime, b.MinTime) })
+			return storage.NewListChunkSeriesIterator(metas...)
+		},
+	}
 }
 
 // blockQuerier is the database's tsdb.Options.BlockQuerierFunc.
@@ -145,3 +231,10 @@ func (db *DB) Querier(mint, maxt int64) (storage.Querier, error) {
 	}
 	return seriesset.NewMergeQuerier(qs, seriesset.MergeSpans), nil
 }
+
+// errChunks is a chunk iterator that failed.
+type errChunks struct{ err error }
+
+func (errChunks) At() chunks.Meta { return chunks.Meta{} }
+func (errChunks) Next() bool      { return false }
+func (e errChunks) Err() error    { return e.err }

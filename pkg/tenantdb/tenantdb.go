@@ -403,6 +403,7 @@ func (m *Manager) open(tenantID string, gate DeletionGate) (*DB, error) {
 	// Persisted blocks are read through pkg/blockquery (localread.go).
 	reads := &localReads{cache: m.blockCache}
 	opts.BlockQuerierFunc = reads.blockQuerier
+	opts.BlockChunkQuerierFunc = reads.blockChunkQuerier
 	// The exemplar ring buffer (MaxExemplars entries, ~7 MB at the
 	// default) is allocated when the tenant sends its first exemplar, and
 	// at open for tenants that did (their WAL holds exemplars to replay).

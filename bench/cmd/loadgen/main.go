@@ -301,6 +301,7 @@ Flags:
 	warmup := fs.Int("warmup", 1, "Unmeasured rounds first.")
 	node := fs.String("node", "gpu-node-003", "Node of the node-detail dashboard.")
 	tenant := fs.String("tenant", "", "X-Scope-OrgID (none when empty).")
+	panelSet := fs.String("panels", "dashboard", "Panel set: dashboard (the source document's dashboards) or issue42 (its six panels).")
 	var params multiFlag
 	fs.Var(&params, "param", "Extra query parameter k=v, repeatable (VictoriaMetrics: nocache=1).")
 	if err := fs.Parse(args); err != nil {
@@ -309,6 +310,15 @@ Flags:
 	end, err := parseTime(*endFlag, time.Now())
 	if err != nil {
 		return fmt.Errorf("--end: %w", err)
+	}
+	var panels []load.Query
+	switch *panelSet {
+	case "dashboard":
+		panels = load.DashboardQueries(*node)
+	case "issue42":
+		panels = load.Issue42Panels
+	default:
+		return fmt.Errorf("--panels %q: want dashboard or issue42", *panelSet)
 	}
 	extra := url.Values{}
 	for _, p := range params {
@@ -325,7 +335,7 @@ Flags:
 			return fmt.Errorf("--windows %q: %w", ws, err)
 		}
 		log.Info("querying", "window", ws, "rounds", *rounds)
-		qr, err := load.RunQueries(ctx, load.QueryConfig{BaseURL: *base, Queries: load.DashboardQueries(*node), End: end,
+		qr, err := load.RunQueries(ctx, load.QueryConfig{BaseURL: *base, Queries: panels, End: end,
 			Range: time.Duration(d), ScrapeInterval: *interval, Rounds: *rounds, Warmup: *warmup, Params: extra, Tenant: *tenant})
 		if err != nil {
 			return err
