@@ -226,6 +226,9 @@ type overridesFile struct {
 	Overrides map[string]Limits
 }
 
+// Tenants is the number of tenants the file overrides.
+func (f *overridesFile) Tenants() int { return len(f.Overrides) }
+
 // Overrides answers the limits of a tenant.
 type Overrides struct {
 	services.Service
