@@ -20,7 +20,11 @@
 //     (a block across such a boundary would never be compacted with its
 //     neighbours, and merging everything it overlaps would grow without
 //     bound), and rewritten where it has tombstones (a Prometheus snapshot
-//     after delete_series): pkg/rewrite;
+//     after delete_series): pkg/rewrite. Its time range is widened to the
+//     compactor's smallest range (2h): promtool and the blocks written
+//     from them end at their last sample + 1 ms, and the bucket store
+//     reads the hours between two such blocks as not held raw (it would
+//     answer them from 5m data) where a receiver's blocks are contiguous;
 //  4. uploaded with block.Upload (chunks, index, meta.json last, so a
 //     reader never sees half a block), its meta.json's gpustore section
 //     naming the tenant, the group's labels and source "upload".
@@ -208,8 +212,9 @@ func (p *Plan) Uploads() bool {
 }
 
 // Judge verifies the local block and decides what to upload for it, given
-// the tenant's bucket and the compactor's largest block range (ms).
-func Judge(ctx context.Context, b *Bucket, l Local, maxRange int64) Plan {
+// the tenant's bucket and the compactor's block ranges (ms, smallest first).
+func Judge(ctx context.Context, b *Bucket, l Local, ranges []int64) Plan {
+	grid, maxRange := ranges[0], ranges[len(ranges)-1]
 	p := Plan{Block: l}
 	v, err := block.VerifyLocal(ctx, l.Dir)
 	p.Verified = v
@@ -218,10 +223,11 @@ func Judge(ctx context.Context, b *Bucket, l Local, maxRange int64) Plan {
 		return p
 	}
 	m := l.Meta
-	// Cut at the largest range's boundaries.
+	// Cut at the largest range's boundaries; each piece's range widened to
+	// the smallest range's grid (which stays within its largest range).
 	for lo := m.MinTime; lo < m.MaxTime; {
 		hi := min(m.MaxTime, (floorDiv(lo, maxRange)+1)*maxRange)
-		p.Pieces = append(p.Pieces, Piece{MinTime: lo, MaxTime: hi})
+		p.Pieces = append(p.Pieces, Piece{MinTime: floorDiv(lo, grid) * grid, MaxTime: -floorDiv(-hi, grid) * grid})
 		lo = hi
 	}
 	if len(p.Pieces) == 1 {
@@ -321,7 +327,7 @@ func Upload(ctx context.Context, bkt objstore.Bucket, b *Bucket, p Plan, work st
 			}
 			dir = res.Dir
 		}
-		m, err := uploadDir(ctx, bkt, b, dir)
+		m, err := uploadDir(ctx, bkt, b, dir, pc)
 		if dir != p.Block.Dir {
 			_ = os.RemoveAll(dir)
 		}
@@ -333,12 +339,14 @@ func Upload(ctx context.Context, bkt objstore.Bucket, b *Bucket, p Plan, work st
 	return out, nil
 }
 
-// uploadDir uploads a verified local block as the tenant's.
-func uploadDir(ctx context.Context, bkt objstore.Bucket, b *Bucket, dir string) (*block.Meta, error) {
+// uploadDir uploads a verified local block as the tenant's, with the
+// piece's time range.
+func uploadDir(ctx context.Context, bkt objstore.Bucket, b *Bucket, dir string, pc Piece) (*block.Meta, error) {
 	bm, err := block.ReadLocalMeta(dir)
 	if err != nil {
 		return nil, err
 	}
+	bm.MinTime, bm.MaxTime = pc.MinTime, pc.MaxTime
 	meta := &block.Meta{BlockMeta: bm, GPUStore: block.GPUStoreMeta{
 		Version: block.MetaVersion, Tenant: b.Tenant, Labels: maps.Clone(b.Labels), Source: SourceUpload,
 	}}

@@ -733,7 +733,7 @@ func uploadCommand() *Command {
 			"Every block is first read whole and refused, with the reason, when its index or chunks do not read, its samples are out of order or outside its time range, or its counts disagree with its `meta.json`; " +
 			"a block that overlaps a block of the bucket marked no-compact is refused too (the compactor would never merge them). If any block is refused nothing is uploaded, unless `--skip-invalid`. " +
 			"Blocks already in the bucket (by ULID, or compacted into a block holding all their sources) are skipped, so running it again after an interruption uploads only the rest. " +
-			"A block crossing a boundary of the compactor's largest range (`--compact.block-ranges`, 14d by default) is cut there, and a block with tombstones is rewritten without the deleted samples. " +
+			"A block crossing a boundary of the compactor's largest range (`--compact.block-ranges`, 14d by default) is cut there, and a block with tombstones is rewritten without the deleted samples; each block's time range is widened to the smallest range's grid (2h), as a receiver's blocks are. " +
 			"The blocks join the group of the tenant's raw blocks (their external labels, when they all share one set; else `--label`), so the running compactor merges them with their neighbours, vertically where they overlap the tenant's data, and downsamples them; " +
 			"the bucket store serves them within one `bucket_store.sync_interval`. Raw retention applies to them like to any raw block: history older than `compact.retention.raw` (or the tenant's `compactor_retention_raw`) is kept at 5m and 1h only, once downsampled.",
 		Flags: func(fs *flag.FlagSet, env *Env) func([]string) error {
@@ -759,14 +759,17 @@ func uploadCommand() *Command {
 				if len(lbls) > 0 {
 					explicit = lbls
 				}
-				maxRange := time.Duration(ranges[len(ranges)-1]).Milliseconds()
-				return uploadBlocks(context.Background(), env, bkt, bf.tenant, explicit, maxRange, args, *dry, *skip, *work)
+				ms := make([]int64, len(ranges))
+				for i, r := range ranges {
+					ms[i] = time.Duration(r).Milliseconds()
+				}
+				return uploadBlocks(context.Background(), env, bkt, bf.tenant, explicit, ms, args, *dry, *skip, *work)
 			}
 		},
 	}
 }
 
-func uploadBlocks(ctx context.Context, env *Env, bkt objstore.Bucket, t string, lbls map[string]string, maxRange int64, dirs []string, dry, skipInvalid bool, work string) error {
+func uploadBlocks(ctx context.Context, env *Env, bkt objstore.Bucket, t string, lbls map[string]string, ranges []int64, dirs []string, dry, skipInvalid bool, work string) error {
 	work, err := os.MkdirTemp(work, "gpustore-upload-")
 	if err != nil {
 		return err
@@ -792,7 +795,7 @@ func uploadBlocks(ctx context.Context, env *Env, bkt objstore.Bucket, t string, 
 	var plans []blockupload.Plan
 	refused := 0
 	for _, l := range locals {
-		p := blockupload.Judge(ctx, b, l, maxRange)
+		p := blockupload.Judge(ctx, b, l, ranges)
 		if p.Refused != nil {
 			refused++
 			fmt.Fprintf(env.Stdout, "%s: refused: %v\n", l.Dir, p.Refused)
