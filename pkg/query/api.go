@@ -35,6 +35,7 @@ import (
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/promql"
+	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/prometheus/prometheus/rules"
 	"github.com/prometheus/prometheus/scrape"
 	"github.com/prometheus/prometheus/tsdb"
@@ -77,6 +78,11 @@ type Config struct {
 	// request (query, match[]) before anything parses it (bounds.go).
 	MaxExpressionBytes int `yaml:"max_expression_bytes"`
 	MaxExpressionDepth int `yaml:"max_expression_depth"`
+	// EnableExperimentalFunctions lets PromQL use Prometheus' experimental
+	// functions and aggregations (limitk, limit_ratio, sort_by_label,
+	// double_exponential_smoothing, ...), in queries and in rules, as
+	// Prometheus' --enable-feature=promql-experimental-functions does.
+	EnableExperimentalFunctions bool `yaml:"enable_experimental_functions"`
 }
 
 // DefaultConfig returns Prometheus' own defaults.
@@ -158,6 +164,7 @@ type MetadataSource interface {
 type API struct {
 	opts   Options
 	engine *promql.Engine
+	parser parser.Parser
 	router *route.Router
 	http   *httpMetrics
 }
@@ -179,7 +186,10 @@ func New(opts Options) (*API, error) {
 	if notes == nil {
 		notes = notifications.NewNotifications(maxNotificationSubscribers, opts.Registry)
 	}
+	// One parser for the engine, the API's own parsing and the rules.
+	promqlParser := parser.NewParser(parser.Options{EnableExperimentalFunctions: opts.Config.EnableExperimentalFunctions})
 	engine := promql.NewEngine(promql.EngineOpts{
+		Parser:             promqlParser,
 		Logger:             opts.Logger.With("component", "promql"),
 		Reg:                opts.Registry,
 		MaxSamples:         opts.Config.MaxSamples,
@@ -243,7 +253,7 @@ func New(opts Options) (*API, error) {
 		false, false,
 		errorCodes, featureSet,
 		v1.OpenAPIOptions{},
-		nil,
+		promqlParser,
 		false,
 		time.Duration(opts.Config.Timeout),
 	)
@@ -252,11 +262,14 @@ func New(opts Options) (*API, error) {
 	api.Register(router.WithPrefix(apiPrefix))
 	// gpustore's own handlers of these paths (RegisterRoutes) replace the
 	// v1 API's; they are among its routes already.
-	return &API{opts: opts, engine: engine, router: router, http: newHTTPMetrics(opts.Registry, routes)}, nil
+	return &API{opts: opts, engine: engine, parser: promqlParser, router: router, http: newHTTPMetrics(opts.Registry, routes)}, nil
 }
 
 // Engine returns the PromQL engine, shared with rule evaluation.
 func (a *API) Engine() *promql.Engine { return a.engine }
+
+// Parser returns the PromQL parser the engine uses, shared with the rules.
+func (a *API) Parser() parser.Parser { return a.parser }
 
 // errorCodes corrects two of the v1 handler's status codes.
 //
