@@ -58,6 +58,7 @@ import (
 	"github.com/grafana/dskit/tenant"
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
@@ -71,9 +72,13 @@ import (
 	"github.com/gpustore/gpustore/pkg/downsample"
 )
 
-// Limits gives a tenant's raw retention override (0: the configured default).
+// Limits gives a tenant's retention overrides per resolution (0: the
+// configured default). They are asked at every pass, so a reloaded
+// overrides file applies from the next pass on.
 type Limits interface {
 	CompactorRetentionRaw(tenant string) time.Duration
+	CompactorRetention5m(tenant string) time.Duration
+	CompactorRetention1h(tenant string) time.Duration
 }
 
 // Compactor compacts every tenant of a bucket.
@@ -575,22 +580,36 @@ func containsAll(super, sub []ulid.ULID) bool {
 	return true
 }
 
-// retention returns how long blocks of a resolution are kept (0: forever).
+// retention returns how long blocks of a resolution are kept (0: forever):
+// the tenant's override, else the configured default.
 func (p *pass) retention(res int64) time.Duration {
+	var override func(string) time.Duration
+	var def model.Duration
 	switch res {
 	case block.ResolutionRaw:
+		def = p.c.cfg.RetentionRaw
 		if p.c.limits != nil {
-			if d := p.c.limits.CompactorRetentionRaw(p.tenant); d > 0 {
-				return d
-			}
+			override = p.c.limits.CompactorRetentionRaw
 		}
-		return time.Duration(p.c.cfg.RetentionRaw)
 	case downsample.Res5m:
-		return time.Duration(p.c.cfg.Retention5m)
+		def = p.c.cfg.Retention5m
+		if p.c.limits != nil {
+			override = p.c.limits.CompactorRetention5m
+		}
 	case downsample.Res1h:
-		return time.Duration(p.c.cfg.Retention1h)
+		def = p.c.cfg.Retention1h
+		if p.c.limits != nil {
+			override = p.c.limits.CompactorRetention1h
+		}
+	default:
+		return 0
 	}
-	return 0
+	if override != nil {
+		if d := override(p.tenant); d > 0 {
+			return d
+		}
+	}
+	return time.Duration(def)
 }
 
 // applyRetention marks the blocks wholly older than their resolution's

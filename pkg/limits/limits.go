@@ -82,6 +82,13 @@ type Limits struct {
 	// CompactorRetentionRaw is how long the tenant's raw blocks stay in the
 	// bucket; 0 = the compactor's --compact.retention.raw.
 	CompactorRetentionRaw model.Duration `yaml:"compactor_retention_raw"`
+	// CompactorRetention5m and CompactorRetention1h are how long the
+	// tenant's downsampled blocks stay in the bucket; 0 = the compactor's
+	// --compact.retention.5m and .1h. As with the compactor's own, a block
+	// goes only once a coarser resolution holds its hours: 5m data kept
+	// longer than 1h data stays (set 1h at least as long).
+	CompactorRetention5m model.Duration `yaml:"compactor_retention_5m"`
+	CompactorRetention1h model.Duration `yaml:"compactor_retention_1h"`
 	// Relabeling on ingest (pkg/relabel): the tenant's own rules, in
 	// Prometheus' metric_relabel_configs format, applied after the preset
 	// named by IngestPreset ("" or "dcgm"); DCGMHostnameLabel is the host
@@ -169,8 +176,12 @@ func (l Limits) Validate() error {
 	if l.MaxMetadataLength <= 0 {
 		errs = append(errs, errors.New("max_metadata_length must be positive"))
 	}
-	if l.OutOfOrderWindow < 0 || l.CompactorRetentionRaw < 0 {
-		errs = append(errs, errors.New("out_of_order_window and compactor_retention_raw must not be negative"))
+	if l.OutOfOrderWindow < 0 || l.CompactorRetentionRaw < 0 || l.CompactorRetention5m < 0 || l.CompactorRetention1h < 0 {
+		errs = append(errs, errors.New("out_of_order_window and compactor_retention_raw, _5m and _1h must not be negative"))
+	}
+	if l.CompactorRetention5m > 0 && l.CompactorRetention1h > 0 && l.CompactorRetention1h < l.CompactorRetention5m {
+		errs = append(errs, fmt.Errorf("compactor_retention_1h (%s) is shorter than compactor_retention_5m (%s): 5m data is deleted only once 1h data holds its hours, so it would be kept past its retention",
+			l.CompactorRetention1h, l.CompactorRetention5m))
 	}
 	if l.HAClusterLabel == "" || l.HAReplicaLabel == "" || l.HAClusterLabel == l.HAReplicaLabel {
 		errs = append(errs, errors.New("ha cluster and replica labels must be set and differ"))
@@ -395,4 +406,14 @@ func (o *Overrides) OutOfOrderWindow(tenant string) time.Duration {
 // CompactorRetentionRaw implements compact.Limits.
 func (o *Overrides) CompactorRetentionRaw(tenant string) time.Duration {
 	return time.Duration(o.For(tenant).CompactorRetentionRaw)
+}
+
+// CompactorRetention5m implements compact.Limits.
+func (o *Overrides) CompactorRetention5m(tenant string) time.Duration {
+	return time.Duration(o.For(tenant).CompactorRetention5m)
+}
+
+// CompactorRetention1h implements compact.Limits.
+func (o *Overrides) CompactorRetention1h(tenant string) time.Duration {
+	return time.Duration(o.For(tenant).CompactorRetention1h)
 }
