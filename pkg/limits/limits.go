@@ -96,6 +96,12 @@ type Limits struct {
 	MetricRelabelConfigs []*promrelabel.Config `yaml:"metric_relabel_configs,omitempty"`
 	IngestPreset         string                `yaml:"ingest_preset,omitempty"`
 	DCGMHostnameLabel    string                `yaml:"dcgm_hostname_label,omitempty"`
+	// CreatedTimestampZeroIngestion stores, before a remote-write 2.0 (or
+	// OTLP) sample that carries a start (created) timestamp, a zero sample
+	// at that timestamp, as Prometheus' created-timestamp-zero-ingestion
+	// feature does: rate() and increase() then count a new counter's first
+	// value. Off by default, as in Prometheus.
+	CreatedTimestampZeroIngestion bool `yaml:"created_timestamp_zero_ingestion"`
 	// OTLP is how the tenant's OTLP metrics are translated (otlp.go).
 	OTLP OTLP `yaml:"otlp"`
 	// relabel is compiled from the three fields above by compileRelabel
@@ -156,6 +162,7 @@ func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&l.OutOfOrderWindow, "limits.out-of-order-window", "Default out-of-order window per tenant (0: reject out-of-order samples).")
 	fs.StringVar(&l.HAClusterLabel, "limits.ha-cluster-label", l.HAClusterLabel, "Label naming a Prometheus HA pair's cluster.")
 	fs.StringVar(&l.HAReplicaLabel, "limits.ha-replica-label", l.HAReplicaLabel, "Label naming the replica of an HA pair; removed before storage.")
+	fs.BoolVar(&l.CreatedTimestampZeroIngestion, "limits.created-timestamp-zero-ingestion", l.CreatedTimestampZeroIngestion, "Store a zero sample at the start (created) timestamp that remote-write 2.0 samples carry, as Prometheus' created-timestamp-zero-ingestion does (per tenant: created_timestamp_zero_ingestion in the overrides file).")
 }
 
 // Validate checks one set of limits.
