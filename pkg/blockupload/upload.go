@@ -38,6 +38,7 @@ package blockupload
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -216,6 +217,13 @@ func (p *Plan) Uploads() bool {
 func Judge(ctx context.Context, b *Bucket, l Local, ranges []int64) Plan {
 	grid, maxRange := ranges[0], ranges[len(ranges)-1]
 	p := Plan{Block: l}
+	if res, err := thanosResolution(l.Dir); err != nil || res != 0 {
+		if err == nil {
+			err = fmt.Errorf("%w: block %s is downsampled by Thanos (resolution %s): its chunks are Thanos' aggregates, which gpustore does not read; upload the raw blocks (resolution 0), gpustore downsamples them itself", block.ErrInvalidBlock, l.Meta.ULID, time.Duration(res)*time.Millisecond)
+		}
+		p.Refused = err
+		return p
+	}
 	v, err := block.VerifyLocal(ctx, l.Dir)
 	p.Verified = v
 	if err != nil {
@@ -281,6 +289,27 @@ func Judge(ctx context.Context, b *Bucket, l Local, ranges []int64) Plan {
 		}
 	}
 	return p
+}
+
+// thanosResolution is the resolution a Thanos meta.json (its "thanos"
+// section) gives the block; 0 for a raw block and for a meta.json without
+// the section (Prometheus').
+func thanosResolution(dir string) (int64, error) {
+	b, err := os.ReadFile(filepath.Join(dir, block.MetaFilename))
+	if err != nil {
+		return 0, err
+	}
+	var m struct {
+		Thanos struct {
+			Downsample struct {
+				Resolution int64 `json:"resolution"`
+			} `json:"downsample"`
+		} `json:"thanos"`
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return 0, fmt.Errorf("%w: %s: %v", block.ErrInvalidBlock, filepath.Join(dir, block.MetaFilename), err)
+	}
+	return m.Thanos.Downsample.Resolution, nil
 }
 
 // pieceULID names the piece of block id starting at mint: the same every
