@@ -38,9 +38,9 @@ package blockupload
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
