@@ -16,6 +16,8 @@ export GOFLAGS += -tags=dedupelabels
 PROMETHEUS_VERSION := $(shell $(GO) list -m -f '{{.Version}}' github.com/prometheus/prometheus)
 VM_VERSION         := v1.151.0
 VERSITYGW_VERSION  := v1.8.0
+FAKE_GCS_VERSION   := v1.56.1
+AZURITE_VERSION    := 3.35.0
 
 # Packages with concurrency: their tests run under the race detector, the
 # others' without it; each package's tests run once. pkg/app (wiring of the
@@ -154,12 +156,32 @@ soak:
 # once into $(TOOLS_DIR) (a stamp file per version).
 tools: $(TOOLS_DIR)/.prometheus-mod-$(PROMETHEUS_VERSION) $(TOOLS_DIR)/.alertmanager
 tools: $(TOOLS_DIR)/.versitygw-$(VERSITYGW_VERSION)
+tools: $(TOOLS_DIR)/.fake-gcs-server-$(FAKE_GCS_VERSION) $(TOOLS_DIR)/.azurite-$(AZURITE_VERSION)
 
 # versitygw: the S3 server the object-storage tests start on loopback
 # (~2.5 min to build the first time).
 $(TOOLS_DIR)/.versitygw-$(VERSITYGW_VERSION):
 	mkdir -p $(TOOLS_DIR)
 	GOBIN=$(TOOLS_DIR) $(GO) install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
+	touch $@
+
+# fake-gcs-server: the GCS emulator the object-storage tests start on
+# loopback, from the Go module proxy.
+$(TOOLS_DIR)/.fake-gcs-server-$(FAKE_GCS_VERSION):
+	mkdir -p $(TOOLS_DIR)
+	GOBIN=$(TOOLS_DIR) $(GO) install github.com/fsouza/fake-gcs-server@$(FAKE_GCS_VERSION)
+	touch $@
+
+# Azurite: the Azure Blob emulator, from npm, with the machine's Node.js
+# (Debian's nodejs when missing). 3.35.0 is the newest that runs on Node.js
+# 20; 3.36 and later need 21 or 22. Installed in its own folder beside
+# $(TOOLS_DIR), the blob server linked into it as azurite-blob.
+AZURITE_DIR = $(TOOLS_DIR)/../azurite-$(AZURITE_VERSION)
+$(TOOLS_DIR)/.azurite-$(AZURITE_VERSION):
+	mkdir -p $(TOOLS_DIR) $(AZURITE_DIR)
+	command -v npm >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm)
+	npm install --prefix $(AZURITE_DIR) --no-audit --no-fund --loglevel=error azurite@$(AZURITE_VERSION)
+	ln -sf "$$(cd $(AZURITE_DIR) && pwd)/node_modules/.bin/azurite-blob" $(TOOLS_DIR)/azurite-blob
 	touch $@
 
 # Built inside this module, not with `go install ...@version`: the packages

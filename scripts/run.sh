@@ -20,8 +20,13 @@ for _ in $(seq 1 100); do
   kill -0 $gs 2>/dev/null || { echo "gpustore exited before it was ready: see its log above" >&2; exit 1; }
   sleep 0.2
 done
+# A small fault schedule (scripts/run-faults.yaml) so the GPU rule pack fires
+# within minutes; FAULTS= runs a healthy cluster.
+FAULTS=${FAULTS-scripts/run-faults.yaml}
 ./bin/gpusim write --remote-write.url="$url/api/v1/write" \
-  --cluster.nodes="$NODES" --replicas=2 --scrape.interval=15s --log.progress-interval=1m &
+  --cluster.nodes="$NODES" --replicas=2 --scrape.interval=15s --log.progress-interval=1m \
+  ${FAULTS:+--faults.file="$FAULTS"} &
 sim=$!
 echo "gpustore on $url (query API /api/v1, metrics /metrics; listening on $LISTEN_ADDRESS) fed by a ${NODES}-node simulated cluster"
+[ -n "$FAULTS" ] && echo "faults from $FAULTS: alerts at $url/api/v1/alerts within a few minutes"
 wait $gs

@@ -172,6 +172,7 @@ const (
 	FamKubeJobActive
 	FamKubePodOwner
 	FamKubePodInfo
+	FamKubeNodeUnschedulable
 
 	FamNCCLBandwidth
 
@@ -309,6 +310,7 @@ var Catalogue = []MetricDesc{
 	{ID: FamKubeJobActive, Name: "kube_job_status_active", Type: Gauge, Help: "The number of actively running pods.", Source: SourceKubeStateMetrics},
 	{ID: FamKubePodOwner, Name: "kube_pod_owner", Type: Gauge, Help: "Information about the Pod's owner.", Source: SourceKubeStateMetrics},
 	{ID: FamKubePodInfo, Name: "kube_pod_info", Type: Gauge, Help: "Information about pod.", Source: SourceKubeStateMetrics},
+	{ID: FamKubeNodeUnschedulable, Name: "kube_node_spec_unschedulable", Type: Gauge, Help: "Whether a node can schedule new pods.", Source: SourceKubeStateMetrics},
 
 	// The source document's NCCL dashboard (§3.4): an nccl-tests job runs
 	// all_reduce_perf across each block of nodes every hour and pushes the

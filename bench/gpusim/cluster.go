@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -54,7 +55,19 @@ type Config struct {
 	// XIDCountWindow is dcgm-exporter's --xid-count-window-size, the window
 	// of DCGM_EXP_XID_ERRORS_COUNT (default 5 minutes, as the exporter's).
 	XIDCountWindow time.Duration
+	// Counters is the exporter's counters CSV: CountersGpustore (default,
+	// deploy/kubernetes/dcgm-exporter/dcgm-metrics.csv) or CountersDefault
+	// (dcgm-exporter's own etc/default-counters.csv: no ECC counters, no
+	// per-code Xid count, no recovery action, no clock event reasons; the
+	// last-Xid gauge and the remapped-row counters are all it has of errors).
+	Counters string
 }
+
+// The counters CSVs Config.Counters names.
+const (
+	CountersGpustore = "gpustore"
+	CountersDefault  = "default"
+)
 
 // HGXNodeCPUs is the logical CPU count of an 8-GPU HGX H100 server (DGX
 // H100: two 56-core Xeon Platinum 8480C with SMT).
@@ -87,6 +100,13 @@ func (cfg *Config) setDefaults() error {
 	}
 	if cfg.GPUModel == "" {
 		cfg.GPUModel = ModelH100
+	}
+	switch cfg.Counters {
+	case "":
+		cfg.Counters = CountersGpustore
+	case CountersGpustore, CountersDefault:
+	default:
+		return fmt.Errorf("counters %q: want %q or %q", cfg.Counters, CountersGpustore, CountersDefault)
 	}
 	if cfg.RecoveryActionField == "" {
 		cfg.RecoveryActionField = RecoveryActionFieldDCGM45
@@ -152,9 +172,14 @@ const (
 
 // Cluster is the simulated cluster. It is not safe for concurrent use.
 type Cluster struct {
-	cfg         Config
-	hw          *hardware
-	famRecov    int    // the recovery-action family this cluster emits
+	cfg      Config
+	hw       *hardware
+	famRecov int // the recovery-action family this cluster emits
+	// v49 is set while a node running dcgm-exporter 4.9 emits its GPUs.
+	v49 bool
+	// famOff marks the DCGM families its counters CSV leaves out (indexed by
+	// family ID); nil: none.
+	famOff      []bool
 	xidWinLabel string // window_size_in_ms of DCGM_EXP_XID_ERRORS_COUNT
 	seed        uint64
 	groups      []group
@@ -210,7 +235,9 @@ type jobSums struct {
 type node struct {
 	idx         int
 	hostname    string
-	instDCGM    string
+	instDCGM    string // the exporter's address now (changes when its pod is replaced)
+	instDCGM0   string // its first address
+	restarts    int    // exporter restarts so far
 	instNode    string
 	instKubelet string
 	instTrain   []string // per local rank: the training process' metrics port
@@ -222,6 +249,7 @@ type node struct {
 	xidWin      [][]xidCount // per GPU, the Xids within the count window
 	upgraded    bool         // dcgm-exporter names the host label `hostname`
 	newDriver   bool         // the node runs UpgradedDriverVersion
+	v49         bool         // the node runs dcgm-exporter 4.9 (its names and units)
 	cum         nodeCum
 	set         seriesSet
 	rootPhase   float64
@@ -246,6 +274,9 @@ func New(cfg Config) (*Cluster, error) {
 	if cfg.RecoveryActionField == RecoveryActionFieldDCGM46 {
 		c.famRecov = FamGPURecoveryAction
 	}
+	if cfg.Counters == CountersDefault {
+		c.famOff = defaultCountersOff()
+	}
 	c.xidWinLabel = strconv.FormatInt(cfg.XIDCountWindow.Milliseconds(), 10)
 	c.em.target = cfg.TargetLabels
 	c.initGroups()
@@ -265,7 +296,7 @@ func (c *Cluster) newNode(i int) *node {
 	r := func(k uint64) float64 { return unit(h2(nh, k)) }
 	n := &node{
 		idx: i, hostname: hn,
-		instDCGM: hn + ":9400", instNode: hn + ":9100", instKubelet: hn + ":10250",
+		instDCGM: hn + ":9400", instDCGM0: hn + ":9400", instNode: hn + ":9100", instKubelet: hn + ":10250",
 		uptime0:    (20 + 180*r(1)) * 86400,
 		rootPhase:  r(2),
 		raidBase:   0.7 + 0.15*r(3),
@@ -456,7 +487,8 @@ const (
 	phCompute
 	phComm
 	phCheckpoint
-	phStall
+	phStall // a hung collective: kernels spin at 100 %
+	phLoad  // waiting on data or a checkpoint load: GPUs idle, the job's memory held
 )
 
 // nodeStep is what every GPU of a node shares at one instant.
@@ -474,6 +506,18 @@ type nodeStep struct {
 	sinceJob float64
 }
 
+// exporterAddress sets the node's dcgm-exporter address at s: a new one
+// after each restart (the replacement pod's).
+func (c *Cluster) exporterAddress(n *node, s float64) {
+	if r := c.exporterRestartsBefore(n.idx, s); r != n.restarts {
+		n.restarts = r
+		n.instDCGM = n.instDCGM0
+		if r > 0 {
+			n.instDCGM = strings.TrimSuffix(n.instDCGM0, ":9400") + "-" + strconv.Itoa(r) + ":9400"
+		}
+	}
+}
+
 func (c *Cluster) stepNode(n *node, s float64, tms int64) {
 	down := c.nodeDownAt(n.idx, s) || c.nodeRemovedAt(n.idx, s)
 	key := uint64(1)
@@ -487,9 +531,14 @@ func (c *Cluster) stepNode(n *node, s float64, tms int64) {
 	// What dcgm-exporter shows: the node's GPUs now, none while it has
 	// crashed, or their state at the start of a host-engine hang.
 	dcgm := dcgmView{st: st, s: s, tms: tms}
+	c.exporterAddress(n, s)
+	key = h2(key, uint64(16+n.restarts))
 	if _, crashed := c.nodeFaultAt(FaultExporterCrash, n.idx, s); crashed {
 		dcgm.st = nil
 		key = h2(key, 6)
+	} else if _, restarting := c.nodeFaultAt(FaultExporterRestart, n.idx, s); restarting {
+		dcgm.st = nil
+		key = h2(key, 9)
 	} else if f, hung := c.nodeFaultAt(FaultExporterHung, n.idx, s); hung && !down {
 		dcgm.s = f.start
 		dcgm.tms = c.cfg.Epoch.UnixMilli() + int64(math.Round(f.start*1000))
@@ -507,6 +556,10 @@ func (c *Cluster) stepNode(n *node, s float64, tms int64) {
 		n.newDriver = c.driverUpgradedAt(n.idx, dcgm.s)
 		if n.newDriver {
 			key = h2(key, 5)
+		}
+		n.v49 = c.upgraded49At(n.idx, dcgm.s)
+		if n.v49 {
+			key = h2(key, 8)
 		}
 		for gi := range n.gpus {
 			key = h3(key, uint64(gi), c.gpuLabelState(n, gi, dcgm.s))
@@ -560,7 +613,18 @@ func (c *Cluster) jobProgress(st *nodeStep, s float64) {
 	eff := st.sinceJob - c.stalledTime(&ji.jobSlot, ji.start, s)
 	st.count, st.sum, st.cycles, st.stepIdx = ji.iterations(eff)
 	if st.stalled {
-		st.phase = phStall
+		// What the GPUs do while no step completes depends on why: only
+		// a hung collective spins them at 100 %; a job loading its data or
+		// a checkpoint (a slow start) leaves them idle; a checkpoint or
+		// evaluation pause of a running job writes its state to the host.
+		switch c.jobStallCause(&ji.jobSlot, s) {
+		case FaultTrainingSlowStart:
+			st.phase = phLoad
+		case FaultTrainingPause:
+			st.phase = phCheckpoint
+		default:
+			st.phase = phStall
+		}
 		return
 	}
 	off := eff - st.cycles*ji.cycle - ji.prefix[st.stepIdx] // time into the current step
@@ -928,7 +992,7 @@ func (c *Cluster) emitTraining(e *emitter, n *node, st *nodeStep) {
 		for b := range leValues {
 			e.addNamed(FamTrainIterTime, "training_iteration_time_seconds_bucket", st.cycles*float64(ji.le[cycleLen][b])+float64(ji.le[st.stepIdx][b]), Label{"le", leValues[b]})
 		}
-		e.addNamed(FamTrainIterTime, "training_iteration_time_seconds_sum", st.sum*(1+0.002*float64(rank%8)/8)+c.stragglerExtra(n, g, st))
+		e.addNamed(FamTrainIterTime, "training_iteration_time_seconds_sum", st.sum*(1+0.002*float64(rank%8)/8)+c.stragglerExtra(ji, st))
 		e.addNamed(FamTrainIterTime, "training_iteration_time_seconds_count", st.count)
 		rtps := tps * (1 + 0.004*rn(1))
 		e.add(FamTrainTokensPerSecond, rtps)
@@ -961,9 +1025,15 @@ func (c *Cluster) stepClusterScope(s float64) {
 			key = h2(key, slots[i].id)
 		}
 	}
-	for i := range c.faults { // so do nodes that left the cluster
-		if f := &c.faults[i]; f.kind == FaultNodeRemoved && s >= f.start {
+	for i := range c.faults { // so do nodes that left the cluster, and exporters being replaced
+		switch f := &c.faults[i]; {
+		case f.kind == FaultNodeRemoved && s >= f.start:
 			key = h3(key, 8, uint64(f.node))
+		case f.kind == FaultExporterRestart && s >= f.start:
+			key = h3(key, 9, uint64(f.node))
+			if f.activeAt(s) {
+				key = h2(key, 10)
+			}
 		}
 	}
 	e := &c.em
@@ -983,6 +1053,11 @@ func (c *Cluster) stepClusterScope(s float64) {
 		for i, st := range statuses {
 			e.add(FamKubeNodeCondition, vals[i], Label{"condition", "Ready"}, Label{"node", n.hostname}, Label{"status", st})
 		}
+		cordoned := 0.0
+		if c.nodeCordonedAt(n.idx, s) {
+			cordoned = 1
+		}
+		e.add(FamKubeNodeUnschedulable, cordoned, Label{"node", n.hostname})
 	}
 	phases := [...]string{"Pending", "Running", "Succeeded", "Failed", "Unknown"}
 	for i := range slots {
@@ -1051,8 +1126,12 @@ func (c *Cluster) stepClusterScope(s float64) {
 			if _, crashed := c.nodeFaultAt(FaultExporterCrash, n.idx, s); crashed {
 				dcgmUp = 0
 			}
-			e.setTarget("dcgm-exporter", n.instDCGM)
-			e.add(FamUp, dcgmUp)
+			// A restarting exporter has no target (its pod is replaced).
+			if _, restarting := c.nodeFaultAt(FaultExporterRestart, n.idx, s); !restarting {
+				c.exporterAddress(n, s)
+				e.setTarget("dcgm-exporter", n.instDCGM)
+				e.add(FamUp, dcgmUp)
+			}
 			e.setTarget("kubelet", n.instKubelet)
 			e.add(FamUp, v)
 			// node-exporter's target carries the relabelled `node` (see

@@ -57,12 +57,16 @@ func (c *Cluster) emitGPU(e *emitter, n *node, gi int, st *nodeStep, s float64, 
 			case n.newDriver && e.base[i].Name == "DCGM_FI_DRIVER_VERSION":
 				e.base[i].Value = UpgradedDriverVersion
 			}
+			if n.v49 && e.base[i].Name == "DCGM_FI_DRIVER_VERSION" {
+				e.base[i].Name = "DCGM_FI_SYSTEM_DRIVER_VERSION"
+			}
 		}
 		if st.job != nil && !n.mig[gi] {
 			e.base = append(e.base, Label{"pod", st.job.pods[st.local]}, Label{"namespace", "training"}, Label{"container", "pytorch"})
 		}
 	}
 	e.setTarget("dcgm-exporter", n.instDCGM)
+	c.v49 = n.v49
 	v := c.gpuValuesAt(n, gi, st, s, tms)
 	if !n.mig[gi] {
 		c.emitDCGM(e, n, gi, &v)
@@ -97,6 +101,23 @@ func (c *Cluster) gpuValuesAt(n *node, gi int, st *nodeStep, s float64, tms int6
 	u := func(i uint64) float64 { return unit(h4(c.seed, saltNoise, gp.id, uint64(tms)*64+i)) }
 	v := gpuValues{fbTotal: hw.fbTotal, fbReserved: hw.fbReserved, noUtil: n.mig[gi]}
 	unused := st.job != nil && c.gpuFaultActive(FaultIdleAllocation, n.idx, gi, s)
+	if st.job != nil && (st.phase == phComm || st.phase == phCompute) {
+		if f, ok := c.jobStragglerAt(&st.job.jobSlot, s); ok {
+			sc := *st
+			switch {
+			case f.hitsGPU(n.idx, gi):
+				// The straggler is still computing while the other ranks
+				// wait for it in the collective: its tensor pipes and
+				// power stay busy.
+				sc.phase = phCompute
+			case st.phase == phCompute && u(21) < (f.value-1)/f.value:
+				// The others are done early and wait in the collective
+				// for (factor-1)/factor of each (longer) step.
+				sc.phase = phComm
+			}
+			st = &sc
+		}
+	}
 	c.phaseValues(&v, gp, st, unused, nz, u)
 	if n.mig[gi] {
 		v.power = c.migPower(gp) * (1 + 0.02*nz(10))
@@ -162,7 +183,7 @@ func (c *Cluster) phaseValues(v *gpuValues, gp *gpu, st *nodeStep, unused bool, 
 	}
 	nvl := 0.0 // bytes/s over NVLink, TX+RX
 	switch ph {
-	case phIdle:
+	case phIdle, phLoad:
 		v.power = gp.pIdle * (1 + 0.02*nz(1))
 		v.sm = hw.idleSMClock
 		v.pcieTx, v.pcieRx = 1e4+4e4*u(2), 1e4+6e4*u(3)
@@ -227,75 +248,75 @@ func (c *Cluster) phaseValues(v *gpuValues, gp *gpu, st *nodeStep, unused bool, 
 // emitDCGM writes one GPU's (or GPU instance's) DCGM series, in catalogue
 // order within each family.
 func (c *Cluster) emitDCGM(e *emitter, n *node, gi int, v *gpuValues) {
-	e.add(FamSMClock, v.sm)
-	e.add(FamMemClock, c.hw.memClock)
-	e.add(FamMemoryTemp, v.memTemp)
-	e.add(FamGPUTemp, v.temp)
-	e.add(FamPowerUsage, math.Round(v.power*1000)/1000)
-	e.add(FamTotalEnergy, math.Floor(v.energy))
-	e.add(FamPCIeReplay, v.ctr.pcie)
+	c.add(e, FamSMClock, v.sm)
+	c.add(e, FamMemClock, c.hw.memClock)
+	c.add(e, FamMemoryTemp, v.memTemp)
+	c.add(e, FamGPUTemp, v.temp)
+	c.add(e, FamPowerUsage, math.Round(v.power*1000)/1000)
+	c.add(e, FamTotalEnergy, math.Floor(v.energy))
+	c.add(e, FamPCIeReplay, v.ctr.pcie)
 	if !v.noUtil {
-		e.add(FamGPUUtil, v.util)
-		e.add(FamMemCopyUtil, v.memCopy)
-		e.add(FamEncUtil, 0)
-		e.add(FamDecUtil, 0)
+		c.add(e, FamGPUUtil, v.util)
+		c.add(e, FamMemCopyUtil, v.memCopy)
+		c.add(e, FamEncUtil, 0)
+		c.add(e, FamDecUtil, 0)
 	}
 	// dcgm-exporter >= 3.3.6 labels the gauge with the code and its text,
 	// so every code is a series of its own.
 	xid := n.xidCode[gi]
-	e.add(FamXIDErrors, float64(xid), Label{"err_code", itoa(xid)}, Label{"err_msg", xidMessage(xid)})
-	e.add(FamFBFree, v.fbTotal-v.fbUsed-v.fbReserved)
-	e.add(FamFBUsed, v.fbUsed)
-	e.add(FamFBReserved, v.fbReserved)
-	e.add(FamNVLinkBandwidth, v.nvlink)
-	e.add(FamVGPULicense, 0)
-	e.add(FamUncorrectableRemappedRows, v.uncorrRows)
-	e.add(FamCorrectableRemappedRows, v.corrRows)
-	e.add(FamRowRemapFailure, v.remapFail)
-	e.add(FamProfGREngineActive, v.gr)
-	e.add(FamProfPipeTensorActive, v.tensor)
-	e.add(FamProfDRAMActive, v.dram)
-	e.add(FamProfPCIeTxBytes, v.pcieTx)
-	e.add(FamProfPCIeRxBytes, v.pcieRx)
-	e.add(FamECCSBEVolTotal, v.ctr.sbe)
-	e.add(FamECCDBEVolTotal, v.ctr.dbe)
+	c.add(e, FamXIDErrors, float64(xid), Label{"err_code", itoa(xid)}, Label{"err_msg", xidMessage(xid)})
+	c.add(e, FamFBFree, v.fbTotal-v.fbUsed-v.fbReserved)
+	c.add(e, FamFBUsed, v.fbUsed)
+	c.add(e, FamFBReserved, v.fbReserved)
+	c.add(e, FamNVLinkBandwidth, v.nvlink)
+	c.add(e, FamVGPULicense, 0)
+	c.add(e, FamUncorrectableRemappedRows, v.uncorrRows)
+	c.add(e, FamCorrectableRemappedRows, v.corrRows)
+	c.add(e, FamRowRemapFailure, v.remapFail)
+	c.add(e, FamProfGREngineActive, v.gr)
+	c.add(e, FamProfPipeTensorActive, v.tensor)
+	c.add(e, FamProfDRAMActive, v.dram)
+	c.add(e, FamProfPCIeTxBytes, v.pcieTx)
+	c.add(e, FamProfPCIeRxBytes, v.pcieRx)
+	c.add(e, FamECCSBEVolTotal, v.ctr.sbe)
+	c.add(e, FamECCDBEVolTotal, v.ctr.dbe)
 	// An H100 remaps rows instead of retiring pages: the retired-page
 	// counters stay 0 (typed counter, as dcgm-exporter's CSV does).
-	e.add(FamRetiredSBE, 0)
-	e.add(FamRetiredDBE, 0)
-	e.add(FamClockThrottleReasons, float64(v.reasons))
-	e.add(FamFBTotal, v.fbTotal)
-	e.add(FamGPUMaxOpTemp, c.hw.gpuMaxOpTemp)
-	e.add(FamMemMaxOpTemp, c.hw.memMaxOpTemp)
+	c.add(e, FamRetiredSBE, 0)
+	c.add(e, FamRetiredDBE, 0)
+	c.add(e, FamClockThrottleReasons, float64(v.reasons))
+	c.add(e, FamFBTotal, v.fbTotal)
+	c.add(e, FamGPUMaxOpTemp, c.hw.gpuMaxOpTemp)
+	c.add(e, FamMemMaxOpTemp, c.hw.memMaxOpTemp)
 	c.emitXidCount(e, n, gi)
-	e.add(c.famRecov, v.recovery)
-	e.add(FamRowRemapPending, v.remapPending)
-	e.add(FamClockEventSWPowerCapNS, v.ctr.nsPowerCap)
-	e.add(FamClockEventSyncBoostNS, 0)
-	e.add(FamClockEventSWThermalNS, v.ctr.nsSWThermal)
-	e.add(FamClockEventHWThermalNS, v.ctr.nsHWThermal)
-	e.add(FamClockEventHWPowerBrakeNS, v.ctr.nsPowerBrake)
+	c.add(e, c.famRecov, v.recovery)
+	c.add(e, FamRowRemapPending, v.remapPending)
+	c.add(e, FamClockEventSWPowerCapNS, v.ctr.nsPowerCap)
+	c.add(e, FamClockEventSyncBoostNS, 0)
+	c.add(e, FamClockEventSWThermalNS, v.ctr.nsSWThermal)
+	c.add(e, FamClockEventHWThermalNS, v.ctr.nsHWThermal)
+	c.add(e, FamClockEventHWPowerBrakeNS, v.ctr.nsPowerBrake)
 	if !c.hw.nvlink5 {
-		e.add(FamNVLinkCRCFlitErrors, v.ctr.crcFlit)
-		e.add(FamNVLinkCRCDataErrors, v.ctr.crcData)
-		e.add(FamNVLinkReplayErrors, v.ctr.replay)
-		e.add(FamNVLinkRecoveryErrors, v.ctr.recov)
+		c.add(e, FamNVLinkCRCFlitErrors, v.ctr.crcFlit)
+		c.add(e, FamNVLinkCRCDataErrors, v.ctr.crcData)
+		c.add(e, FamNVLinkReplayErrors, v.ctr.replay)
+		c.add(e, FamNVLinkRecoveryErrors, v.ctr.recov)
 		return
 	}
-	e.add(FamNVL5RxErrors, v.ctr.nvl5Rx)
-	e.add(FamNVL5RxSymbolErrors, v.ctr.nvl5Sym)
-	e.add(FamNVL5RxMalformedPacketErrors, 0)
-	e.add(FamNVL5RxBufferOverrunErrors, 0)
-	e.add(FamNVL5RxRemoteErrors, 0)
-	e.add(FamNVL5RxGeneralErrors, 0)
-	e.add(FamNVL5LocalLinkIntegrityErrors, 0)
-	e.add(FamNVL5EffectiveErrors, v.ctr.nvl5Effective)
-	e.add(FamNVL5SymbolBER, v.nvl5SymbolBER)
-	e.add(FamNVL5EffectiveBER, v.nvl5EffectiveBER)
-	e.add(FamNVL5LinkRecoveryEvents, v.ctr.nvl5Recovery)
-	e.add(FamNVL5LinkRecoverySuccessful, 0)
-	e.add(FamNVL5LinkRecoveryFailed, v.ctr.nvl5Recovery)
-	e.add(FamNVLinkECCDataErrors, 0)
+	c.add(e, FamNVL5RxErrors, v.ctr.nvl5Rx)
+	c.add(e, FamNVL5RxSymbolErrors, v.ctr.nvl5Sym)
+	c.add(e, FamNVL5RxMalformedPacketErrors, 0)
+	c.add(e, FamNVL5RxBufferOverrunErrors, 0)
+	c.add(e, FamNVL5RxRemoteErrors, 0)
+	c.add(e, FamNVL5RxGeneralErrors, 0)
+	c.add(e, FamNVL5LocalLinkIntegrityErrors, 0)
+	c.add(e, FamNVL5EffectiveErrors, v.ctr.nvl5Effective)
+	c.add(e, FamNVL5SymbolBER, v.nvl5SymbolBER)
+	c.add(e, FamNVL5EffectiveBER, v.nvl5EffectiveBER)
+	c.add(e, FamNVL5LinkRecoveryEvents, v.ctr.nvl5Recovery)
+	c.add(e, FamNVL5LinkRecoverySuccessful, 0)
+	c.add(e, FamNVL5LinkRecoveryFailed, v.ctr.nvl5Recovery)
+	c.add(e, FamNVLinkECCDataErrors, 0)
 }
 
 // emitXidCount writes DCGM_EXP_XID_ERRORS_COUNT as xid_collector.go does:
@@ -304,12 +325,82 @@ func (c *Cluster) emitDCGM(e *emitter, n *node, gi int, v *gpuValues) {
 func (c *Cluster) emitXidCount(e *emitter, n *node, gi int) {
 	w := Label{"window_size_in_ms", c.xidWinLabel}
 	if len(n.xidWin[gi]) == 0 {
-		e.add(FamXIDErrorsCount, 0, w)
+		c.add(e, FamXIDErrorsCount, 0, w)
 		return
 	}
 	for _, x := range n.xidWin[gi] {
-		e.add(FamXIDErrorsCount, float64(x.n), w, Label{"xid", itoa(x.code)})
+		c.add(e, FamXIDErrorsCount, float64(x.n), w, Label{"xid", itoa(x.code)})
 	}
+}
+
+// add emits a series of DCGM family f unless the cluster's counters CSV
+// leaves the family out.
+func (c *Cluster) add(e *emitter, f int, v float64, extra ...Label) {
+	if c.famOff != nil && c.famOff[f] {
+		return
+	}
+	if c.v49 {
+		if r, ok := Exporter49Names[Catalogue[f].Name]; ok {
+			e.addNamed(f, r.Name, v*r.Scale, extra...)
+			return
+		}
+	}
+	e.add(f, v, extra...)
+}
+
+// Exporter49Name is what dcgm-exporter 4.9 calls a default field, and the
+// factor from the older exporters' unit to its.
+type Exporter49Name struct {
+	Name  string
+	Scale float64
+}
+
+// Exporter49Names maps the names of the default fields gpusim emits, as
+// dcgm-exporter up to 4.8 names them, to dcgm-exporter 4.9's (DCGM 4.7's
+// names; its release notes list the unit changes: clocks MHz to Hz, energy
+// mJ to J, utilisation percent to ratio, GPU memory MiB to bytes, NVLink
+// throughput MB/s to bytes/s). The renames DCGM 4.6 made (dcgm_fields.h
+// v4.6.0) and the clock and energy fields of DCGM 4.6.1 (go-dcgm 1.4611)
+// are from their source; the framebuffer and copy/encoder/decoder
+// utilisation names follow DCGM's field naming standard
+// (dcgm_field_naming.py) and FB_CAPACITY_BYTES, which the release notes
+// name; 4.9's own source could not be read.
+var Exporter49Names = map[string]Exporter49Name{
+	"DCGM_FI_DEV_SM_CLOCK":                    {"DCGM_FI_DEV_SM_CLOCK_HERTZ", 1e6},
+	"DCGM_FI_DEV_MEM_CLOCK":                   {"DCGM_FI_DEV_MEMORY_CLOCK_HERTZ", 1e6},
+	"DCGM_FI_DEV_MEMORY_TEMP":                 {"DCGM_FI_DEV_MEMORY_TEMP_CELSIUS", 1},
+	"DCGM_FI_DEV_GPU_TEMP":                    {"DCGM_FI_DEV_GPU_TEMP_CELSIUS", 1},
+	"DCGM_FI_DEV_POWER_USAGE":                 {"DCGM_FI_DEV_BOARD_POWER_WATTS", 1},
+	"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION":    {"DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", 1e-3},
+	"DCGM_FI_DEV_PCIE_REPLAY_COUNTER":         {"DCGM_FI_DEV_PCIE_REPLAY_TOTAL", 1},
+	"DCGM_FI_DEV_GPU_UTIL":                    {"DCGM_FI_DEV_GPU_UTIL_RATIO", 0.01},
+	"DCGM_FI_DEV_MEM_COPY_UTIL":               {"DCGM_FI_DEV_MEMORY_COPY_UTIL_RATIO", 0.01},
+	"DCGM_FI_DEV_ENC_UTIL":                    {"DCGM_FI_DEV_ENC_UTIL_RATIO", 0.01},
+	"DCGM_FI_DEV_DEC_UTIL":                    {"DCGM_FI_DEV_DEC_UTIL_RATIO", 0.01},
+	"DCGM_FI_DEV_XID_ERRORS":                  {"DCGM_FI_DEV_XID_ERROR", 1},
+	"DCGM_FI_DEV_FB_FREE":                     {"DCGM_FI_DEV_FB_FREE_BYTES", 1 << 20},
+	"DCGM_FI_DEV_FB_USED":                     {"DCGM_FI_DEV_FB_USED_BYTES", 1 << 20},
+	"DCGM_FI_DEV_FB_RESERVED":                 {"DCGM_FI_DEV_FB_RESERVED_BYTES", 1 << 20},
+	"DCGM_FI_DEV_FB_TOTAL":                    {"DCGM_FI_DEV_FB_CAPACITY_BYTES", 1 << 20},
+	"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL":      {"DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL", 1 << 20},
+	"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": {"DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", 1},
+	"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS":   {"DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", 1},
+	"DCGM_FI_DEV_ROW_REMAP_FAILURE":           {"DCGM_FI_DEV_ROW_REMAP_FAILED", 1},
+	"DCGM_FI_PROF_GR_ENGINE_ACTIVE":           {"DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", 1},
+	"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE":         {"DCGM_FI_PROF_TENSOR_UTIL_RATIO", 1},
+	"DCGM_FI_PROF_DRAM_ACTIVE":                {"DCGM_FI_PROF_DRAM_UTIL_RATIO", 1},
+}
+
+// defaultCountersOff marks the DCGM families dcgm-exporter's default
+// counters CSV does not export.
+func defaultCountersOff() []bool {
+	off := make([]bool, len(Catalogue))
+	for i := range Catalogue {
+		if d := &Catalogue[i]; d.Source == SourceDCGM && !d.DCGMDefault {
+			off[d.ID] = true
+		}
+	}
+	return off
 }
 
 // DCGMFamilies returns the DCGM families this cluster emits for a GPU not
@@ -330,6 +421,8 @@ func (c *Cluster) DCGMFamilies() []*MetricDesc {
 // series of DCGM family f.
 func (c *Cluster) emitsFamily(f int) bool {
 	switch {
+	case c.famOff != nil && c.famOff[f]:
+		return false
 	case f == FamGetGPURecoveryAction || f == FamGPURecoveryAction:
 		return f == c.famRecov
 	case f >= FamNVL5RxErrors && f <= FamNVLinkECCDataErrors:

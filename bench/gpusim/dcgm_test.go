@@ -68,13 +68,13 @@ func TestXidCountDBEBurst(t *testing.T) {
 	for _, s := range fc.gpuSeries(fc.start.Add(10*time.Second), "DCGM_EXP_XID_ERRORS_COUNT", "4") {
 		got[s.Get("xid")] = s.V
 	}
-	for _, code := range []string{"48", "63", "94", "45"} {
+	for _, code := range []string{"48", "63", "94", "45", "154"} {
 		if got[code] != 1 {
 			t.Errorf("Xid %s counted %v times, want 1 (counts %v)", code, got[code], got)
 		}
 	}
-	if len(got) != 4 {
-		t.Errorf("counts %v, want exactly the burst's 4 codes", got)
+	if len(got) != 5 {
+		t.Errorf("counts %v, want exactly the burst's 5 codes", got)
 	}
 }
 
@@ -538,5 +538,42 @@ func TestFaultValidation(t *testing.T) {
 	f, err = ParseFaultSpec("kind=xid,code=13,node=1,every=1m,duration=10m")
 	if err != nil || f.Every != time.Minute {
 		t.Errorf("repeating xid: %+v %v", f, err)
+	}
+}
+
+// With dcgm-exporter's default counters CSV a GPU exports only its 25
+// fields: an uncorrectable ECC error shows
+// as the last-Xid gauge on 154 and one more uncorrectable remapped row, with
+// no ECC counter, Xid count or recovery action to read.
+func TestDefaultCountersDBE(t *testing.T) {
+	c := newTestCluster(t, Config{Nodes: 2, Seed: 4, Counters: CountersDefault, XidsPerGPUYear: -1, FaultOrigin: t0,
+		Faults: []Fault{{Kind: FaultECCDBE, At: time.Hour, Node: "0", GPU: 4}}})
+	names := map[string]bool{}
+	var xid, rows float64
+	for _, s := range c.AppendSamples(nil, t0.Add(time.Hour+30*time.Second), Replica{}) {
+		if !strings.HasPrefix(s.Name(), "DCGM_") || s.Get("Hostname") != c.Hostnames()[0] || s.Get("gpu") != "4" {
+			continue
+		}
+		names[s.Name()] = true
+		switch s.Name() {
+		case "DCGM_FI_DEV_XID_ERRORS":
+			xid = s.V
+		case "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS":
+			rows = s.V
+		}
+	}
+	if len(names) != 25 {
+		t.Errorf("%d DCGM metrics with the default counters, want 25: %v", len(names), names)
+	}
+	for _, n := range []string{"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_EXP_XID_ERRORS_COUNT", RecoveryActionFieldDCGM45, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"} {
+		if names[n] {
+			t.Errorf("%s exported with the default counters", n)
+		}
+	}
+	if xid != 154 || rows != 1 {
+		t.Errorf("after the DBE: Xid gauge %v, uncorrectable remapped rows %v; want 154 and 1", xid, rows)
+	}
+	if len(c.DCGMFamilies()) != 25 {
+		t.Errorf("DCGMFamilies lists %d with the default counters, want 25", len(c.DCGMFamilies()))
 	}
 }

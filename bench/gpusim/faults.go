@@ -32,8 +32,10 @@ const (
 	// FaultECCDBE raises the DBE volatile counter (once at the start, then once
 	// a minute while it lasts), with uncorrectable remapped rows following,
 	// and logs the Xid burst NVIDIA's catalogue describes for it: 48 (the
-	// DBE), 63 (row remap recorded), 94 (contained error) and 45 (teardown of
-	// the contexts), a second apart, so the last-Xid gauge ends on 45.
+	// DBE), 63 (row remap recorded), 94 (contained error), 45 (teardown of
+	// the contexts) and 154 (recovery action changed), a second apart, so
+	// the last-Xid gauge ends on 154; the recovery action is a GPU reset (1)
+	// from the 154 until the fault ends.
 	FaultECCDBE FaultKind = "ecc_dbe"
 	// FaultRowRemapFailure sets DCGM_FI_DEV_ROW_REMAP_FAILURE to 1.
 	FaultRowRemapFailure FaultKind = "row_remap_failure"
@@ -52,6 +54,13 @@ const (
 	// build that names the host label `hostname` instead of `Hostname` (the
 	// rename on dcgm-exporter's main branch). Permanent: duration is ignored.
 	FaultExporterUpgrade FaultKind = "exporter_upgrade"
+	// FaultExporterUpgrade49 upgrades the node's dcgm-exporter at `at` to
+	// 4.9 (DCGM 4.7) with its own default counters: the host label is
+	// `hostname`, the default fields carry DCGM 4.7's names and units
+	// (Exporter49Names: clocks in Hz, energy in J, utilisation as a ratio,
+	// memory in bytes) and the driver label is DCGM_FI_SYSTEM_DRIVER_VERSION.
+	// Permanent: duration is ignored.
+	FaultExporterUpgrade49 FaultKind = "exporter_upgrade_4_9"
 	// FaultDriverUpgrade upgrades the node's GPU driver at `at`: from then on
 	// its DCGM series carry DCGM_FI_DRIVER_VERSION=UpgradedDriverVersion, so
 	// every GPU series of the node changes identity (counters go on, as
@@ -95,6 +104,14 @@ const (
 	// does not know): no DCGM series, and its scrape target's `up` is 0.
 	// The node, its other exporters and its jobs go on.
 	FaultExporterCrash FaultKind = "exporter_crash"
+	// FaultExporterRestart: the node's dcgm-exporter pod is replaced (a
+	// DaemonSet rolling update, an OOM kill) at `at`: for the fault's
+	// duration (default 45 s) the old pod is gone and the new one not
+	// ready, so the target leaves service discovery (no `up`, no DCGM
+	// series); the new pod has a new address, so the DCGM series come back
+	// with another `instance`. The GPUs, their counters and the node's jobs
+	// go on.
+	FaultExporterRestart FaultKind = "exporter_restart"
 	// FaultExporterHung: DCGM's host engine hangs while the fault lasts; the
 	// exporter still answers every scrape, with the values and label sets
 	// of the hang's start (energy counters stop moving, `up` stays 1).
@@ -105,6 +122,12 @@ const (
 	// autoscaler removes only empty nodes, so job slots on the node whose
 	// pods would still exist at `at` stay empty. Duration is ignored.
 	FaultNodeRemoved FaultKind = "node_removed"
+	// FaultMaintenanceReboot: planned maintenance of the node: it is
+	// cordoned and drained at `at` (kube_node_spec_unschedulable 1, its job
+	// ends), reboots a minute later (down: no node-exporter, no DCGM
+	// series, kubelet NotReady) until a minute before the fault ends, and is
+	// uncordoned when it ends.
+	FaultMaintenanceReboot FaultKind = "maintenance_reboot"
 	// FaultPStateChange sets the HW-slowdown bit (0x8) of the clock-event
 	// reasons while it lasts (default 15 s: one scrape), as NVML reports it
 	// during a P-state or clock change; nothing is slowed down.
@@ -113,15 +136,25 @@ const (
 	// (default 2) while it lasts, on top of the GPU's background rate.
 	FaultSBEStorm FaultKind = "sbe_storm"
 	// FaultStraggler makes the rank on GPU `gpu` of the node (every rank of
-	// the node with -1) a straggler while it lasts: its iterations take
-	// Value times as long (default 1.5), so its
-	// training_iteration_time_seconds_sum grows that much faster; the job's
-	// step count is the same on every rank (the others wait for it).
+	// the node with -1) a straggler while it lasts: its compute takes longer
+	// (a degraded or throttled GPU), so the job's steps take Value times as
+	// long (default 1.5) on every rank (synchronous training waits for it:
+	// every rank's training_iteration_time_seconds_sum grows that much
+	// faster), and the straggler's GPU stays in its compute phase while the
+	// others wait in the collective (higher tensor activity and power).
 	FaultStraggler FaultKind = "straggler"
 	// FaultTrainingSlowStart: a job that starts on the node while the fault
 	// lasts makes its first step only when the fault ends (a long data or
-	// checkpoint load); its count stays at 0 until then, then it trains.
+	// checkpoint load, or a start that hangs); its count stays at 0 until
+	// then, then it trains. Its GPUs sit at ~0 % utilisation and idle power
+	// meanwhile, holding the job's memory.
 	FaultTrainingSlowStart FaultKind = "training_slow_start"
+	// FaultTrainingPause: the job running on the node pauses training while
+	// the fault lasts (a long checkpoint save or an evaluation pass): no
+	// step completes, its GPUs show the checkpoint phase (low utilisation,
+	// the state copied to the host over PCIe), then it trains on. Not a
+	// hang: TrainingJobStalled must wait.
+	FaultTrainingPause FaultKind = "training_pause"
 	// FaultPCIeReplays: PCIe replays at Value per minute (default 20) while
 	// it lasts, on top of the GPU's background rate: above DCGM's limit for
 	// an A100's Gen4 x16 link (16), below an H100's Gen5 x16 (31).
@@ -141,12 +174,12 @@ const (
 )
 
 // FaultKinds lists every kind, for flag help and validation.
-var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultThrottleThermal, FaultHBMOverheat, FaultExporterUpgrade, FaultDriverUpgrade, FaultTrainingStall, FaultNaNLoss, FaultNodeDown,
-	FaultGPUReset, FaultRecoveryAction, FaultMIG, FaultNVLinkReplay, FaultNVLinkRecovery, FaultExporterCrash, FaultExporterHung, FaultNodeRemoved,
-	FaultPStateChange, FaultSBEStorm, FaultStraggler, FaultTrainingSlowStart, FaultPCIeReplays, FaultNVLink5SymbolErrors, FaultIdleAllocation}
+var FaultKinds = []FaultKind{FaultOverheat, FaultXid, FaultECCDBE, FaultRowRemapFailure, FaultNVLinkCRCBurst, FaultThrottle, FaultThrottleThermal, FaultHBMOverheat, FaultExporterUpgrade, FaultExporterUpgrade49, FaultDriverUpgrade, FaultTrainingStall, FaultNaNLoss, FaultNodeDown,
+	FaultGPUReset, FaultRecoveryAction, FaultMIG, FaultNVLinkReplay, FaultNVLinkRecovery, FaultExporterCrash, FaultExporterRestart, FaultExporterHung, FaultNodeRemoved, FaultMaintenanceReboot,
+	FaultPStateChange, FaultSBEStorm, FaultStraggler, FaultTrainingSlowStart, FaultTrainingPause, FaultPCIeReplays, FaultNVLink5SymbolErrors, FaultIdleAllocation}
 
 // DefaultFaultDuration applies when a fault gives none (gpu_reset: 30 s,
-// pstate_change: 15 s).
+// pstate_change: 15 s, exporter_restart: 45 s).
 const DefaultFaultDuration = 5 * time.Minute
 
 // defaultDuration is the duration of a fault of kind that gives none.
@@ -156,6 +189,8 @@ func defaultDuration(kind FaultKind) time.Duration {
 		return 30 * time.Second
 	case FaultPStateChange:
 		return 15 * time.Second
+	case FaultExporterRestart:
+		return 45 * time.Second
 	}
 	return DefaultFaultDuration
 }
@@ -411,7 +446,7 @@ func (c *Cluster) resolveFaults(faults []Fault) error {
 		}
 		start := origin + f.At.Seconds()
 		end := start + d.Seconds()
-		if f.Kind == FaultExporterUpgrade || f.Kind == FaultDriverUpgrade || f.Kind == FaultNodeRemoved {
+		if f.Kind == FaultExporterUpgrade || f.Kind == FaultExporterUpgrade49 || f.Kind == FaultDriverUpgrade || f.Kind == FaultNodeRemoved {
 			end = math.Inf(1)
 		}
 		code := f.Code
@@ -461,7 +496,7 @@ const jobCrashDelay = 5.0
 // (needs the GPU idle) and a switch to MIG mode (the node is drained).
 func (f *activeFault) endsJob() bool {
 	switch f.kind {
-	case FaultECCDBE, FaultGPUReset, FaultMIG, FaultNodeRemoved:
+	case FaultECCDBE, FaultGPUReset, FaultMIG, FaultNodeRemoved, FaultMaintenanceReboot:
 		return true
 	case FaultXid:
 		return f.code == 79 || f.code == 48 || f.code == 94 || f.code == 95
@@ -516,7 +551,24 @@ func (c *Cluster) nodeFaultAt(kind FaultKind, node int, s float64) (*activeFault
 func (c *Cluster) nodeDownAt(node int, s float64) bool {
 	for i := range c.faults {
 		f := &c.faults[i]
-		if f.kind == FaultNodeDown && f.node == node && f.activeAt(s) {
+		switch {
+		case f.kind == FaultNodeDown && f.node == node && f.activeAt(s):
+			return true
+		case f.kind == FaultMaintenanceReboot && f.node == node && s >= f.start+maintenanceDrain && s < f.end-maintenanceDrain:
+			return true
+		}
+	}
+	return false
+}
+
+// maintenanceDrain is how long a maintenance reboot's node is cordoned
+// before it goes down, and up again before it is uncordoned.
+const maintenanceDrain = 60.0
+
+// nodeCordonedAt reports whether node is cordoned (unschedulable) at s.
+func (c *Cluster) nodeCordonedAt(node int, s float64) bool {
+	for i := range c.faults {
+		if f := &c.faults[i]; f.kind == FaultMaintenanceReboot && f.node == node && f.activeAt(s) {
 			return true
 		}
 	}
@@ -559,8 +611,21 @@ func (f *activeFault) holdsJob(j *jobSlot) bool {
 		return true
 	case FaultTrainingSlowStart:
 		return j.start >= f.start && j.start < f.end
+	case FaultTrainingPause:
+		return j.start < f.start
 	}
 	return false
+}
+
+// jobStallCause returns the kind of the first fault that holds job j at s
+// (jobStalledAt must be true).
+func (c *Cluster) jobStallCause(j *jobSlot, s float64) FaultKind {
+	for i := range c.faults {
+		if f := &c.faults[i]; f.holdsJob(j) && f.activeAt(s) {
+			return f.kind
+		}
+	}
+	return ""
 }
 
 // stalledTime returns how long job j was stalled within [a, b).
@@ -603,9 +668,14 @@ func unionLength(iv [][2]float64) float64 {
 }
 
 // upgradedAt reports whether the node's dcgm-exporter names the host label
-// `hostname` at s.
+// `hostname` at s (4.9 does too).
 func (c *Cluster) upgradedAt(node int, s float64) bool {
-	return c.permanentFaultAt(FaultExporterUpgrade, node, s)
+	return c.permanentFaultAt(FaultExporterUpgrade, node, s) || c.permanentFaultAt(FaultExporterUpgrade49, node, s)
+}
+
+// upgraded49At reports whether the node runs dcgm-exporter 4.9 at s.
+func (c *Cluster) upgraded49At(node int, s float64) bool {
+	return c.permanentFaultAt(FaultExporterUpgrade49, node, s)
 }
 
 // driverUpgradedAt reports whether the node runs UpgradedDriverVersion at s.
@@ -641,4 +711,16 @@ func (c *Cluster) hbmExcessWeight(node, gpu int, s float64) float64 {
 		w = math.Max(w, x)
 	}
 	return w
+}
+
+// exporterRestartsBefore counts the node's exporter restarts that ended
+// by s (each gives the exporter pod a new address).
+func (c *Cluster) exporterRestartsBefore(node int, s float64) int {
+	n := 0
+	for i := range c.faults {
+		if f := &c.faults[i]; f.kind == FaultExporterRestart && f.node == node && s >= f.end {
+			n++
+		}
+	}
+	return n
 }

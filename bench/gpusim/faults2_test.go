@@ -161,10 +161,12 @@ func rankOf(fc *faultCase, gpu string) string {
 	return itoa((fc.node-fc.job.firstNode)*8 + g)
 }
 
-// A straggler: the rank on GPU 2 takes 1.5 times as long per iteration
-// while the fault lasts: its _sum grows 1.5 times as fast as its
-// neighbour's, its _count as the job's, and before the fault it is as
-// without it.
+// A straggler: the rank on GPU 2 computes slower while the fault lasts, so
+// the job's steps take 1.5 times as long on every rank (each rank times the
+// same synchronous step: its _sum grows 1.5 times as fast as without the
+// fault, the same as its neighbour's), and the straggler's GPU is busy while
+// the others wait: its tensor activity over the fault is well above its
+// neighbour's. _count is the job's.
 func TestFaultStraggler(t *testing.T) {
 	fc := newFaultCase(t, Fault{Kind: FaultStraggler, GPU: 2})
 	const sum, count = "training_iteration_time_seconds_sum", "training_iteration_time_seconds_count"
@@ -175,30 +177,26 @@ func TestFaultStraggler(t *testing.T) {
 	grow := func(c *Cluster, gpu string) float64 {
 		return fc.trainingValue(t, c, fc.end, sum, gpu).V - fc.trainingValue(t, c, before, sum, gpu).V
 	}
-	slow, peer := grow(fc.faulty, "2"), grow(fc.faulty, "3")
-	if peer <= 0 || math.Abs(slow/peer-1.5) > 0.01 {
-		t.Errorf("during: straggler's _sum grew %v, its neighbour's %v (ratio %.3f), want 1.5", slow, peer, slow/peer)
-	}
-	if c, f := grow(fc.clean, "3"), peer; c != f {
-		t.Errorf("neighbour's _sum grew %v, clean %v", f, c)
+	slow, peer, clean := grow(fc.faulty, "2"), grow(fc.faulty, "3"), grow(fc.clean, "3")
+	if math.Abs(slow/peer-1) > 0.01 || math.Abs(peer/clean-1.5) > 0.01 {
+		t.Errorf("during: _sum grew %v on the straggler's rank, %v on its neighbour's, %v without the fault: want the same on both, 1.5 times", slow, peer, clean)
 	}
 	for _, gpu := range []string{"2", "3"} {
 		if c, f := fc.trainingValue(t, fc.clean, fc.end, count, gpu), fc.trainingValue(t, fc.faulty, fc.end, count, gpu); c.V != f.V {
 			t.Errorf("rank on GPU %s: _count %v vs clean %v", gpu, f.V, c.V)
 		}
 	}
-	s := fc.trainingValue(t, fc.faulty, fc.end, sum, "2")
-	for _, l := range []string{"job_name", "namespace", "rank", "Hostname", "pod", "container"} {
-		if s.Get(l) == "" {
-			t.Errorf("%s lacks label %s", s.String(), l)
+	// Tensor activity averaged over the fault, every 15 s.
+	tensor := func(gpu string) float64 {
+		total, n := 0.0, 0
+		for at := fc.start; at.Before(fc.end); at = at.Add(15 * time.Second) {
+			_, v := fc.both(t, at, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gpu", gpu)
+			total, n = total+v, n+1
 		}
+		return total / float64(n)
 	}
-	// After the fault the difference stays as it was at its end.
-	late := fc.end.Add(5 * time.Minute)
-	d0 := fc.trainingValue(t, fc.faulty, fc.end, sum, "2").V - fc.trainingValue(t, fc.clean, fc.end, sum, "2").V
-	d1 := fc.trainingValue(t, fc.faulty, late, sum, "2").V - fc.trainingValue(t, fc.clean, late, sum, "2").V
-	if math.Abs(d1-d0) > 1e-6*d0 {
-		t.Errorf("after: extra time %v, was %v at the fault's end", d1, d0)
+	if st, nb := tensor("2"), tensor("3"); st < 1.2*nb || st-nb < 0.05 {
+		t.Errorf("tensor activity over the fault: straggler %.3f, neighbour %.3f; want the straggler's well above", st, nb)
 	}
 }
 
@@ -247,6 +245,10 @@ func TestFaultTrainingSlowStart(t *testing.T) {
 	got := count(jobStart.Add(25 * time.Minute))
 	if len(got) == 0 || got[0].V == 0 {
 		t.Errorf("5 minutes after loading: %v, want iterations", got)
+	}
+	// Loading, the GPUs sit idle (only a hung collective spins at 100 %).
+	if u := find(c.AppendSamples(nil, jobStart.Add(10*time.Minute), Replica{}), "DCGM_FI_DEV_GPU_UTIL", "Hostname", host, "gpu", "0"); len(u) != 1 || u[0].V != 0 || u[0].Get("pod") == "" {
+		t.Errorf("GPU 0 while its job loads: %v, want 0 %% with the pod's allocation", u)
 	}
 	// A job already running when the fault starts is not held.
 	fc := newFaultCase(t, Fault{Kind: FaultTrainingSlowStart})
@@ -424,5 +426,62 @@ search:
 	}
 	if r := int(value(t, faulty, t0.Add(faultAt+time.Minute), "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Hostname", host, "gpu", itoa(gi))); r&ThrottleSWPowerCap != 0 {
 		t.Errorf("unused GPU's reasons %#x carry the SW power cap bit", r)
+	}
+}
+
+// An exporter restart (its pod replaced) takes the node's DCGM series and
+// its scrape target away for the fault's 45 s; they come back under a new
+// instance with the GPUs' counters gone on as if nothing happened.
+func TestFaultExporterRestart(t *testing.T) {
+	c := newTestCluster(t, Config{Nodes: 2, Seed: 13, TargetLabels: true, FaultOrigin: t0,
+		Faults: []Fault{{Kind: FaultExporterRestart, At: time.Hour, Node: "1", GPU: -1}}})
+	host := c.Hostnames()[1]
+	at := func(d time.Duration) (instances map[string]bool, energy float64, up int) {
+		instances = map[string]bool{}
+		for _, s := range c.AppendSamples(nil, t0.Add(d), Replica{}) {
+			switch {
+			case s.Name() == "up" && s.Get("job") == "dcgm-exporter" && strings.HasPrefix(s.Get("instance"), host):
+				up++
+			case s.Name() == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" && s.Get("Hostname") == host && s.Get("gpu") == "0":
+				instances[s.Get("instance")] = true
+				energy = s.V
+			}
+		}
+		return instances, energy, up
+	}
+	before, e0, up0 := at(time.Hour - 15*time.Second)
+	during, _, upDuring := at(time.Hour + 30*time.Second)
+	after, e1, up1 := at(time.Hour + 45*time.Second)
+	if len(before) != 1 || len(during) != 0 || len(after) != 1 || up0 != 1 || upDuring != 0 || up1 != 1 {
+		t.Fatalf("instances %v / %v / %v, up targets %d / %d / %d: want the series and target gone for the restart only", before, during, after, up0, upDuring, up1)
+	}
+	for i := range after {
+		if before[i] {
+			t.Errorf("the restarted exporter kept its instance %s", i)
+		}
+	}
+	// An idle or busy GPU draws at least ~60 W: a minute adds > 3.6e6 mJ.
+	if e1-e0 < 3.6e6 {
+		t.Errorf("energy counter %v -> %v across the restart: want it to go on", e0, e1)
+	}
+}
+
+// A checkpoint or evaluation pause holds the job's steps while its GPUs show
+// the checkpoint phase (not the 100 % of a hung collective), then the job
+// trains on from where it was.
+func TestFaultTrainingPause(t *testing.T) {
+	fc := newFaultCase(t, Fault{Kind: FaultTrainingPause, Duration: 18 * time.Minute})
+	_, c0 := fc.both(t, fc.start.Add(time.Minute), "training_iteration_time_seconds_count", "rank", "0")
+	_, c1 := fc.both(t, fc.end.Add(-time.Second), "training_iteration_time_seconds_count", "rank", "0")
+	_, c2 := fc.both(t, fc.end.Add(5*time.Minute), "training_iteration_time_seconds_count", "rank", "0")
+	if c1 != c0 || c2 <= c1 {
+		t.Errorf("iterations %v, %v, %v during and after the pause: want them held, then going on", c0, c1, c2)
+	}
+	if _, u := fc.both(t, fc.start.Add(10*time.Minute), "DCGM_FI_DEV_GPU_UTIL", "gpu", "0"); u > 25 {
+		t.Errorf("GPU 0 during the pause at %v %%, want the checkpoint phase's < 25 %%", u)
+	}
+	stall := newFaultCase(t, Fault{Kind: FaultTrainingStall})
+	if _, u := stall.both(t, stall.start.Add(time.Minute), "DCGM_FI_DEV_GPU_UTIL", "gpu", "0"); u != 100 {
+		t.Errorf("GPU 0 in a hung collective at %v %%, want 100", u)
 	}
 }

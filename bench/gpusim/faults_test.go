@@ -105,20 +105,30 @@ func TestFaultECCDBE(t *testing.T) {
 }
 
 // An uncorrectable ECC error logs Xid 48, then 63 (row remap), 94
-// (contained) and 45 (teardown) a second apart, as NVIDIA's catalogue
-// describes: the last-Xid gauge ends on 45. An H100 retires no pages.
+// (contained), 45 (teardown) and 154 (recovery action changed) a second
+// apart, as NVIDIA's catalogue describes: the last-Xid gauge ends on 154,
+// and the recovery action asks for a GPU reset from then until the fault
+// ends. An H100 retires no pages.
 func TestFaultECCDBEXidBurst(t *testing.T) {
 	fc := newFaultCase(t, Fault{Kind: FaultECCDBE, GPU: 4})
 	for _, tc := range []struct {
 		after time.Duration
 		want  float64
-	}{{-time.Second, 0}, {500 * time.Millisecond, 48}, {1500 * time.Millisecond, 63}, {2500 * time.Millisecond, 94}, {3500 * time.Millisecond, 45}, {time.Hour, 45}} {
+	}{{-time.Second, 0}, {500 * time.Millisecond, 48}, {1500 * time.Millisecond, 63}, {2500 * time.Millisecond, 94}, {3500 * time.Millisecond, 45}, {4500 * time.Millisecond, 154}, {time.Hour, 154}} {
 		if _, f := fc.both(t, fc.start.Add(tc.after), "DCGM_FI_DEV_XID_ERRORS", "gpu", "4"); f != tc.want {
 			t.Errorf("start%+v: Xid %v, want %v", tc.after, f, tc.want)
 		}
 	}
 	if _, f := fc.both(t, fc.end, "DCGM_FI_DEV_RETIRED_DBE", "gpu", "4"); f != 0 {
 		t.Errorf("H100 retired %v pages; it remaps rows instead", f)
+	}
+	for _, tc := range []struct {
+		at   time.Time
+		want float64
+	}{{fc.start.Add(3500 * time.Millisecond), 0}, {fc.start.Add(4500 * time.Millisecond), 1}, {fc.end.Add(-time.Second), 1}, {fc.end, 0}} {
+		if _, f := fc.both(t, tc.at, RecoveryActionFieldDCGM45, "gpu", "4"); f != tc.want {
+			t.Errorf("recovery action at %s: %v, want %v", tc.at, f, tc.want)
+		}
 	}
 }
 

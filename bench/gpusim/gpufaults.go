@@ -9,8 +9,16 @@ import "math"
 // dbeXidBurst is what the driver logs for an uncorrectable ECC error on an
 // Ampere or newer GPU, in order (NVIDIA's Xid catalogue): the DBE itself,
 // the row remap it triggers, the contained-error notice to the application,
-// and the teardown of the affected contexts. They come a second apart.
-var dbeXidBurst = [...]int{48, 63, 94, 45}
+// the teardown of the affected contexts, and Xid 154 as it sets the
+// recovery action (a GPU reset: the remapped row takes effect at the next
+// reset). They come a second apart, so the last-Xid gauge ends on 154: with
+// dcgm-exporter's default counters that is all the Xid gauge shows.
+var dbeXidBurst = [...]int{48, 63, 94, 45, xidRecoveryActionChanged}
+
+// dbeRecoveryAction is the recovery action the driver asks for after an
+// uncorrectable ECC error (nvmlDeviceGpuRecoveryAction_t 1: GPU reset),
+// from the burst's Xid 154 until the fault ends.
+const dbeRecoveryAction = 1
 
 // goneGrace is how long a GPU that fell off the bus is still exported: one
 // dcgm-exporter collection interval, in which the Xid 79 is seen.
@@ -189,8 +197,11 @@ func (c *Cluster) recoveryAction(node, gpu int, s float64) float64 {
 	code := 0
 	for i := range c.faults {
 		f := &c.faults[i]
-		if f.kind == FaultRecoveryAction && f.hitsGPU(node, gpu) && f.activeAt(s) {
+		switch {
+		case f.kind == FaultRecoveryAction && f.hitsGPU(node, gpu) && f.activeAt(s):
 			code = f.code
+		case f.kind == FaultECCDBE && f.hitsGPU(node, gpu) && s >= f.start+float64(len(dbeXidBurst)-1) && s < f.end:
+			code = max(code, dbeRecoveryAction)
 		}
 	}
 	return float64(code)
@@ -269,16 +280,18 @@ func (c *Cluster) faultSeconds(kind FaultKind, node, gpu int, s float64) float64
 	return total
 }
 
-// stragglerExtra is the iteration time the straggler faults on (node, gpu)
-// add to that rank's training_iteration_time_seconds_sum by st's instant:
-// (factor-1) times the job's iteration time while each fault held.
-func (c *Cluster) stragglerExtra(n *node, gi int, st *nodeStep) float64 {
-	ji := st.job
+// stragglerExtra is the iteration time the straggler faults of job ji's
+// nodes add to every rank's training_iteration_time_seconds_sum by st's
+// instant: (factor-1) times the job's iteration time while each fault held.
+// Synchronous training waits for its slowest rank at every step, so every
+// rank times the same, slower step: the straggler shows in its GPU's
+// signals (it computes while the others wait), not in its step time.
+func (c *Cluster) stragglerExtra(ji *jobInfo, st *nodeStep) float64 {
 	s := ji.start + st.sinceJob
 	extra := 0.0
 	for i := range c.faults {
 		f := &c.faults[i]
-		if f.kind != FaultStraggler || !f.hitsGPU(n.idx, gi) || s < f.start {
+		if f.kind != FaultStraggler || f.node < ji.firstNode || f.node >= ji.firstNode+ji.size || s < f.start {
 			continue
 		}
 		a, b := math.Max(f.start, ji.start), math.Min(s, f.end)
@@ -293,4 +306,15 @@ func (c *Cluster) stragglerExtra(n *node, gi int, st *nodeStep) float64 {
 func (c *Cluster) iterSum(ji *jobInfo, s float64) float64 {
 	_, sum, _, _ := ji.iterations(s - ji.start - c.stalledTime(&ji.jobSlot, ji.start, s))
 	return sum
+}
+
+// jobStragglerAt returns the straggler fault active at s on one of job j's
+// nodes, if any.
+func (c *Cluster) jobStragglerAt(j *jobSlot, s float64) (*activeFault, bool) {
+	for i := range c.faults {
+		if f := &c.faults[i]; f.kind == FaultStraggler && f.node >= j.firstNode && f.node < j.firstNode+j.size && f.activeAt(s) {
+			return f, true
+		}
+	}
+	return nil, false
 }

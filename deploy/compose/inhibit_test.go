@@ -111,18 +111,24 @@ func inhibitionCases() []inhibitionCase {
 		{"another job's slow data loading is not muted", map[string]string{"alertname": "DataLoadLatencyHigh", "priority": "P2", "severity": "info", "category": "performance", "cluster": cl, "tenant": "gpu-prod", "namespace": "training", "pod": "vit-worker-0"}, false},
 		// A node that is down mutes all of it, P0s included.
 		{"source: GPU 7 must drain peer-to-peer traffic (P1)", gpuAlert("GPURecoveryActionRequired", "P1", cl, "gpu-node-01", "7", "GPU-77777777-0000-4000-8000-000000000007"), false},
-		{"the Xid 154 that announced it", gpuAlert("GPUXidError", "P2", cl, "gpu-node-01", "7", "GPU-77777777-0000-4000-8000-000000000007", "xid", "154"), true},
+		{"the Xid 154 that announced it (ranked by the drain: P1)", gpuAlert("GPUXidError", "P1", cl, "gpu-node-01", "7", "GPU-77777777-0000-4000-8000-000000000007", "xid", "154"), true},
 		{"another Xid of GPU 7 still notifies", gpuAlert("GPUXidError", "P1", cl, "gpu-node-01", "7", "GPU-77777777-0000-4000-8000-000000000007", "xid", "74"), false},
-		{"another GPU's Xid 154 still notifies", gpuAlert("GPUXidError", "P2", cl, "gpu-node-01", "6", "GPU-66666666-0000-4000-8000-000000000006", "xid", "154"), false},
+		{"another GPU's Xid 154 still notifies", gpuAlert("GPUXidError", "P1", cl, "gpu-node-01", "6", "GPU-66666666-0000-4000-8000-000000000006", "xid", "154"), false},
 		{"source: gpu-node-02 is down", map[string]string{"alertname": "NodeUnreachable", "priority": "P0", "severity": "critical", "category": "infrastructure", "cluster": cl, "tenant": "gpu-prod", "job": "node-exporter", "instance": "10.0.2.9:9100", "node": "gpu-node-02"}, false},
 		{"its GPUs go missing", gpuAlert("GPUMissing", "P0", cl, "gpu-node-02", "0", "GPU-02000000-0000-4000-8000-000000000000"), true},
 		{"its exporter is down", map[string]string{"alertname": "DCGMExporterDown", "priority": "P1", "severity": "warning", "category": "infrastructure", "cluster": cl, "tenant": "gpu-prod", "node": "gpu-node-02"}, true},
 		{"its disk alert", map[string]string{"alertname": "NodeDiskFull", "priority": "P1", "severity": "warning", "category": "capacity", "cluster": cl, "tenant": "gpu-prod", "instance": "10.0.2.9:9100", "mountpoint": "/", "node": "gpu-node-02"}, true},
 		{"the same node name in another cluster is not muted", gpuAlert("GPUMissing", "P0", "gpu-cluster-lab", "gpu-node-02", "0", "GPU-02bbbbbb-0000-4000-8000-000000000000"), false},
-		// The exporter of gpu-node-04 is down: its GPUs' alerts wait behind it.
+		// The exporter of gpu-node-04 is down (P1): its GPUs' P1/P2 alerts
+		// wait behind it, a P0 is not muted by it (issue 39: a GPU loss
+		// reported at P1).
 		{"source: gpu-node-04's exporter is down", map[string]string{"alertname": "DCGMExporterDown", "priority": "P1", "severity": "warning", "category": "infrastructure", "cluster": cl, "tenant": "gpu-prod", "node": "gpu-node-04"}, false},
-		{"gpu-node-04's GPUs go missing", gpuAlert("GPUMissing", "P0", cl, "gpu-node-04", "1", "GPU-04000000-0000-4000-8000-000000000001"), true},
+		{"gpu-node-04's GPU runs hot", gpuAlert("GPUTemperatureHigh", "P2", cl, "gpu-node-04", "2", "GPU-04000000-0000-4000-8000-000000000002"), true},
+		{"gpu-node-04's GPU going missing still pages (a P1 mutes no P0)", gpuAlert("GPUMissing", "P0", cl, "gpu-node-04", "1", "GPU-04000000-0000-4000-8000-000000000001"), false},
 		{"gpu-node-05's GPU going missing still pages", gpuAlert("GPUMissing", "P0", cl, "gpu-node-05", "1", "GPU-05000000-0000-4000-8000-000000000001"), false},
+		// gpu-node-06's exporter is down and the node shows a GPU lost (P0): it mutes all of the node's GPU alerts.
+		{"source: gpu-node-06's exporter is down with a GPU lost", map[string]string{"alertname": "DCGMExporterDown", "priority": "P0", "severity": "critical", "category": "infrastructure", "cluster": cl, "tenant": "gpu-prod", "node": "gpu-node-06"}, false},
+		{"gpu-node-06's GPU missing", gpuAlert("GPUMissing", "P0", cl, "gpu-node-06", "1", "GPU-06000000-0000-4000-8000-000000000001"), true},
 	}
 }
 
@@ -186,6 +192,60 @@ func key(l map[string]string) string {
 	}
 	sort.Strings(parts)
 	return strings.Join(parts, ",")
+}
+
+// priorityRank orders the pack's priorities, most urgent first.
+var priorityRank = map[string]int{"P0": 0, "P1": 1, "P2": 2}
+
+// possiblePriorities returns the priorities ms lets an alert have: those
+// its priority matchers accept, all three without one.
+func possiblePriorities(ms []*labels.Matcher) []string {
+	var out []string
+	for _, p := range []string{"P0", "P1", "P2"} {
+		ok := true
+		for _, m := range ms {
+			if m.Name == "priority" && !m.Matches(p) {
+				ok = false
+			}
+		}
+		if ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// packPriorities are the priorities each alert of the pack can carry that
+// a source matcher on alertname narrows to (NodeUnreachable is P0 only).
+var packPriorities = map[string][]string{"NodeUnreachable": {"P0"}}
+
+// No inhibit rule lets an alert mute one that is more urgent: a P1
+// DCGMExporterDown muting the P0 GPUMissing of the GPU whose loss hung the
+// exporter reported that loss at P1 (issue 39). For every priority a
+// rule's source can have, every priority its target can have is the same
+// or lower.
+func TestInhibitRulesNeverMuteAHigherPriority(t *testing.T) {
+	cfg, err := amconfig.LoadFile(amConfigFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range cfg.InhibitRules {
+		src := possiblePriorities([]*labels.Matcher(r.SourceMatchers))
+		for _, m := range r.SourceMatchers {
+			if m.Name == "alertname" && m.Type == labels.MatchEqual {
+				if ps, ok := packPriorities[m.Value]; ok && len(src) == 3 {
+					src = ps
+				}
+			}
+		}
+		for _, ps := range src {
+			for _, pt := range possiblePriorities([]*labels.Matcher(r.TargetMatchers)) {
+				if priorityRank[pt] < priorityRank[ps] {
+					t.Errorf("inhibit rule %d (source %v, target %v) lets a %s mute a %s", i, r.SourceMatchers, r.TargetMatchers, ps, pt)
+				}
+			}
+		}
+	}
 }
 
 // The shipped inhibit rules, in the real Alertmanager: alerts with the pack's

@@ -12,39 +12,28 @@ import (
 // The dashboards across a dcgm-exporter upgrade, evaluated by Prometheus'
 // own engine over hand-written series with dcgm-exporter 4.8.2's labels.
 
-// The overview's energy panels add up the pieces a GPU's energy counter is
-// cut into within the range. An exporter upgrade (or any restart of its pod)
-// gives every series a new `instance`, the new pod's address, and a build
-// from dcgm-exporter's main branch names the host `hostname` instead of
-// `Hostname` (the dcgm ingest preset writes Hostname for both). Taking the
-// largest piece per pod, as the panels did, dropped the energy on the other
-// side of the upgrade. Evaluated by Prometheus' own engine over an hour
-// with the upgrade at 20m: 600 W for an hour is 0.6 kWh per GPU.
-func TestEnergyPanelsAddUpAnExporterUpgrade(t *testing.T) {
-	// dcgm-exporter 4.8.2's labels; the energy counter (mJ, since the driver
-	// loaded) goes on through the upgrade: 600 W = 18e6 mJ per 30 s scrape.
-	// The old series end with a staleness marker at 20m, the new exporter's
-	// first scrape is at 20m30s. research's GPU arrives through the dcgm
-	// preset (Hostname on both sides), inference's as the exporter sends it.
-	const gpu0 = `gpu="0", UUID="GPU-3f1c2a9e-8b7d-4e61-a0c5-1d2e3f4a5b60", pci_bus_id="00000000:18:00.0", device="nvidia0", modelName="NVIDIA H100 80GB HBM3", DCGM_FI_DRIVER_VERSION="570.172.08", job="dcgm-exporter", cluster="gpu-cluster-prod-01", pod="llm-pretrain-worker-0", namespace="research", container="pytorch"`
-	const gpu1 = `gpu="1", UUID="GPU-2b3c4d5e-6f70-4812-9a3b-4c5d6e7f8091", pci_bus_id="00000000:2A:00.0", device="nvidia1", modelName="NVIDIA H100 80GB HBM3", DCGM_FI_DRIVER_VERSION="570.172.08", job="dcgm-exporter", cluster="gpu-cluster-prod-01", pod="vllm-7c9d5-x2k4p", namespace="inference", container="vllm"`
+// The overview's energy panels read the pack's chargeback records (issue
+// 39): energy per namespace and job as gpu-chargeback.yml records it, each
+// GPU shared among the pods that hold it. Adding up DCGM's energy counter per
+// pod, as the panels did, charged a GPU time-sliced by 4 pods 4 times (2.7
+// kWh where the records said 0.7), and it was cut into pieces by every
+// exporter restart. Evaluated by Prometheus' own engine over an hour of
+// 5-minute records: 600 W for an hour is 0.6 kWh.
+func TestEnergyPanelsReadTheChargebackRecords(t *testing.T) {
 	storage := promqltest.LoadedStorage(t, `
-load 30s
-  DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{`+gpu0+`, Hostname="gpu-node-01", instance="10.42.1.17:9400"} 0+18000000x39 stale
-  DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{`+gpu0+`, Hostname="gpu-node-01", instance="10.42.1.23:9400"} _x41 738000000+18000000x79
-  DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{`+gpu1+`, Hostname="gpu-node-01", instance="10.42.1.17:9400"} 0+18000000x39 stale
-  DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{`+gpu1+`, hostname="gpu-node-01", instance="10.42.1.23:9400"} _x41 738000000+18000000x79
-  kube_pod_owner{namespace="research", pod="llm-pretrain-worker-0", owner_kind="PyTorchJob", owner_name="llm-pretrain", owner_is_controller="true", job="kube-state-metrics", instance="10.42.0.5:8080", cluster="gpu-cluster-prod-01"} 1x120
-  kube_pod_owner{namespace="inference", pod="vllm-7c9d5-x2k4p", owner_kind="ReplicaSet", owner_name="vllm-7c9d5", owner_is_controller="true", job="kube-state-metrics", instance="10.42.0.5:8080", cluster="gpu-cluster-prod-01"} 1x120
+load 5m
+  namespace:gpu_energy_joules:sum5m{namespace="research", cluster="gpu-cluster-prod-01"} 180000x12
+  namespace:gpu_energy_joules:sum5m{namespace="inference", cluster="gpu-cluster-prod-01"} 180000x12
+  namespace_job:gpu_energy_joules:sum5m{namespace="research", job_kind="PyTorchJob", job_name="llm-pretrain", cluster="gpu-cluster-prod-01"} 180000x12
+  namespace_job:gpu_energy_joules:sum5m{namespace="inference", job_kind="ReplicaSet", job_name="vllm-7c9d5", cluster="gpu-cluster-prod-01"} 180000x12
+  namespace:gpu_energy_joules:sum5m{namespace="research", cluster="gpu-cluster-lab"} 900000x12
 `)
 	engine := promqltest.NewTestEngine(t, false, 5*time.Minute, promqltest.DefaultMaxSamplesPerQuery)
 	overview := committed(t)["gpu-cluster-overview.json"]
-	// increase() loses the 30 s between the old exporter's last scrape and
-	// the new one's first: 119 of the hour's 120 scrape intervals.
-	const want = 0.6 * 119 / 120
+	const want = 0.6
 	for _, tc := range []struct{ title, legendLabel string }{
 		{"Energy by namespace", "namespace"},
-		{"Energy by job", "owner_name"},
+		{"Energy by job", "job_name"},
 	} {
 		_, expr := panelByTitle(t, overview, tc.title)
 		expr = fillVars(expr, map[string]string{"cluster": "gpu-cluster-prod-01"}) // $__range is 1h
@@ -65,7 +54,7 @@ load 30s
 		}
 		for _, s := range vec {
 			if math.Abs(s.F-want) > 1e-9 {
-				t.Errorf("panel %q: %s = %.4f kWh, want %.4f (an hour at 600 W, less the upgrade's 30 s gap)", tc.title, s.Metric.Get(tc.legendLabel), s.F, want)
+				t.Errorf("panel %q: %s = %.4f kWh, want %.4f (the records' hour at 600 W)", tc.title, s.Metric.Get(tc.legendLabel), s.F, want)
 			}
 		}
 	}

@@ -71,22 +71,17 @@ func clusterOverview() *dashboard.DashboardBuilder {
 		// it stays readable on a large cluster.
 		WithPanel(timeSeries("ECC single-bit errors", "Correctable (single-bit) volatile ECC errors per second, per node: early sign of a degrading GPU.", unitPerSecond,
 			q(`sum by (Hostname) (`+gpuLevel(`rate(DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{`+cl+`}[$__rate_interval])`)+`)`, "{{Hostname}}")).Min(0).DataLinks(links(toNode))).
-		// Energy is DCGM's counter (mJ) while a pod held the GPU: the pod
-		// label attributes it. 1 kWh = 3.6e9 mJ.
-		WithPanel(barGauge("Energy by namespace", "GPU energy used by each namespace's pods over the range, in kWh.", unitKWh, 0, 0,
-			q(`sum by (namespace) (`+energyByPod()+`) / 3.6e9`, "{{namespace}}"))).
-		WithPanel(barGauge("Energy by job", "GPU energy used by each job's pods (any owner kind) over the range, in kWh.", unitKWh, 0, 0,
-			q(`sum by (owner_name) (`+energyByPod()+` * on (namespace, pod) group_left (owner_name) max by (namespace, pod, owner_name) (last_over_time(kube_pod_owner{`+cl+`}[$__range]))) / 3.6e9`, "{{owner_name}}")))
-}
-
-// energyByPod is each pod's GPU energy (mJ) over the dashboard's range, per
-// GPU it held. A MIG GPU's instances repeat the GPU's counter: the largest
-// is taken. An exporter restart or upgrade cuts the counter into pieces with
-// different `instance` (and Hostname/hostname, which stay apart and are
-// added by the panels' sums): the pieces are added, each holds the energy
-// of its own part of the range.
-func energyByPod() string {
-	return `sum without (instance) (max without (container, GPU_I_ID, GPU_I_PROFILE) (increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{` + cl + `, pod!=""}[$__range])))`
+		// Energy comes from the pack's chargeback records (deploy/rules/
+		// gpu-chargeback.yml): each pod's share of its GPU's energy, a GPU
+		// time-sliced by n pods counted once (1/n each, where DCGM's counter
+		// repeats the whole GPU on each pod's series and charged it n
+		// times), a MIG instance by its compute slices. Each 5-minute sample
+		// holds the 5 minutes before it, so sum_over_time over the range is
+		// the range's energy, exact also on downsampled data. 1 kWh = 3.6e6 J.
+		WithPanel(barGauge("Energy by namespace", "GPU energy used by each namespace's pods over the range, in kWh: the chargeback records (namespace:gpu_energy_joules:sum5m), each GPU shared among the pods that hold it.", unitKWh, 0, 0,
+			q(`sum by (namespace) (sum_over_time(namespace:gpu_energy_joules:sum5m{`+cl+`}[$__range])) / 3.6e6`, "{{namespace}}"))).
+		WithPanel(barGauge("Energy by job", "GPU energy used by each job's pods (any owner kind) over the range, in kWh: the chargeback records (namespace_job:gpu_energy_joules:sum5m), each GPU shared among the pods that hold it.", unitKWh, 0, 0,
+			q(`sum by (job_name) (sum_over_time(namespace_job:gpu_energy_joules:sum5m{`+cl+`}[$__range])) / 3.6e6`, "{{job_name}}")))
 }
 
 func nodeDetail() *dashboard.DashboardBuilder {

@@ -63,6 +63,7 @@ type objects struct {
 	podMonitors  []*monitoringv1.PodMonitor
 	promRules    []*monitoringv1.PrometheusRule
 	namespaces   []*corev1.Namespace
+	secrets      map[string]*corev1.Secret // the Helm chart's bucket Secret, when it renders one
 }
 
 func render(t *testing.T, overlay string) *objects {
@@ -105,12 +106,19 @@ func renderDir(t *testing.T, overlay string, opts *krusty.Options) *objects {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return decodeObjects(t, overlay, bytes.Split(y, []byte("\n---\n")))
+}
+
+// decodeObjects decodes rendered manifests (one object per document)
+// strictly, by kind; what names where they came from.
+func decodeObjects(t *testing.T, what string, docs [][]byte) *objects {
+	t.Helper()
 	dec := decoder(t)
-	o := &objects{configMaps: map[string]*corev1.ConfigMap{}}
-	for _, doc := range bytes.Split(y, []byte("\n---\n")) {
+	o := &objects{configMaps: map[string]*corev1.ConfigMap{}, secrets: map[string]*corev1.Secret{}}
+	for _, doc := range docs {
 		obj, gvk, err := dec.Decode(doc, nil, nil)
 		if err != nil {
-			t.Fatalf("%s: %v\n%s", overlay, err, doc)
+			t.Fatalf("%s: %v\n%s", what, err, doc)
 		}
 		o.all = append(o.all, obj)
 		switch v := obj.(type) {
@@ -130,8 +138,10 @@ func renderDir(t *testing.T, overlay string, opts *krusty.Options) *objects {
 			o.promRules = append(o.promRules, v)
 		case *corev1.Namespace:
 			o.namespaces = append(o.namespaces, v)
+		case *corev1.Secret:
+			o.secrets[v.Name] = v
 		default:
-			t.Errorf("%s: unexpected %s", overlay, gvk)
+			t.Errorf("%s: unexpected %s", what, gvk)
 		}
 	}
 	return o

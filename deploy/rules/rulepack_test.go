@@ -84,7 +84,7 @@ var severityOf = map[string]string{"P0": "critical", "P1": "warning", "P2": "inf
 // the value: GPUXidError takes them from the catalogue join,
 // GPURecoveryActionRequired from the action (DCGM's health check fails a GPU
 // on a reset or reboot, warns on a P2P drain).
-var priorityFromExpr = map[string]bool{"GPUXidError": true, "GPURecoveryActionRequired": true}
+var priorityFromExpr = map[string]bool{"GPUXidError": true, "GPURecoveryActionRequired": true, "DCGMExporterDown": true}
 
 // Every alert states its priority and severity consistently, names its
 // category and has summary and description; the alerts of priorityFromExpr
@@ -266,7 +266,7 @@ func (a expectedAlert) labels() model.LabelSet {
 		"severity": model.LabelValue(severityOf[a.Priority]),
 		"cluster":  "gpu-cluster-prod-01", "tenant": "gpu-prod"}
 	switch a.Scope {
-	case "gpu":
+	case "gpu", "node_gpus":
 		l["node"], l["UUID"], l["gpu"] = "gpu-node-01", "GPU-3f1c2a9e-8b7d-4e61-a0c5-1d2e3f4a5b60", "0"
 	case "node":
 		l["node"] = "gpu-node-01"
@@ -282,11 +282,12 @@ func (a expectedAlert) labels() model.LabelSet {
 }
 
 type faultClass struct {
-	Fault     string          `yaml:"fault"`
-	What      string          `yaml:"what"`
-	Notify    []expectedAlert `yaml:"notify"`
-	Inhibited []expectedAlert `yaml:"inhibited"`
-	Silent    []string        `yaml:"silent"`
+	Fault         string          `yaml:"fault"`
+	What          string          `yaml:"what"`
+	Notifications int             `yaml:"notifications"`
+	Notify        []expectedAlert `yaml:"notify"`
+	Inhibited     []expectedAlert `yaml:"inhibited"`
+	Silent        []string        `yaml:"silent"`
 }
 
 // The expected notifications name alerts of the pack with the priority the
@@ -352,11 +353,19 @@ func TestExpectedNotificationsMatchPackAndInhibition(t *testing.T) {
 		if c.What == "" || len(c.Notify)+len(c.Silent) == 0 {
 			t.Errorf("%s: no description, or neither notifications nor silent alerts", c.Fault)
 		}
+		if c.Notifications < 0 || c.Notifications > len(c.Notify) {
+			t.Errorf("%s: %d notifications for %d notified alerts", c.Fault, c.Notifications, len(c.Notify))
+		}
 		for _, a := range append(slices.Clone(c.Notify), c.Inhibited...) {
 			static, ok := priorities[a.Alertname]
 			switch {
 			case !ok:
 				t.Errorf("%s: %s is not an alert of the pack", c.Fault, a.Alertname)
+			case a.Alertname == "GPUXidError" && a.Xid == "154":
+				// Ranked by the recovery action it announces, not by the catalogue.
+				if _, ok := severityOf[a.Priority]; !ok {
+					t.Errorf("%s: Xid 154 with priority %q", c.Fault, a.Priority)
+				}
 			case a.Alertname == "GPUXidError":
 				want := string(xid.UnknownPriority)
 				if code, err := strconv.Atoi(a.Xid); err == nil {
@@ -374,7 +383,7 @@ func TestExpectedNotificationsMatchPackAndInhibition(t *testing.T) {
 			case static != a.Priority:
 				t.Errorf("%s: %s is %s in the pack, the fixture says %s", c.Fault, a.Alertname, static, a.Priority)
 			}
-			if !slices.Contains([]string{"gpu", "node", "pod"}, a.Scope) {
+			if !slices.Contains([]string{"gpu", "node_gpus", "node", "pod"}, a.Scope) {
 				t.Errorf("%s: %s has scope %q", c.Fault, a.Alertname, a.Scope)
 			}
 		}

@@ -1,5 +1,6 @@
 // Package testbin finds the real servers (prometheus, promtool, alertmanager,
-// versitygw) that end-to-end tests run on loopback.
+// versitygw, fake-gcs-server, azurite-blob) that end-to-end tests run on
+// loopback, and starts the object-storage ones (objstore.go).
 //
 // A missing binary skips the test on a developer's machine, but fails it when
 // CI=true: CI must never pass by not running an end-to-end test.

@@ -22,6 +22,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/grafana/dskit/dns"
@@ -40,6 +41,7 @@ import (
 	"github.com/gpustore/gpustore/internal/resources"
 	"github.com/gpustore/gpustore/internal/version"
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/blockquery"
 	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/hatracker"
@@ -131,6 +133,16 @@ type App struct {
 	manager *services.Manager
 	storage services.Service // the storage module's service
 	volumes *resources.Volumes
+
+	seriesCacheOnce sync.Once
+	blockCache      *blockquery.Cache
+}
+
+// seriesCache is the one cache of selectors resolved on immutable blocks
+// that the local TSDBs and the bucket store share (one bound for both).
+func (a *App) seriesCache() *blockquery.Cache {
+	a.seriesCacheOnce.Do(func() { a.blockCache = blockquery.NewCache(a.Cfg.Query.SeriesCacheSize, a.Registry) })
+	return a.blockCache
 }
 
 // New prepares the module graph; nothing starts before Run.
@@ -279,6 +291,7 @@ func (a *App) initStorage() (services.Service, error) {
 		return nil, err
 	}
 	dbs.SetLimits(a.storageLimits())
+	dbs.SetBlockCache(a.seriesCache())
 	dbs.SetMaxTenants(a.Limits.MaxTenants())
 	a.DBs = dbs
 	a.Registry.MustRegister(tenantdb.NewCollector(dbs))

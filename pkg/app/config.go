@@ -163,6 +163,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Query.RemoteReadSampleLimit, "storage.remote.read-sample-limit", c.Query.RemoteReadSampleLimit, "Most samples one remote read (/api/v1/read) may return, in a single query (0: no limit); ignored for streamed answers. As in Prometheus.")
 	fs.IntVar(&c.Query.RemoteReadConcurrentLimit, "storage.remote.read-concurrent-limit", c.Query.RemoteReadConcurrentLimit, "Most remote reads (/api/v1/read) in progress; others wait until a slot frees or their client leaves (0: no limit). As in Prometheus.")
 	fs.IntVar(&c.Query.RemoteReadMaxBytesInFrame, "storage.remote.read-max-bytes-in-frame", c.Query.RemoteReadMaxBytesInFrame, "Largest frame of a streamed remote-read answer, in bytes before marshalling. As in Prometheus.")
+	fs.Int64Var(&c.Query.SeriesCacheSize, "query.series-cache-size", c.Query.SeriesCacheSize, "Bytes (estimated) of the series that queries resolved on immutable blocks, kept for the next query of the same selector (0: none).")
+	fs.BoolVar(&c.Query.PushDownRangeFunctions, "query.push-down-range-functions", c.Query.PushDownRangeFunctions, "Evaluate range functions (rate, increase, *_over_time, ...) in the query path over the decoded samples, with Prometheus' own implementations, instead of in the engine step by step.")
 	fs.Var(&c.Query.ReplicaLabels, "query.replica-label", "Comma-separated replica labels merged at query time (data not deduplicated at ingest); a request's dedup=false turns it off.")
 	c.QueryFrontend.RegisterFlags(fs)
 	c.Limits.RegisterFlags(fs)

@@ -106,6 +106,7 @@ func (a *App) initBucketStore() (services.Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	st.SetBlockCache(a.seriesCache())
 	a.BucketStore = st
 	start := func(ctx context.Context) error {
 		// A bucket that is down must not keep gpustore from starting (and

@@ -108,6 +108,12 @@ type Downsample struct {
 	// series per GPU rather than per GPU and pod); a query naming one reads
 	// finer data where it exists.
 	FoldedLabels []string `json:"folded_labels,omitempty"`
+	// KeptCounts says the block's counters record how many raw samples
+	// each kept sample stands for (downsample's pairs.go), which rate and
+	// increase need where a series starts or ends inside their range.
+	// Blocks downsampled before it was recorded, and blocks compacted or
+	// downsampled from any such block, do not.
+	KeptCounts bool `json:"kept_counts,omitempty"`
 }
 
 // File is one file of a block, by its path relative to the block.

@@ -4,7 +4,7 @@
 // The configuration has the shape Thanos users already have
 // (github.com/thanos-io/objstore/client's BucketConfig):
 //
-//	type: S3            # or FILESYSTEM
+//	type: S3            # or GCS, AZURE, FILESYSTEM
 //	config:             # the provider's own options, unchanged
 //	  bucket: gpustore
 //	  endpoint: minio:9000
@@ -13,14 +13,15 @@
 //	  insecure: true
 //	prefix: ""          # optional: every object under this prefix
 //
-// objstore's client package would bring every provider (GCS, Azure, COS, OCI,
-// Swift, ...) and their SDKs, which are not in gpustore's module graph; the
-// two providers gpustore supports, S3 (any S3-compatible store: AWS, MinIO,
-// Ceph, versitygw) and FILESYSTEM, are built here through their provider
-// packages directly, from the same YAML.
+// objstore's client package would bring every provider (COS, OCI, Swift, OBS,
+// BOS, OSS, ...) and their SDKs into gpustore's module graph; the providers
+// gpustore supports, S3 (any S3-compatible store: AWS, MinIO, Ceph,
+// versitygw), GCS, AZURE (Azure Blob Storage) and FILESYSTEM, are built here
+// through their provider packages directly, from the same YAML.
 package bucket
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -32,6 +33,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/thanos-io/objstore"
+	"github.com/thanos-io/objstore/providers/gcs"
 	"github.com/thanos-io/objstore/providers/s3"
 	"gopkg.in/yaml.v3"
 
@@ -41,6 +43,8 @@ import (
 // Provider types accepted in Config.Type (case-insensitive, as in objstore).
 const (
 	S3         = string(objstore.S3)
+	GCS        = string(objstore.GCS)
+	Azure      = string(objstore.AZURE)
 	Filesystem = string(objstore.FILESYSTEM)
 )
 
@@ -51,12 +55,15 @@ const DefaultDirName = "bucket"
 // Config is objstore's client configuration: a provider type and the
 // provider's own options.
 type Config struct {
-	// Type is the provider: S3 (AWS, MinIO, Ceph, versitygw, ...) or
-	// FILESYSTEM (a directory; <tsdb.dir>/bucket without config.directory).
+	// Type is the provider: S3 (AWS, MinIO, Ceph, versitygw, ...), GCS
+	// (Google Cloud Storage), AZURE (Azure Blob Storage) or FILESYSTEM (a
+	// directory; <tsdb.dir>/bucket without config.directory).
 	Type string `yaml:"type"`
 	// Config is the provider's own options, as objstore (and Thanos) take
 	// them: bucket, endpoint, access_key, secret_key, insecure, ... for S3;
-	// directory for FILESYSTEM.
+	// bucket, service_account, ... for GCS; storage_account,
+	// storage_account_key, container, ... for AZURE; directory for
+	// FILESYSTEM.
 	Config map[string]any `yaml:"config"`
 	// Prefix is prepended to every object name: several gpustores can
 	// share one bucket.
@@ -111,25 +118,31 @@ func (c Config) Validate() error {
 	case Filesystem:
 		return nil
 	case S3:
-		raw, err := yaml.Marshal(r.Config)
-		if err != nil {
-			return fmt.Errorf("bucket config: %w", err)
-		}
-		var sc struct {
-			Bucket   string `yaml:"bucket"`
-			Endpoint string `yaml:"endpoint"`
-		}
-		if err := yaml.Unmarshal(raw, &sc); err != nil {
-			return fmt.Errorf("bucket config: %w", err)
-		}
-		if sc.Bucket == "" || sc.Endpoint == "" {
-			return errors.New("S3 bucket config needs bucket and endpoint")
-		}
-		return nil
+		return r.require("S3", "bucket", "endpoint")
+	case GCS:
+		return r.require("GCS", "bucket")
+	case Azure:
+		return r.require("AZURE", "storage_account", "container")
 	case "":
-		return errors.New("bucket type must be set (S3 or FILESYSTEM)")
+		return errors.New("bucket type must be set (S3, GCS, AZURE or FILESYSTEM)")
 	}
-	return fmt.Errorf("bucket type %q is not supported: gpustore builds S3 and FILESYSTEM", r.Type)
+	return fmt.Errorf("bucket type %q is not supported: gpustore builds S3, GCS, AZURE and FILESYSTEM", r.Type)
+}
+
+// require checks that the provider's options set every key in keys to a
+// non-empty string: what the provider cannot do without. The provider
+// checks the rest (unknown keys among them) when New builds its client.
+func (c Config) require(provider string, keys ...string) error {
+	var missing []string
+	for _, k := range keys {
+		if v, _ := c.Config[k].(string); v == "" {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%s bucket config needs %s", provider, strings.Join(missing, " and "))
+	}
+	return nil
 }
 
 // New opens the configured bucket, instrumented with objstore's metrics
@@ -160,13 +173,21 @@ func New(c Config, dataDir string, logger *slog.Logger, reg prometheus.Registere
 		if folder, err = newDurableFolder(dir); err == nil {
 			bkt = folder
 		}
-	case S3:
+	case S3, GCS:
 		var raw []byte
 		raw, err = yaml.Marshal(r.Config)
 		if err != nil {
 			return nil, fmt.Errorf("bucket config: %w", err)
 		}
-		bkt, err = s3.NewBucket(logging.GoKit(logger), raw, "gpustore", nil)
+		if strings.ToUpper(r.Type) == S3 {
+			bkt, err = s3.NewBucket(logging.GoKit(logger), raw, "gpustore", nil)
+		} else {
+			// Builds the client without connecting; the context only
+			// reads a service_account key.
+			bkt, err = gcs.NewBucket(context.Background(), logging.GoKit(logger), raw, "gpustore", nil)
+		}
+	case Azure:
+		bkt, err = newAzureBucket(logging.GoKit(logger), r.Config)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("create %s bucket client: %w", r.Type, err)
@@ -212,11 +233,15 @@ func (c Config) Describe(dataDir string) string {
 		return "FILESYSTEM " + dir
 	case S3:
 		return fmt.Sprintf("S3 %v/%v", r.Config["endpoint"], r.Config["bucket"])
+	case GCS:
+		return fmt.Sprintf("GCS %v", r.Config["bucket"])
+	case Azure:
+		return fmt.Sprintf("AZURE %v/%v", r.Config["storage_account"], r.Config["container"])
 	}
 	return r.Type
 }
 
 // RegisterFlags binds --objstore.config-file (Thanos' flag name).
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.ConfigFile, "objstore.config-file", c.ConfigFile, "YAML file with the bucket configuration (type: S3|FILESYSTEM, config: ...), as Thanos takes it; replaces the bucket section. Default: FILESYSTEM in <storage.tsdb.path>/bucket.")
+	fs.StringVar(&c.ConfigFile, "objstore.config-file", c.ConfigFile, "YAML file with the bucket configuration (type: S3|GCS|AZURE|FILESYSTEM, config: ...), as Thanos takes it; replaces the bucket section. Default: FILESYSTEM in <storage.tsdb.path>/bucket.")
 }

@@ -60,11 +60,14 @@ func TestConfigFileInThanosFormat(t *testing.T) {
 
 func TestInvalidConfigs(t *testing.T) {
 	for name, c := range map[string]Config{
-		"no type":        {},
-		"unknown type":   {Type: "GCS"},
-		"s3 no bucket":   {Type: "S3", Config: map[string]any{"endpoint": "x:9000"}},
-		"s3 no endpoint": {Type: "S3", Config: map[string]any{"bucket": "b"}},
-		"missing file":   {Type: "S3", ConfigFile: "/nonexistent/objstore.yml"},
+		"no type":            {},
+		"unknown type":       {Type: "COS"},
+		"s3 no bucket":       {Type: "S3", Config: map[string]any{"endpoint": "x:9000"}},
+		"s3 no endpoint":     {Type: "S3", Config: map[string]any{"bucket": "b"}},
+		"gcs no bucket":      {Type: "GCS", Config: map[string]any{"service_account": "{}"}},
+		"azure no container": {Type: "AZURE", Config: map[string]any{"storage_account": "acct"}},
+		"azure no account":   {Type: "azure", Config: map[string]any{"container": "gpustore"}},
+		"missing file":       {Type: "S3", ConfigFile: "/nonexistent/objstore.yml"},
 	} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%s: no error", name)
@@ -72,5 +75,27 @@ func TestInvalidConfigs(t *testing.T) {
 	}
 	if _, err := Parse([]byte("type: S3\nconfg: {}\n"), "x"); err == nil {
 		t.Error("unknown field accepted")
+	}
+}
+
+// TestCloudConfigFilesInThanosFormat: the GCS and Azure files Thanos users
+// have are valid as they are, and described without their secrets.
+func TestCloudConfigFilesInThanosFormat(t *testing.T) {
+	dir := t.TempDir()
+	for file, want := range map[string]string{
+		"type: GCS\nconfig:\n  bucket: gpu-metrics\n  service_account: '{\"type\": \"service_account\"}'\n":                         "GCS gpu-metrics",
+		"type: azure\nconfig:\n  storage_account: gpustoreacct\n  storage_account_key: c2VjcmV0\n  container: blocks\nprefix: eu\n": "AZURE gpustoreacct/blocks",
+	} {
+		c := DefaultConfig()
+		c.ConfigFile = filepath.Join(dir, "objstore.yml")
+		if err := os.WriteFile(c.ConfigFile, []byte(file), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s: %v", want, err)
+		}
+		if got := c.Describe(dir); got != want {
+			t.Errorf("describe: %q, want %q", got, want)
+		}
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql"
-	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/prometheus/prometheus/util/annotations"
@@ -51,6 +50,9 @@ type dsBucket struct {
 	localFrom int64
 	// types is the tenant's metric metadata the downsampler classifies by.
 	types downsample.TypeLookup
+	// oldCounts writes downsampled blocks' meta.json as gpustore did before
+	// it recorded the raw samples kept counter samples stand for.
+	oldCounts bool
 }
 
 func newDSBucket(t testing.TB) *dsBucket {
@@ -70,26 +72,33 @@ func (d *dsBucket) raw(ext map[string]string, mint, maxt int64, data []rawData) 
 	ctx := context.Background()
 	app := w.Appender(ctx)
 	n := 0
-	for _, s := range data {
-		var ref storage.SeriesRef
-		for i, ts := range s.ts {
-			if ts < mint || ts >= maxt {
-				continue
-			}
-			if s.hs != nil {
-				ref, err = app.AppendHistogram(ref, s.lset, ts, s.hs[i], nil)
-			} else {
-				ref, err = app.Append(ref, s.lset, ts, s.fs[i])
-			}
-			if err != nil {
-				d.t.Fatal(err)
-			}
-			if n++; n%20_000 == 0 { // keep the appender's batch small
-				if err := app.Commit(); err != nil {
+	// Half an hour of every series at a time: the head takes no sample
+	// older than half the block's range before the newest one appended.
+	next := make([]int, len(data))
+	refs := make([]storage.SeriesRef, len(data))
+	for from := mint; from < maxt; from += 30 * minute {
+		for j, s := range data {
+			i := next[j]
+			for ; i < len(s.ts) && s.ts[i] < min(from+30*minute, maxt); i++ {
+				if s.ts[i] < mint {
+					continue
+				}
+				if s.hs != nil {
+					refs[j], err = app.AppendHistogram(refs[j], s.lset, s.ts[i], s.hs[i], nil)
+				} else {
+					refs[j], err = app.Append(refs[j], s.lset, s.ts[i], s.fs[i])
+				}
+				if err != nil {
 					d.t.Fatal(err)
 				}
-				app = w.Appender(ctx)
+				if n++; n%20_000 == 0 { // keep the appender's batch small
+					if err := app.Commit(); err != nil {
+						d.t.Fatal(err)
+					}
+					app = w.Appender(ctx)
+				}
 			}
+			next[j] = i
 		}
 	}
 	if err := app.Commit(); err != nil {
@@ -153,8 +162,12 @@ func (d *dsBucket) downsample(res, mint, maxt int64, fold *downsample.Fold, sour
 		folded = append(folded, in.GPUStore.Downsample.FoldedLabels...)
 	}
 	out := filepath.Join(d.dir, "ds")
+	keptCounts := true
+	for _, in := range inputs {
+		keptCounts = keptCounts && in.GPUStore.Downsample.KeptCounts
+	}
 	cfg := downsample.Config{SourceResolution: from, Resolution: res, Mint: mint, Maxt: maxt, Dir: out,
-		Tenant: d.tenant, Sources: srcIDs, Fold: fold, Folded: folded, Types: d.types}
+		Tenant: d.tenant, Sources: srcIDs, Fold: fold, Folded: folded, Types: d.types, SourceKeptCounts: keptCounts}
 	id, _, err := downsample.Downsample(context.Background(), readers, cfg)
 	if err != nil || id == (ulid.ULID{}) {
 		d.t.Fatalf("downsample to %s: %v (%s)", downsample.ResolutionName(res), err, id)
@@ -168,7 +181,7 @@ func (d *dsBucket) downsample(res, mint, maxt int64, fold *downsample.Fold, sour
 	// parents say what it holds).
 	return d.upload(dir, block.Meta{BlockMeta: bm, GPUStore: block.GPUStoreMeta{
 		Labels: sources[0].GPUStore.Labels, Source: downsample.Source,
-		Downsample: block.Downsample{Resolution: res, FoldedLabels: cfg.FoldedLabels()}}})
+		Downsample: block.Downsample{Resolution: res, FoldedLabels: cfg.FoldedLabels(), KeptCounts: cfg.KeptCounts() && !d.oldCounts}}})
 }
 
 func (d *dsBucket) upload(dir string, m block.Meta) block.Meta {
@@ -389,10 +402,6 @@ func closeTo(a, b, rel float64) bool {
 }
 
 func fmtTime(ms int64) string { return time.UnixMilli(ms).UTC().Format("15:04:05.000") }
-
-func parseLabels(s string) (labels.Labels, error) {
-	return parser.NewParser(parser.Options{}).ParseMetric(s)
-}
 
 // gpuSeries returns the series of a small GPU node as dcgm-exporter labels
 // them, scraped every interval over [from, to): an energy counter (mJ,

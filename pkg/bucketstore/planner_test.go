@@ -37,6 +37,17 @@ func checkLikeRaw(t *testing.T, d *dsBucket, s *Store, res int64, qs []string, s
 func TestNoCompactBlockBesideItsCompactedNeighbours(t *testing.T) {
 	d := newDSBucket(t)
 	data := gpuSeries("node-001", 2, t0, t0+8*hour, 15_000)
+	// Jobs whose energy series begin and end inside the no-compact block's
+	// hours and beside them: rate and increase over ranges across them
+	// count the no-compact block's raw samples with the 5m data's.
+	data = append(data, podEnergy("node-001", [][2]int64{
+		// Half a minute into a range from 1h30m: raw data takes the series to
+		// start inside it, the 5m data alone (without the no-compact block's
+		// samples in the middle) would not.
+		{t0 + hour + 30*minute + 31_017, t0 + 5*hour + 3*minute},
+		{t0 + 2*hour + 31*minute + 7, t0 + 3*hour + 44*minute},
+		{t0 + hour + 7*minute, t0 + 5*hour + 3*minute},
+	})...)
 	b1 := d.raw(nil, t0, t0+2*hour, data)
 	x := d.raw(nil, t0+2*hour, t0+4*hour, data)
 	b3 := d.raw(nil, t0+4*hour, t0+6*hour, data)
@@ -52,7 +63,14 @@ func TestNoCompactBlockBesideItsCompactedNeighbours(t *testing.T) {
 		"max_over_time(DCGM_FI_DEV_GPU_TEMP[30m])",
 		"count_over_time(DCGM_FI_DEV_GPU_TEMP[30m])",
 		"increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[30m])",
-	}, t0+hour, t0+6*hour, 30*minute, 1e-6)
+		"increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[2h])",
+		"increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[3h])",
+		"rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[1h])",
+	}, t0+hour, t0+6*hour, 30*minute, 1e-9)
+	// One step (a query frontend's piece, a dashboard's stat panel): no
+	// other step's range puts the samples back for it.
+	checkLikeRaw(t, d, s, downsample.Auto, []string{"increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[3h])"},
+		t0+4*hour+30*minute, t0+4*hour+30*minute, 30*minute, 1e-9)
 }
 
 // Two groups (receivers with their own external labels): one's hours
@@ -193,4 +211,69 @@ func resName(res int64) string {
 		return "auto"
 	}
 	return downsample.ResolutionName(res)
+}
+
+// Where raw retention ended (the raw blocks before the edge deleted, their
+// 5m blocks left) a panel reads 5m data up to the edge and raw data after
+// it. The window that ends at the edge is only in the 5m blocks (the raw
+// block that held it is gone): it must be read from them, not handed to the
+// raw side for being the finer one, which left every range over it short of
+// a window (count_over_time(x[1h]) 56 where Prometheus said 60) and
+// increase(x[5m]) at the edge with nothing. Likewise where 5m retention
+// ended and 1h data takes over. Compared with the answers of the same
+// bucket before retention deleted anything.
+func TestRetentionEdgeReadsTheWindowBeforeIt(t *testing.T) {
+	d := newDSBucket(t)
+	data := gpuSeries("node-001", 2, t0, t0+12*hour, 15_000)
+	var raws, fives []block.Meta
+	for h := int64(0); h < 12; h += 2 {
+		raws = append(raws, d.raw(nil, t0+h*hour, t0+(h+2)*hour, data))
+	}
+	for i := 0; i+1 < len(raws); i++ {
+		fives = append(fives, d.downsample(downsample.Res5m, raws[i].MinTime, raws[i].MaxTime, nil, []block.Meta{raws[i]}, raws[i], raws[i+1]))
+	}
+	d.downsample(downsample.Res1h, t0, t0+4*hour, nil, fives[:2], fives[:2]...)
+	type panel struct {
+		q                string
+		start, end, step int64
+	}
+	var panels []panel
+	for _, q := range []string{
+		"count_over_time(DCGM_FI_DEV_GPU_TEMP[1h])",
+		"sum_over_time(DCGM_FI_DEV_GPU_TEMP[1h])",
+		"max_over_time(DCGM_FI_DEV_GPU_TEMP[1h])",
+		"rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[1h])",
+	} {
+		panels = append(panels,
+			panel{q, t0 + 5*hour, t0 + 9*hour, 5 * minute}, // across the raw → 5m edge at 6h
+			panel{q, t0 + 2*hour, t0 + 6*hour, hour},       // across the 5m → 1h edge at 4h
+		)
+	}
+	panels = append(panels, panel{"increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m])", t0 + 5*hour, t0 + 9*hour, 5 * minute})
+	s := d.store()
+	want := make([]answer, len(panels))
+	for i, p := range panels {
+		want[i] = d.query(s, block.ResolutionRaw, p.q, p.start, p.end, p.step)
+	}
+	for _, m := range raws[:3] { // raw retention: the raw blocks before 6h
+		d.delete(m)
+	}
+	for _, m := range fives[:2] { // 5m retention: the 5m blocks before 4h
+		d.delete(m)
+	}
+	s = d.store()
+	for i, p := range panels {
+		got := d.query(s, downsample.Auto, p.q, p.start, p.end, p.step)
+		bad, n := diff(want[i], got, 1e-6, 5)
+		if n == 0 {
+			t.Fatalf("%s: raw answered nothing", p.q)
+		}
+		if len(bad) > 0 && !got.hasInfo("approximate") {
+			t.Errorf("%s at a %s step from %s: %d points differ from the raw answer without saying so (infos %q):\n%s",
+				p.q, fmtDur(p.step), fmtTime(p.start), len(bad), got.infos(), strings.Join(bad, "\n"))
+		}
+		if got.hasInfo("approximate") {
+			t.Errorf("%s at a %s step: said approximate where whole windows answer exactly: %q", p.q, fmtDur(p.step), got.infos())
+		}
+	}
 }

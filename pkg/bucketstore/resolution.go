@@ -209,12 +209,21 @@ func (p planner) forced(s span) bool {
 }
 
 // snap moves each boundary between two segments onto the window grid of
-// the coarser side (raw times k·R + 1), giving the part of the straddled
-// window to the finer side, so that no window is read in part: a
-// downsampled segment that ended inside a window would hold the whole
+// the coarser side (raw times k·R + 1), so that no window is read in part:
+// a downsampled segment that ended inside a window would hold the whole
 // window's aggregate while the finer side read some of the same samples
-// (the local TSDB's oldest time, a receiver's lookback, are anywhere). A
-// boundary beside a moved segment (segment.shift) goes between two
+// (the local TSDB's oldest time, a receiver's lookback, are anywhere). The
+// straddled window goes to the finer side, unless the finer side comes
+// after it, is not the local TSDB's range (downsampled points beside the
+// samples it serves would count them twice) and its blocks do not hold the
+// window's samples before the boundary: where raw retention ended the
+// raw blocks begin at the edge, and the raw sample at exactly the edge
+// belongs to the 5m window that ends there, which only the 5m blocks still
+// hold (handing it to the raw side lost that window from every range over
+// it). Where the finer side comes first (raw data, then only downsampled
+// data: no newer raw data was written), the window's samples before the
+// boundary are all the finer side's and the coarser window holds no more.
+// A boundary beside a moved segment (segment.shift) goes between two
 // evaluations instead (snapBetween). Segments left empty are dropped.
 func (p planner) snap(g []*bucketBlock, segs []segment) []segment {
 	for i := 1; i < len(segs); i++ {
@@ -228,9 +237,13 @@ func (p planner) snap(g []*bucketBlock, segs []segment) []segment {
 		if res == block.ResolutionRaw || off == 0 {
 			continue
 		}
-		b := r.from - off // the left segment is coarser: it ends earlier
-		if r.res == res {
-			b = r.from + res - off // the right one is: it starts later
+		down, up := r.from-off, r.from+res-off // the grid points around the boundary
+		b := down                              // the left segment is coarser: it ends earlier
+		switch {
+		case r.res == res:
+			b = up // the right one is: it starts later
+		case !p.forced(span{r.from, r.to}) && !coveredBy(g, r.res, span{down, r.from}) && coveredBy(g, l.res, span{r.from, up}):
+			b = up // the finer right one lacks the window's start
 		}
 		b = min(max(b, l.from), r.to)
 		l.to, r.from = b, b

@@ -15,6 +15,7 @@
 package bucketstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -37,6 +38,7 @@ import (
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/blockquery"
 	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/seriesset"
 )
@@ -113,11 +115,13 @@ func (c Config) Validate() error {
 
 // Store is the per-tenant view of the bucket's blocks.
 type Store struct {
-	cfg    Config
-	bkt    objstore.BucketReader
-	cache  *PageCache
-	logger *slog.Logger
-	m      *metrics
+	cfg   Config
+	bkt   objstore.BucketReader
+	cache *PageCache
+	// blockCache keeps the selectors queries resolved on blocks (nil: none).
+	blockCache *blockquery.Cache
+	logger     *slog.Logger
+	m          *metrics
 
 	syncMtx sync.Mutex // one sync at a time
 
@@ -133,7 +137,8 @@ func New(cfg Config, bkt objstore.BucketReader, logger *slog.Logger, reg prometh
 	}
 	s := &Store{
 		cfg: cfg, bkt: bkt, logger: logger,
-		cache:   NewPageCache(cfg.PageSize, cfg.CacheSize),
+		cache:      NewPageCache(cfg.PageSize, cfg.CacheSize),
+		blockCache: blockquery.NewCache(defaultBlockCacheSize, nil),
 		tenants: map[string][]*bucketBlock{}, views: map[string]*tenantView{},
 	}
 	s.m = newMetrics(s)
@@ -143,6 +148,35 @@ func New(cfg Config, bkt objstore.BucketReader, logger *slog.Logger, reg prometh
 		}
 	}
 	return s, nil
+}
+
+// SetBlockCache makes queries keep the selectors they resolve on a block in
+// c (pkg/blockquery), in place of the store's own (of
+// defaultBlockCacheSize); call it before the first query. nil: every
+// select reads the block's index.
+func (s *Store) SetBlockCache(c *blockquery.Cache) { s.blockCache = c }
+
+// defaultBlockCacheSize bounds a store's own cache of resolved selectors:
+// gpustore gives it the one it shares with the local TSDBs.
+const defaultBlockCacheSize = 64 << 20
+
+// blockQuerier is a querier of block b's samples in [lo, hi] for one
+// query. The cache holds a selector's series over the whole block, so the
+// view its index is read through covers the whole block and leaves no chunk
+// out; the step windows a sparse select needs are applied to the cached
+// series instead.
+func (s *Store) blockQuerier(ctx context.Context, b *bucketBlock, lo, hi int64) (storage.Querier, error) {
+	if s.blockCache == nil {
+		return tsdb.NewBlockQuerier(newView(ctx, b, lo, hi), lo, hi)
+	}
+	v := newView(ctx, b, b.meta.MinTime, b.meta.MaxTime-1)
+	var keep func(mint, maxt int64) bool
+	if need := v.st.need; need != nil {
+		v.st.need = nil
+		early := max(b.meta.GPUStore.Downsample.Resolution-1, 0)
+		keep = func(mint, maxt int64) bool { return need.overlaps(mint-early, maxt) }
+	}
+	return blockquery.NewQuerier(v, s.blockCache, lo, hi, blockquery.Options{Key: b.meta.ULID.String(), Keep: keep})
 }
 
 // CacheStats returns the page cache's counters.
@@ -464,44 +498,74 @@ func hintRange(mint, maxt int64, hints *storage.SelectHints) (int64, int64) {
 // pkg/downsample's views.
 type querier struct{ base }
 
-// open returns a querier over blocks (of one resolution) for [mint, maxt],
-// through the view of their resolution; downsampled plain selectors return
-// points in [from, to] (mint and maxt may be a window beyond, see
-// selectSegment), and approx says why downsampled answers are approximate
-// (downsample.Blocks.Approximate).
-func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt, from, to int64, approx string) (storage.Querier, error) {
+// viewOpts is how open reads downsampled blocks (downsample.Blocks): plain
+// selectors' points in [from, to] (the blocks are read a window beyond,
+// see selectSegment), approx why answers are approximate, the select's
+// hints before they were narrowed to the segment, and the raw time whose
+// samples are read elsewhere (finer blocks beside them).
+type viewOpts struct {
+	from, to  int64
+	approx    string
+	hints     *storage.SelectHints
+	elsewhere []downsample.Span
+}
+
+// open returns a querier over blocks for [mint, maxt]: raw blocks as they
+// are, downsampled blocks through one view of their resolution (so that a
+// range function sees a series across the blocks' edges).
+func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt int64, o viewOpts) (storage.Querier, error) {
 	bs, err := q.selected(ctx, blocks, mint, maxt)
 	if err != nil {
 		return nil, err
 	}
 	qs := make([]storage.Querier, 0, len(bs))
-	for _, b := range bs {
-		lo, hi := q.readRange(b, mint, maxt)
-		bq, err := tsdb.NewBlockQuerier(newView(ctx, b, lo, hi), lo, hi)
-		if err != nil {
-			for _, o := range qs {
-				_ = o.Close()
-			}
-			return nil, err
+	views := map[int64]*downsample.Blocks{}
+	var order []int64
+	fail := func(err error) (storage.Querier, error) {
+		for _, o := range qs {
+			_ = o.Close()
 		}
-		var bv storage.Querier
-		if res := b.meta.GPUStore.Downsample.Resolution; res == block.ResolutionRaw {
-			bv = downsample.NewRawQuerier(bq)
-		} else {
-			ds := downsample.Blocks{Querier: bq, Resolution: res, Lo: lo, Hi: hi, From: from, To: to, Approximate: approx}
-			// Counter pairs are read up to a window past hi (downsample's pairs.go).
-			if _, wide := q.readRange(b, mint, maxt+min(res-1, math.MaxInt64-maxt)); wide > hi {
-				if ds.Pairs, err = tsdb.NewBlockQuerier(newView(ctx, b, lo, wide), lo, wide); err != nil {
-					_ = bq.Close()
-					for _, o := range qs {
-						_ = o.Close()
-					}
-					return nil, err
+		for _, v := range views {
+			for _, p := range v.Parts {
+				_ = p.Querier.Close()
+				if p.Pairs != nil {
+					_ = p.Pairs.Close()
 				}
 			}
-			bv = downsample.NewQuerier(ds)
 		}
-		qs = append(qs, seriesset.SpanQuerier(bv, lo, hi))
+		return nil, err
+	}
+	for _, b := range bs {
+		lo, hi := q.readRange(b, mint, maxt)
+		bq, err := q.s.blockQuerier(ctx, b, lo, hi)
+		if err != nil {
+			return fail(err)
+		}
+		res := b.meta.GPUStore.Downsample.Resolution
+		if res == block.ResolutionRaw {
+			qs = append(qs, seriesset.SpanQuerier(downsample.NewRawQuerier(bq), lo, hi))
+			continue
+		}
+		v := views[res]
+		if v == nil {
+			v = &downsample.Blocks{Resolution: res, From: o.from, To: o.to, Approximate: o.approx, Hints: o.hints, Elsewhere: o.elsewhere}
+			views[res] = v
+			order = append(order, res)
+		}
+		p := downsample.Part{Querier: bq, Lo: lo, Hi: hi, KeptCounts: b.meta.GPUStore.Downsample.KeptCounts}
+		// Counter pairs are read up to a window past hi (downsample's pairs.go).
+		if _, wide := q.readRange(b, mint, maxt+min(res-1, math.MaxInt64-maxt)); wide > hi {
+			if p.Pairs, err = q.s.blockQuerier(ctx, b, lo, wide); err != nil {
+				_ = bq.Close()
+				return fail(err)
+			}
+		}
+		v.Parts = append(v.Parts, p)
+	}
+	for _, res := range order {
+		v := views[res]
+		slices.SortFunc(v.Parts, func(a, b downsample.Part) int { return cmp.Compare(a.Lo, b.Lo) })
+		qs = append(qs, seriesset.SpanQuerier(downsample.NewQuerier(*v), v.Parts[0].Lo, v.Parts[len(v.Parts)-1].Hi))
 	}
 	return seriesset.NewMergeQuerier(qs, seriesset.MergeSpans), nil
 }
@@ -671,11 +735,17 @@ func (q *querier) selectSegment(ctx context.Context, sg segment, res int64, hint
 			}
 		}
 	}
-	approx := ""
+	v := viewOpts{from: from, to: to, hints: hints}
 	if res == sg.res {
-		approx = sg.approx
+		v.approx = sg.approx
 	}
-	m, err := q.open(ctx, blocks, readFrom, readTo, from, to, approx)
+	for _, b := range sg.blocks { // finer blocks read beside these (segment.blocks)
+		if b.meta.GPUStore.Downsample.Resolution < res {
+			c := covered(b.meta)
+			v.elsewhere = append(v.elsewhere, downsample.Span{Lo: c.from, Hi: c.to - 1})
+		}
+	}
+	m, err := q.open(ctx, blocks, readFrom, readTo, v)
 	if err != nil {
 		return nil, err
 	}
@@ -725,7 +795,7 @@ func (w withInfo) Warnings() annotations.Annotations {
 }
 
 func (q *querier) LabelValues(ctx context.Context, name string, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	m, err := q.open(ctx, q.blocks, q.mint, q.maxt, q.mint, q.maxt, "")
+	m, err := q.open(ctx, q.blocks, q.mint, q.maxt, viewOpts{from: q.mint, to: q.maxt})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -734,7 +804,7 @@ func (q *querier) LabelValues(ctx context.Context, name string, hints *storage.L
 }
 
 func (q *querier) LabelNames(ctx context.Context, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	m, err := q.open(ctx, q.blocks, q.mint, q.maxt, q.mint, q.maxt, "")
+	m, err := q.open(ctx, q.blocks, q.mint, q.maxt, viewOpts{from: q.mint, to: q.maxt})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -828,9 +828,10 @@ func (p *pass) compactPlan(ctx context.Context, group string, plan []*block.Meta
 		return nil
 	}
 	first := plan[0].GPUStore
-	ds := block.Downsample{Resolution: first.Downsample.Resolution}
+	ds := block.Downsample{Resolution: first.Downsample.Resolution, KeptCounts: first.Downsample.Resolution != block.ResolutionRaw}
 	for _, m := range plan { // a folded block merged with others: the result is folded
 		ds.FoldedLabels = append(ds.FoldedLabels, m.GPUStore.Downsample.FoldedLabels...)
+		ds.KeptCounts = ds.KeptCounts && m.GPUStore.Downsample.KeptCounts // so are its counts
 	}
 	slices.Sort(ds.FoldedLabels)
 	ds.FoldedLabels = slices.Compact(ds.FoldedLabels)

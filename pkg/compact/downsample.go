@@ -185,8 +185,10 @@ func (p *pass) downsampleBlock(ctx context.Context, m *block.Meta, res int64) er
 		Mint: mint, Maxt: maxt, Dir: out, Tenant: p.tenant, Sources: sources(m),
 		Fold: p.c.fold, Logger: p.logger,
 	}
+	dcfg.SourceKeptCounts = true
 	for _, in := range inputs {
 		dcfg.Folded = append(dcfg.Folded, in.GPUStore.Downsample.FoldedLabels...)
+		dcfg.SourceKeptCounts = dcfg.SourceKeptCounts && in.GPUStore.Downsample.KeptCounts
 	}
 	if dcfg.SourceResolution == block.ResolutionRaw {
 		// Counters are told from gauges by the tenant's metadata, which the
@@ -212,7 +214,7 @@ func (p *pass) downsampleBlock(ctx context.Context, m *block.Meta, res int64) er
 		p.c.mtx.Unlock()
 		return nil
 	}
-	ds := block.Downsample{Resolution: res, FoldedLabels: dcfg.FoldedLabels()}
+	ds := block.Downsample{Resolution: res, FoldedLabels: dcfg.FoldedLabels(), KeptCounts: dcfg.KeptCounts()}
 	_, outBytes, err := p.uploadResult(ctx, filepath.Join(out, id.String()), m.GPUStore.Labels, ds, downsample.Source, nil, nil)
 	if err != nil {
 		return err

@@ -69,9 +69,6 @@ func NewBucketLease(bkt objstore.Bucket, owner string, ttl, settle time.Duration
 	return &BucketLease{bkt: bkt, owner: owner, ttl: ttl, settle: settle, now: time.Now}
 }
 
-// Owner is this process's owner name.
-func (l *BucketLease) Owner() string { return l.owner }
-
 // Held is one acquired lease.
 type Held struct {
 	l      *BucketLease

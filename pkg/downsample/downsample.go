@@ -52,6 +52,10 @@ type Config struct {
 	// already (5m data downsampled to 1h): meta.json records both.
 	Fold   *Fold
 	Folded []string
+	// SourceKeptCounts says every source block (5m data downsampled to
+	// 1h) records how many raw samples its counters' kept samples stand
+	// for (block.Downsample.KeptCounts); raw sources always do.
+	SourceKeptCounts bool
 	// Types looks up metric types in the tenant's metadata (optional; names decide without it).
 	Types  TypeLookup
 	Logger *slog.Logger
@@ -220,7 +224,7 @@ func (cfg *Config) writeMeta(dir string, m tsdb.BlockMeta, srcs []tsdb.BlockMeta
 	meta := block.Meta{BlockMeta: m, GPUStore: block.GPUStoreMeta{
 		Version:    block.MetaVersion,
 		Tenant:     cfg.Tenant,
-		Downsample: block.Downsample{Resolution: cfg.Resolution, FoldedLabels: cfg.FoldedLabels()},
+		Downsample: block.Downsample{Resolution: cfg.Resolution, FoldedLabels: cfg.FoldedLabels(), KeptCounts: cfg.KeptCounts()},
 		Source:     Source,
 	}}
 	b, err := json.MarshalIndent(meta, "", "\t")
@@ -248,18 +252,12 @@ func (cfg *Config) FoldedLabels() []string {
 	return slices.Compact(out)
 }
 
-// ReadResolution returns gpustore.downsample.resolution of a local block
-// directory's meta.json (0, raw, when the section is absent).
-func ReadResolution(dir string) (int64, error) {
-	b, err := os.ReadFile(filepath.Join(dir, block.MetaFilename))
-	if err != nil {
-		return 0, err
-	}
-	var m block.Meta
-	if err := json.Unmarshal(b, &m); err != nil {
-		return 0, fmt.Errorf("parse %s: %w", filepath.Join(dir, block.MetaFilename), err)
-	}
-	return m.GPUStore.Downsample.Resolution, nil
+// KeptCounts says whether the written block records how many raw samples
+// its counters' kept samples stand for (meta.json's
+// gpustore.downsample.kept_counts): from raw data always, from 5m data when
+// every source does.
+func (cfg *Config) KeptCounts() bool {
+	return cfg.SourceResolution == ResRaw || cfg.SourceKeptCounts
 }
 
 // series downsamples one input series into w: a raw gauge into one packed
@@ -352,6 +350,11 @@ func (cfg *Config) feed(it chunkenc.Iterator, shift int64, st *Stats, red *reduc
 	for vt := it.Next(); vt != chunkenc.ValNone; vt = it.Next() {
 		s := readSample(it, vt)
 		s.t += shift
+		if p, ok := it.(*pairIterator); ok {
+			s.drops = p.drops()
+		} else if shift != 0 {
+			s.drops = unknownDrops // kept samples one per point do not say
+		}
 		if s.t <= cfg.Mint || s.t > cfg.Maxt {
 			continue
 		}

@@ -23,9 +23,10 @@ import (
 //	                                   first_over_time, last_over_time,
 //	                                   present_over_time, absent_over_time
 //
-// (rate, increase and delta within 1e-6 where the series covers the range:
-// the extrapolation differs only in the 1 ms each kept sample is moved,
-// window.go). Everything else is an approximation, and the select says so
+// (rate, increase and delta up to float rounding, also where a series
+// starts or ends inside the range: densify.go puts back the raw samples the
+// engine's extrapolation counts, or says the answer is approximate where
+// the data does not record them). Everything else is an approximation, and the select says so
 // with an info annotation (Approximation): a plain selector reads each
 // window's average (a counter's last kept sample); count/sum/avg_over_time,
 // changes, irate, idelta, deriv, predict_linear and the *_over_time

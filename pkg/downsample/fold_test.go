@@ -295,7 +295,7 @@ func TestFoldNeverMergesCounters(t *testing.T) {
 	folded5, plain5 := down("folded5m", raw, ResRaw, Res5m, fold), down("plain5m", raw, ResRaw, Res5m, nil)
 	folded1, plain1 := down("folded1h", []tsdb.BlockReader{folded5}, Res5m, Res1h, nil), down("plain1h", []tsdb.BlockReader{plain5}, Res5m, Res1h, nil)
 
-	rawQ := NewRawQueryable(blocksQueryable(raw...))
+	rawQ := rawQueryable(raw...)
 	at := t0 + span
 	const perNamespace = `sum by (namespace) (increase(` + energy + `{namespace="train"}[6h]))`
 	want := rangeQuery(t, rawQ, perNamespace, 5*time.Minute, at, at, Res1h)
@@ -309,7 +309,7 @@ func TestFoldNeverMergesCounters(t *testing.T) {
 		res           string
 		folded, plain *tsdb.Block
 	}{{"5m", folded5, plain5}, {"1h", folded1, plain1}} {
-		fq, pq := NewQueryable(blocksQueryable(c.folded)), NewQueryable(blocksQueryable(c.plain))
+		fq, pq := viewQueryable(resOf(c.res), c.folded), viewQueryable(resOf(c.res), c.plain)
 		if c.res == "5m" {
 			// At 1h the kept samples are an hour apart, and increase()
 			// extrapolates a series that ends inside the range by half

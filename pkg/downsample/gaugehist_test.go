@@ -68,12 +68,12 @@ func TestGaugeHistogramsKeepEverySample(t *testing.T) {
 		t.Fatal(err)
 	}
 	b1 := openBlock(t, filepath.Join(dir, "1h", id1.String()))
-	raw := NewRawQueryable(blocksQueryable(r1, r2))
+	raw := rawQueryable(r1, r2)
 	for _, res := range []struct {
 		name string
 		res  int64
 		q    storage.Queryable
-	}{{"5m", Res5m, NewQueryable(blocksQueryable(b5))}, {"1h", Res1h, NewQueryable(blocksQueryable(b1))}} {
+	}{{"5m", Res5m, viewQueryable(Res5m, b5)}, {"1h", Res1h, viewQueryable(Res1h, b1)}} {
 		rs := (time.Duration(res.res) * time.Millisecond).String()
 		lb := time.Duration(res.res) * time.Millisecond
 		start, end := t0+2*res.res, t0+span
@@ -89,7 +89,7 @@ func TestGaugeHistogramsKeepEverySample(t *testing.T) {
 			compare(t, res.name+": "+c.q, rangeQuery(t, raw, c.q, lb, start, end, res.res), rangeQuery(t, res.q, c.q, lb, start, end, res.res), c.check)
 		}
 		qs := "count_over_time(gpu_kernel_occupancy[" + rs + "])"
-		rq, _, err := RewriteQuery(qs)
+		rq, _, err := rewriteQuery(qs)
 		if err != nil {
 			t.Fatal(err)
 		}

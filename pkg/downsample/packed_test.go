@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"math"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -156,7 +158,7 @@ func TestPackedAggregatesRoundTrip(t *testing.T) {
 	checkPacked(t, "neg_gauge 1h", got[negKey], []packedPoint{{t: t0 + Res1h - 1, a: aggr{24, -75, -6, -0.25}}})
 
 	// The views read the same through PromQL as raw data does.
-	rawQ, q5, q1 := NewRawQueryable(blocksQueryable(raw)), NewQueryable(blocksQueryable(b5)), NewQueryable(blocksQueryable(b1))
+	rawQ, q5, q1 := rawQueryable(raw), viewQueryable(Res5m, b5), viewQueryable(Res1h, b1)
 	for _, qs := range []string{"min_over_time(neg_gauge[1h])", "max_over_time(neg_gauge[1h])", "sum_over_time(neg_gauge[1h])",
 		"min_over_time(edge_gauge[1h])", "max_over_time(edge_gauge[1h])"} {
 		want := rangeQuery(t, rawQ, qs, 5*time.Minute, t0+Res1h, t0+Res1h, Res1h)
@@ -270,7 +272,7 @@ func fixtureQueries(t *testing.T, r int64) []string {
 		"rate(gauge_metric[" + rs3 + "])", "max_over_time(gauge_metric[" + rs3 + "])",
 	}
 	for _, q := range []string{"count_over_time(gauge_metric[" + rs + "])", "avg_over_time(gauge_metric[" + rs + "])"} {
-		rq, _, err := RewriteQuery(q)
+		rq, _, err := rewriteQuery(q)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -280,13 +282,38 @@ func fixtureQueries(t *testing.T, r int64) []string {
 }
 
 // sameAnswers runs qs over want and got at every multiple of res.
+//
+// Old layouts do not record the raw samples a counter's kept samples stand
+// for: rate and increase over them where a series starts or ends inside a
+// range may differ from raw's (and the packed blocks') answer, and then say
+// they are approximate.
 func sameAnswers(t *testing.T, what string, want, got storage.Queryable, res int64) {
 	t.Helper()
 	lb := time.Duration(res) * time.Millisecond
 	for _, qs := range fixtureQueries(t, res) {
-		compare(t, what+": "+qs, rangeQuery(t, want, qs, lb, t0+3*res, t0+span, res),
-			rangeQuery(t, got, qs, lb, t0+3*res, t0+span, res), rounding)
+		w := rangeQuery(t, want, qs, lb, t0+3*res, t0+span, res)
+		g, infos := rangeQueryInfos(t, got, qs, lb, t0+3*res, t0+span, res)
+		if differ(w, g, rounding) && slices.ContainsFunc(infos, func(s string) bool { return strings.Contains(s, "approximate") }) {
+			continue
+		}
+		compare(t, what+": "+qs, w, g, rounding)
 	}
+}
+
+// differ says whether two answers differ anywhere (ok failing, or a point
+// missing on either side).
+func differ(want, got points, ok func(string, int64, float64, float64) bool) bool {
+	for k, w := range want {
+		if len(w) != len(got[k]) {
+			return true
+		}
+		for ts, wv := range w {
+			if gv, found := got[k][ts]; !found || !ok(k, ts, wv, gv) {
+				return true
+			}
+		}
+	}
+	return len(want) != len(got)
 }
 
 // Buckets hold blocks written before the packed layout (four series per
@@ -297,7 +324,7 @@ func TestOldLayoutBlocksStillAnswer(t *testing.T) {
 	f := newFixture(t, 7, 8)
 	dir := t.TempDir()
 	old5 := oldLayout(t, filepath.Join(dir, "old5m"), f.b5m, math.MinInt64, math.MaxInt64)
-	sameAnswers(t, "old 5m vs packed 5m", f.ds5m, NewQueryable(blocksQueryable(old5)), Res5m)
+	sameAnswers(t, "old 5m vs packed 5m", f.ds5m, viewQueryable(Res5m, old5), Res5m)
 
 	ctx := context.Background()
 	id, _, err := Downsample(ctx, []tsdb.BlockReader{old5}, Config{SourceResolution: Res5m, Resolution: Res1h,
@@ -309,13 +336,13 @@ func TestOldLayoutBlocksStillAnswer(t *testing.T) {
 	if n := len(readPacked(t, old1, labels.MustNewMatcher(labels.MatchEqual, AggrLabel, AggrPacked))); n != 0 {
 		t.Errorf("1h from an old-layout block has %d packed series; old layout stays old", n)
 	}
-	sameAnswers(t, "1h from old 5m vs packed 1h", f.ds1h, NewQueryable(blocksQueryable(old1)), Res1h)
+	sameAnswers(t, "1h from old 5m vs packed 1h", f.ds1h, viewQueryable(Res1h, old1), Res1h)
 
 	// The first 3h in the old layout beside the packed block of the whole
 	// span: the same windows in both layouts read once.
 	split := t0 + 3*Res1h
 	oldHalf := oldLayout(t, filepath.Join(dir, "oldhalf"), f.b5m, math.MinInt64, split)
-	sameAnswers(t, "old and packed 5m of the same windows", f.ds5m, NewQueryable(blocksQueryable(oldHalf, f.b5m)), Res5m)
+	sameAnswers(t, "old and packed 5m of the same windows", f.ds5m, viewQueryable(Res5m, oldHalf, f.b5m), Res5m)
 	// Downsampled together to 1h: the first 3h's windows in both layouts.
 	id, _, err = Downsample(ctx, []tsdb.BlockReader{oldHalf, f.b5m}, Config{SourceResolution: Res5m, Resolution: Res1h,
 		Mint: t0, Maxt: t0 + span, Dir: filepath.Join(dir, "1h-both")})
@@ -323,7 +350,7 @@ func TestOldLayoutBlocksStillAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	both := openBlock(t, filepath.Join(dir, "1h-both", id.String()))
-	sameAnswers(t, "1h from old and packed 5m", f.ds1h, NewQueryable(blocksQueryable(both)), Res1h)
+	sameAnswers(t, "1h from old and packed 5m", f.ds1h, viewQueryable(Res1h, both), Res1h)
 	// Old 1h blocks early, packed late.
 	id, _, err = Downsample(ctx, []tsdb.BlockReader{oldHalf}, Config{SourceResolution: Res5m, Resolution: Res1h,
 		Mint: t0, Maxt: split, Dir: filepath.Join(dir, "1h-early")})
@@ -337,7 +364,7 @@ func TestOldLayoutBlocksStillAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	late := openBlock(t, filepath.Join(dir, "1h-late", id.String()))
-	sameAnswers(t, "1h from old (early) and packed (late) 5m", f.ds1h, NewQueryable(blocksQueryable(early, late)), Res1h)
+	sameAnswers(t, "1h from old (early) and packed (late) 5m", f.ds1h, viewQueryable(Res1h, early, late), Res1h)
 }
 
 // The compactor merges overlapping downsampled blocks (a raw block that grew
@@ -376,7 +403,7 @@ func TestVerticalCompactionOfPackedBlocks(t *testing.T) {
 	if got, want := merged.Meta().Stats.NumSamples, f.b1h.Meta().Stats.NumSamples; got != want {
 		t.Errorf("merged block has %d samples, the one-piece 1h block %d: overlap not merged", got, want)
 	}
-	sameAnswers(t, "vertically compacted 1h vs one-piece 1h", f.ds1h, NewQueryable(blocksQueryable(merged)), Res1h)
+	sameAnswers(t, "vertically compacted 1h vs one-piece 1h", f.ds1h, viewQueryable(Res1h, merged), Res1h)
 }
 
 // Plain selectors over 1h data at steps between windows (the fill) read the
@@ -390,7 +417,7 @@ func TestPlainSelectorFillReadsPackedAsOld(t *testing.T) {
 			if err != nil {
 				return nil, err
 			}
-			return NewQuerier(Blocks{Querier: q, Resolution: Res1h, Lo: mint, Hi: maxt, From: mint, To: math.MaxInt64}), nil
+			return NewQuerier(Blocks{Parts: []Part{{Querier: q, Lo: mint, Hi: maxt}}, Resolution: Res1h, From: mint, To: math.MaxInt64}), nil
 		})
 	}
 	for _, qs := range []string{"avg(gauge_metric)", "gauge_metric"} {

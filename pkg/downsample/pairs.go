@@ -20,12 +20,17 @@ import (
 //	Count                 the first sample's value
 //	Sum                   the second sample's value
 //	PositiveBuckets[0]    the second's time minus the first's, in ms (> 0)
-//	PositiveBuckets[1]    0
+//	PositiveBuckets[1]    1 + the raw samples left out before the second
+//	                      (0: not recorded, in blocks written before them)
 //
 // stored at the second sample's time. A kept sample without a partner (a
 // window's only sample, the odd one of a window with three, a staleness
-// marker) is a point with a time difference of 0 and its value in both
-// fields. Expanding the points gives back exactly the kept samples.
+// marker, a sample after left-out ones that no sample of its window
+// precedes in a point) is a point with a time difference of 0, its value in
+// both fields and the samples left out before it in bucket 1. No samples
+// are left out before the first sample of a pair (the writer keeps it
+// alone otherwise). Expanding the points gives back exactly the kept
+// samples and how many raw samples each stands in for.
 //
 // Why: kept samples alternate between a window's first and last sample, so
 // their time deltas alternate too (4 m 45 s, 15 s at a 15 s scrape) and the
@@ -58,7 +63,7 @@ func (p *pairWriter) add(s *sample) {
 		return
 	}
 	p.flush()
-	if s.isStale() {
+	if s.isStale() || s.drops > 0 {
 		p.out.appendPair(s, s)
 		return
 	}
@@ -80,25 +85,40 @@ func (o *outSeries) appendPair(a, b *sample) {
 		o.append(outSample{t: b.t - 1, kind: chunkenc.ValFloatHistogram, stale: true})
 		return
 	}
-	o.append(outSample{t: b.t - 1, kind: chunkenc.ValFloatHistogram, a: aggr{count: a.f, sum: b.f, min: float64(b.t - a.t)}})
+	count := 0.0 // not known
+	if a.drops >= 0 && b.drops >= 0 {
+		count = float64(1 + b.drops)
+	}
+	o.append(outSample{t: b.t - 1, kind: chunkenc.ValFloatHistogram, a: aggr{count: a.f, sum: b.f, min: float64(b.t - a.t), max: count}})
 }
 
-// unpackPair reads a pair point stored at t: its first sample's time and
-// value, and its second's value (the second is at t; first == t when the
-// point holds one sample).
-func unpackPair(t int64, fh *histogram.FloatHistogram) (first int64, v1, v2 float64, err error) {
+// pairPoint is one point of a pairs series: its first sample's time and
+// value, its second's value (at the point's time t; first == t when the
+// point holds one sample), and the raw samples left out before the second
+// (unknownDrops when the block does not record them).
+type pairPoint struct {
+	first  int64
+	v1, v2 float64
+	drops  int64
+}
+
+// unpackPair reads a pair point stored at t.
+func unpackPair(t int64, fh *histogram.FloatHistogram) (pairPoint, error) {
 	if value.IsStaleNaN(fh.Sum) {
-		return t, fh.Sum, fh.Sum, nil
+		return pairPoint{first: t, v1: fh.Sum, v2: fh.Sum}, nil
 	}
 	a, _, err := unpackAggr(fh)
 	if err != nil {
-		return 0, 0, 0, err
+		return pairPoint{}, err
 	}
 	d := a.min
-	if d < 0 || d != math.Trunc(d) || d > float64(Res1h) || a.max != 0 {
-		return 0, 0, 0, fmt.Errorf("%s point at %d has a time difference of %g ms", AggrPairs, t, d)
+	if d < 0 || d != math.Trunc(d) || d > float64(Res1h) {
+		return pairPoint{}, fmt.Errorf("%s point at %d has a time difference of %g ms", AggrPairs, t, d)
 	}
-	return t - int64(d), a.count, a.sum, nil
+	if a.max < 0 || a.max != math.Trunc(a.max) || a.max > float64(Res1h) {
+		return pairPoint{}, fmt.Errorf("%s point at %d stands for %g raw samples", AggrPairs, t, a.max)
+	}
+	return pairPoint{first: t - int64(d), v1: a.count, v2: a.sum, drops: int64(a.max) - 1}, nil
 }
 
 // pairsSeries reads a pairs series as the kept float samples it holds, those
@@ -128,6 +148,7 @@ type pairIterator struct {
 
 	t, t2   int64   // the current sample, the second of its pair
 	v, v2   float64 // their values
+	d, d2   int64   // the raw samples left out before each (unknownDrops: not recorded)
 	second  bool    // the current sample is the first of a pair: t2, v2 follow
 	started bool
 	done    bool
@@ -147,15 +168,22 @@ func (p *pairIterator) read(vt chunkenc.ValueType) bool {
 	}
 	p.started = true
 	t, fh := p.it.AtFloatHistogram(&p.fh)
-	first, v1, v2, err := unpackPair(t, fh)
+	pp, err := unpackPair(t, fh)
 	if err != nil {
 		p.err, p.done = err, true
 		return false
 	}
-	p.t, p.v = first, v1
-	p.t2, p.v2, p.second = t, v2, first != t
+	p.t, p.v, p.d = pp.first, pp.v1, pp.drops
+	p.t2, p.v2, p.d2, p.second = t, pp.v2, pp.drops, pp.first != t
+	if p.second && pp.drops >= 0 {
+		p.d = 0 // nothing is left out before a pair's first sample
+	}
 	return true
 }
+
+// drops is how many raw samples were left out before the current sample
+// (unknownDrops: the block does not say).
+func (p *pairIterator) drops() int64 { return p.d }
 
 // settle skips samples before lo and ends the iteration past hi.
 func (p *pairIterator) settle() chunkenc.ValueType {
@@ -166,7 +194,7 @@ func (p *pairIterator) settle() chunkenc.ValueType {
 		case p.t >= p.lo:
 			return chunkenc.ValFloat
 		case p.second:
-			p.t, p.v, p.second = p.t2, p.v2, false
+			p.t, p.v, p.d, p.second = p.t2, p.v2, p.d2, false
 		default:
 			p.read(p.it.Next())
 		}
@@ -179,7 +207,7 @@ func (p *pairIterator) Next() chunkenc.ValueType {
 		return chunkenc.ValNone
 	}
 	if p.second {
-		p.t, p.v, p.second = p.t2, p.v2, false
+		p.t, p.v, p.d, p.second = p.t2, p.v2, p.d2, false
 	} else if !p.read(p.it.Next()) {
 		return chunkenc.ValNone
 	}
@@ -195,7 +223,7 @@ func (p *pairIterator) Seek(t int64) chunkenc.ValueType {
 			return chunkenc.ValFloat
 		}
 		if p.second && p.t2 >= t {
-			p.t, p.v, p.second = p.t2, p.v2, false
+			p.t, p.v, p.d, p.second = p.t2, p.v2, p.d2, false
 			return p.settle()
 		}
 	}
@@ -205,7 +233,7 @@ func (p *pairIterator) Seek(t int64) chunkenc.ValueType {
 		return chunkenc.ValNone
 	}
 	if p.t < t && p.second {
-		p.t, p.v, p.second = p.t2, p.v2, false
+		p.t, p.v, p.d, p.second = p.t2, p.v2, p.d2, false
 	}
 	return p.settle()
 }

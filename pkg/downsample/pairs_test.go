@@ -211,3 +211,86 @@ func TestPairsQuerierToTheEndOfTime(t *testing.T) {
 		t.Fatalf("a querier to the end of time read %d series, %d samples of the counter", series, samples)
 	}
 }
+
+// Each kept sample says how many raw samples were left out before it, so
+// that a range of whole windows can count its raw samples from the kept
+// ones (densify.go): per window, the kept samples and what they say was
+// left out add up to the raw samples, at 5m from raw data and at 1h from
+// the 5m pairs, and the pairs give the counts back.
+func TestKeptSamplesCountTheRawSamples(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	for i := range 100 {
+		// Raw samples as keptStream makes them, recorded.
+		interval := []int64{1_000, 15_000, 60_000}[rng.IntN(3)]
+		var raw []sample
+		v := 0.0
+		for ts := t0 + rng.Int64N(interval); ts < t0+span; ts += interval + rng.Int64N(3) {
+			switch r := rng.IntN(100); {
+			case r < 3:
+				ts += rng.Int64N(3 * Res5m) // a gap
+			case r < 5:
+				raw = append(raw, sample{t: ts, f: math.Float64frombits(value.StaleNaN)})
+				continue
+			case r < 7:
+				raw = append(raw, sample{t: ts, f: math.NaN()})
+				continue
+			case r < 10:
+				v = rng.Float64() // a reset
+			}
+			v += rng.ExpFloat64()
+			raw = append(raw, sample{t: ts, f: v})
+		}
+		count := func(res int64) map[int64]int64 { // non-stale raw samples per window
+			out := map[int64]int64{}
+			for _, s := range raw {
+				if !s.isStale() {
+					out[windowEnd(s.t, res)]++
+				}
+			}
+			return out
+		}
+		// raw → 5m pairs → read back (raw time) → 1h pairs → read back.
+		in := raw
+		for _, res := range []int64{Res5m, Res1h} {
+			out := &outSeries{w: &writer{}}
+			pw := &pairWriter{res: res, out: out}
+			cs := &counterSelector{res: res, emit: pw.add}
+			for _, s := range in {
+				cs.add(s)
+			}
+			cs.finish()
+			pw.flush()
+			if out.w.err != nil {
+				t.Fatal(out.w.err)
+			}
+			it := pairsSeries{lset: labels.EmptyLabels(), s: &bufSeries{samples: out.samples}, lo: math.MinInt64, hi: math.MaxInt64}.Iterator(nil).(*pairIterator)
+			got := map[int64]int64{}
+			in = in[:0:0]
+			for it.Next() == chunkenc.ValFloat {
+				ts, v := it.At()
+				d := it.drops()
+				if d < 0 {
+					t.Fatalf("round %d, %s: a kept sample at %d does not say what was left out", i, ResolutionName(res), ts)
+				}
+				if !value.IsStaleNaN(v) {
+					got[windowEnd(ts+1, res)] += 1 + d
+				} else if d != 0 {
+					t.Fatalf("round %d, %s: a staleness marker stands for %d left-out samples", i, ResolutionName(res), d)
+				}
+				in = append(in, sample{t: ts + 1, f: v, drops: d})
+			}
+			if err := it.Err(); err != nil {
+				t.Fatal(err)
+			}
+			want := count(res)
+			for w, n := range want {
+				if got[w] != n {
+					t.Fatalf("round %d (interval %d), %s window ending %d: kept samples count %d raw samples, want %d", i, interval, ResolutionName(res), w, got[w], n)
+				}
+			}
+			if len(got) != len(want) {
+				t.Fatalf("round %d, %s: %d windows counted, want %d", i, ResolutionName(res), len(got), len(want))
+			}
+		}
+	}
+}

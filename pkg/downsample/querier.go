@@ -107,27 +107,6 @@ func explicitView(ms []*labels.Matcher) ([]*labels.Matcher, View, bool, error) {
 	return ms, "", false, nil
 }
 
-// NewQueryable reads the downsampled blocks behind q (one resolution or
-// several) as series without AggrLabel, each through the view its selector
-// asks for (an explicit AggrLabel matcher, else ViewFor(hints)).
-func NewQueryable(q storage.Queryable) storage.Queryable { return queryable{q} }
-
-type queryable struct{ storage.Queryable }
-
-func (q queryable) Querier(mint, maxt int64) (storage.Querier, error) {
-	inner, err := q.Queryable.Querier(mint, maxt)
-	if err != nil {
-		return nil, err
-	}
-	// Pairs are read up to a window further (pairs.go).
-	pairs, err := q.Queryable.Querier(mint, maxt+min(Res1h-1, math.MaxInt64-maxt))
-	if err != nil {
-		inner.Close()
-		return nil, err
-	}
-	return &querier{Querier: inner, pairs: pairs, from: math.MinInt64, to: math.MaxInt64, lo: mint, hi: maxt}, nil
-}
-
 type querier struct {
 	storage.Querier
 	// pairs reads the pairs series: the same blocks up to a window past hi
@@ -139,6 +118,14 @@ type querier struct {
 	// approx, when set, is why every answer read here is approximate (the
 	// windows do not fit the select's ranges: GridReason).
 	approx string
+	// What rate, increase and delta need to answer as over raw data where
+	// a series starts or ends inside their ranges (densify.go): the
+	// selects' hints before a caller narrowed them (nil: their own), the
+	// raw time the blocks are read over, and whether every block records
+	// the samples downsampling left out.
+	hints      *storage.SelectHints
+	seen       []Span
+	keptCounts bool
 }
 
 func (q *querier) Close() error {
@@ -193,8 +180,21 @@ func (q *querier) Select(ctx context.Context, _ bool, hints *storage.SelectHints
 		// 5m points already tile the default 5m lookback; 1h points do not.
 		fill = q.res
 	}
-	return &joinSet{view: view, explicit: ok, hints: hints, approx: q.approx,
+	j := &joinSet{view: view, explicit: ok, hints: hints, approx: q.approx,
 		aggrs: aggrs, sets: sets, fill: fill, from: q.from, to: q.to, lo: lo, hi: hi}
+	if view == ViewCounter && !ok && q.approx == "" {
+		h := q.hints
+		if h == nil {
+			h = hints
+		}
+		if j.evals = evaluationsOf(ctx, h, q.res); j.evals != nil {
+			j.res, j.keptCounts, j.seen = q.res, q.keptCounts, q.seen
+			if j.seen == nil {
+				j.seen = []Span{{lo + 1, hi + 1}}
+			}
+		}
+	}
+	return j
 }
 
 // pairRange returns the range a select reads (the TSDB's block querier
@@ -251,6 +251,15 @@ type joinSet struct {
 	explicit bool
 	approx   string
 	info     error // the approximation, once a series is read approximately
+	// evals, for a rate, increase or delta over whole windows, are its
+	// ranges, which a counter's left-out samples are put back into where
+	// its raw answer does not extrapolate to their edges (densify.go), in
+	// the raw time seen of data of resolution res; keptCounts says the data
+	// records them (otherwise such an answer says it is approximate).
+	evals      *evaluations
+	seen       []Span
+	res        int64
+	keptCounts bool
 
 	started bool
 	heads   []storage.Series
@@ -307,6 +316,12 @@ func (j *joinSet) Next() bool {
 	if j.info == nil {
 		j.info = j.approximation(kept)
 	}
+	if kept && j.evals != nil {
+		if err := j.extrapolation(comps); err != nil {
+			j.err = err
+			return false
+		}
+	}
 	if j.fill > 0 {
 		j.cur = filledSeries{Series: j.cur, res: j.fill, from: j.from, to: j.to}
 	}
@@ -338,6 +353,26 @@ func (j *joinSet) approximation(kept bool) error {
 		return Approximation(whyApproximate(j.hints, j.view, j.explicit, kept))
 	}
 	return nil
+}
+
+// extrapolation makes the current series, a counter's kept samples read by
+// a rate, increase or delta over whole windows, answer as over raw data
+// where the series starts or ends inside a range: with its left-out samples
+// put back there, or, where the data does not record them, by saying the
+// answer is approximate when it may not be raw's (densify.go).
+func (j *joinSet) extrapolation(comps map[string]storage.Series) error {
+	if p, ok := j.cur.(pairsSeries); ok && j.keptCounts && comps[AggrCounter] == nil {
+		j.cur = densified{pairs: p, evals: j.evals, seen: j.seen, res: j.res}
+		return nil
+	}
+	if j.info != nil {
+		return nil
+	}
+	may, err := mayNotCover(j.cur, j.evals, j.seen, j.res)
+	if may {
+		j.info = Approximation(fmt.Sprintf("%s where a series starts or ends inside the range needs the number of raw samples, which these blocks do not record for it (native histograms, and blocks downsampled before it was recorded)", j.evals.fn))
+	}
+	return err
 }
 
 // buildSeries reads one series' aggregates through view (pairs cut to [lo,
@@ -554,22 +589,6 @@ func (a *avgIterator) Err() error {
 	return a.count.Err()
 }
 
-// NewRawQueryable lets raw data answer the explicit views that Rewrite puts
-// into queries, so one rewritten query reads raw and downsampled sources
-// alike: count reads every sample as 1, every other view reads the samples
-// as they are. Selects without an AggrLabel matcher pass through.
-func NewRawQueryable(q storage.Queryable) storage.Queryable { return rawQueryable{q} }
-
-type rawQueryable struct{ storage.Queryable }
-
-func (q rawQueryable) Querier(mint, maxt int64) (storage.Querier, error) {
-	inner, err := q.Queryable.Querier(mint, maxt)
-	if err != nil {
-		return nil, err
-	}
-	return rawQuerier{inner}, nil
-}
-
 type rawQuerier struct{ storage.Querier }
 
 func (q rawQuerier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
@@ -593,15 +612,12 @@ func (o onesSet) At() storage.Series {
 
 // Blocks is what NewQuerier reads: downsampled blocks of one resolution.
 type Blocks struct {
-	// Querier reads the blocks over [Lo, Hi].
-	Querier storage.Querier
-	// Pairs reads them over [Lo, Hi + Resolution - 1] (or less where the
-	// blocks end) for the pairs series, whose points a range ending
-	// between a pair's two samples must still read (pairs.go). Nil:
-	// Querier, when Hi is where the blocks end.
-	Pairs      storage.Querier
+	// Parts are the blocks, each read over its own range, in time order
+	// (ordered by Lo). They are read merged (concatenated where they are
+	// disjoint), so that a range function sees a series' samples across
+	// the blocks' edges.
+	Parts      []Part
 	Resolution int64
-	Lo, Hi     int64
 	// Plain selectors see each window's value repeated until the next
 	// window (fill.go), from From to To (the caller reads one window before
 	// and one after, which fill the start and the end).
@@ -611,12 +627,81 @@ type Blocks struct {
 	// annotation saying it is approximate. Otherwise only the answers that
 	// exactRead finds approximate do.
 	Approximate string
+	// Hints are the hints of the select the caller reads these blocks
+	// for, before it narrowed them to the blocks' range (nil: each select's
+	// own): rate, increase and delta need its evaluation times (densify.go).
+	Hints *storage.SelectHints
+	// Elsewhere is raw time whose samples the caller reads from other
+	// blocks beside these (finer ones these do not hold): a range over it
+	// has samples this view does not see.
+	Elsewhere []Span
 }
 
-// NewQuerier is NewQueryable's querier over one resolution's blocks.
+// Span is an inclusive range of time (raw time where it is said).
+type Span struct{ Lo, Hi int64 }
+
+// Part is one block of Blocks.
+type Part struct {
+	// Querier reads the block over [Lo, Hi].
+	Querier storage.Querier
+	// Pairs reads it over [Lo, Hi + Resolution - 1] (or less where the
+	// block ends) for the pairs series, whose points a range ending
+	// between a pair's two samples must still read (pairs.go). Nil:
+	// Querier, when Hi is where the block ends.
+	Pairs  storage.Querier
+	Lo, Hi int64
+	// KeptCounts says the block records how many raw samples its counters'
+	// kept samples stand for (block.Downsample.KeptCounts).
+	KeptCounts bool
+}
+
+// NewQuerier reads downsampled blocks of one resolution as series without
+// AggrLabel, each through the view its selector asks for (an explicit
+// AggrLabel matcher, else ViewFor(hints)). Pairs are cut where the parts
+// begin and end (the least Lo, the greatest Hi); between parts they are
+// not, which is right where the parts meet on a window's edge (blocks begin
+// and end on the 2 h grid).
 func NewQuerier(b Blocks) storage.Querier {
-	return &querier{Querier: b.Querier, pairs: b.Pairs, res: b.Resolution, from: b.From, to: b.To, lo: b.Lo, hi: b.Hi, approx: b.Approximate}
+	q := &querier{res: b.Resolution, from: b.From, to: b.To, approx: b.Approximate, hints: b.Hints, keptCounts: true}
+	if len(b.Parts) == 0 {
+		q.Querier, q.lo, q.hi = storage.NoopQuerier(), b.From, b.To
+		return q
+	}
+	q.lo, q.hi = b.Parts[0].Lo, b.Parts[0].Hi
+	var qs, pairs []storage.Querier
+	wide := false
+	for _, p := range b.Parts {
+		qs = append(qs, seriesset.SpanQuerier(p.Querier, p.Lo, p.Hi))
+		pq, hi := storage.Querier(unclosed{p.Querier}), p.Hi
+		if p.Pairs != nil {
+			pq, hi, wide = p.Pairs, p.Hi+max(b.Resolution-1, 0), true
+		}
+		pairs = append(pairs, seriesset.SpanQuerier(pq, p.Lo, hi))
+		q.keptCounts = q.keptCounts && p.KeptCounts
+		q.lo, q.hi = min(q.lo, p.Lo), max(q.hi, p.Hi)
+		if n := len(q.seen); n > 0 && q.seen[n-1].Hi+1 >= p.Lo+1 {
+			q.seen[n-1].Hi = max(q.seen[n-1].Hi, p.Hi+1)
+		} else {
+			q.seen = append(q.seen, Span{p.Lo + 1, p.Hi + 1}) // raw time: stored + 1 ms
+		}
+	}
+	for _, e := range b.Elsewhere {
+		q.seen = cut(q.seen, Span{e.Lo, e.Hi})
+	}
+	q.Querier = seriesset.NewMergeQuerier(qs, seriesset.MergeSpans)
+	if wide {
+		q.pairs = seriesset.NewMergeQuerier(pairs, seriesset.MergeSpans)
+	}
+	return q
 }
 
-// NewRawQuerier is NewRawQueryable's querier over one querier of raw data.
+// unclosed is a querier read twice (for pairs and the rest), closed once.
+type unclosed struct{ storage.Querier }
+
+func (unclosed) Close() error { return nil }
+
+// NewRawQuerier lets raw data (q) answer the explicit views that Rewrite
+// puts into queries, so one rewritten query reads raw and downsampled
+// sources alike: count reads every sample as 1, every other view reads the
+// samples as they are. Selects without an AggrLabel matcher pass through.
 func NewRawQuerier(q storage.Querier) storage.Querier { return rawQuerier{q} }

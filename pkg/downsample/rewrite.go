@@ -9,8 +9,8 @@ import (
 // Rewrite makes count_over_time and avg_over_time exact over downsampled
 // data. The engine counts and averages the points it is given, and a
 // downsampled series has one point per window, so the functions are
-// expressed through sums of explicit views, which NewQueryable (and
-// NewRawQueryable, for raw sources of the same query) serve:
+// expressed through sums of explicit views, which NewQuerier (and
+// NewRawQuerier, for raw sources of the same query) serve:
 //
 //	count_over_time(x[r]) → sum_over_time(x{__gpustore_aggr__="count"}[r])
 //	avg_over_time(x[r])   → (sum_over_time(x{…="sum"}[r]) / sum_over_time(x{…="count"}[r]))
@@ -77,19 +77,6 @@ func sumOverTime(ms *parser.MatrixSelector, v View, pos posrange.PositionRange) 
 	m := *ms
 	m.VectorSelector = &vs
 	return &parser.Call{Func: parser.Functions["sum_over_time"], Args: parser.Expressions{&m}, PosRange: pos}
-}
-
-// RewriteQuery is Rewrite on a query string.
-func RewriteQuery(qs string) (string, bool, error) {
-	expr, err := parser.NewParser(parser.Options{}).ParseExpr(qs)
-	if err != nil {
-		return qs, false, err
-	}
-	expr, changed := Rewrite(expr)
-	if !changed {
-		return qs, false, nil
-	}
-	return expr.String(), true, nil
 }
 
 // Prepared is what the bucket store needs to know of a query, from Prepare.

@@ -16,7 +16,16 @@ type sample struct {
 	f  float64
 	h  *histogram.Histogram
 	fh *histogram.FloatHistogram
+	// drops is how many raw samples were left out between the previous
+	// sample of the series and this one (a kept counter sample's, see
+	// counterSelector; 0 for a raw sample), or unknownDrops.
+	drops int64
 }
+
+// unknownDrops is the drops of a sample read from data that does not
+// record them: blocks written before pairs counted them, native
+// histograms, and old-layout "counter" floats.
+const unknownDrops = -1
 
 // readSample is the point it is at (vt is what its Next returned).
 func readSample(it chunkenc.Iterator, vt chunkenc.ValueType) sample {
@@ -168,7 +177,13 @@ func (r *reducer) flush() {
 // without reset or NaN, so PromQL's reset-adjusted increase over the kept
 // points equals the one over all points, resets() counts the same resets,
 // and the run's minimum and maximum are its ends, which are kept.
-// Kept points are emitted at their raw time - 1 ms, in order.
+// Kept points are emitted at their raw time - 1 ms, in order, each with the
+// number of raw samples left out since the point kept before it (drops):
+// where a series starts or ends inside their range, rate and increase
+// extrapolate by half the average interval between raw samples, which the
+// readers rebuild from it (densify.go). The points left out lie between
+// two kept points of the same window, so a range of whole windows holds a
+// kept point's drops whenever it holds the point.
 type counterSelector struct {
 	res  int64
 	emit func(s *sample)
@@ -177,6 +192,9 @@ type counterSelector struct {
 	hasPrev     bool
 	prevEmitted bool
 	prevW       int64
+	// dropped counts the raw samples left out since the last emitted
+	// point, before prev (unknownDrops once one of them is unknown).
+	dropped int64
 }
 
 func (c *counterSelector) add(s sample) {
@@ -186,16 +204,34 @@ func (c *counterSelector) add(s sample) {
 		// series for instant queries. Keep the pending point so output
 		// stays in time order.
 		c.flushPrev()
-		c.emit(&s)
+		c.put(&s)
 		return
 	}
 	w := windowEnd(s.t, c.res)
 	keep := !c.hasPrev || w != c.prevW || c.breaksRun(&s)
 	if keep {
 		c.flushPrev()
-		c.emit(&s)
+		c.put(&s)
+	} else if !c.prevEmitted {
+		c.dropped = addDrops(c.dropped, addDrops(1, c.prev.drops)) // prev is left out
 	}
 	c.prev, c.hasPrev, c.prevEmitted, c.prevW = s, true, keep, w
+}
+
+// put emits s with the raw samples left out before it.
+func (c *counterSelector) put(s *sample) {
+	s.drops = addDrops(c.dropped, s.drops)
+	c.dropped = 0
+	c.emit(s)
+}
+
+// addDrops adds two counts of left-out samples, either of which may be
+// unknown.
+func addDrops(a, b int64) int64 {
+	if a < 0 || b < 0 {
+		return unknownDrops
+	}
+	return a + b
 }
 
 // breaksRun says whether s and the previous point may not be folded into one
@@ -216,7 +252,7 @@ func (c *counterSelector) breaksRun(s *sample) bool {
 
 func (c *counterSelector) flushPrev() {
 	if c.hasPrev && !c.prevEmitted {
-		c.emit(&c.prev)
+		c.put(&c.prev)
 		c.prevEmitted = true
 	}
 }

@@ -179,7 +179,7 @@ func TestRewrite(t *testing.T) {
 		`count_over_time(x[1h:5m])`:                     `count_over_time(x[1h:5m])`,
 		`max_over_time(x[1h]) > count_over_time(y[1h])`: `max_over_time(x[1h]) > sum_over_time(y{__gpustore_aggr__="count"}[1h])`,
 	} {
-		got, _, err := RewriteQuery(in)
+		got, _, err := rewriteQuery(in)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -189,7 +189,7 @@ func TestRewrite(t *testing.T) {
 			t.Fatal(err)
 		}
 		if got != we.String() {
-			t.Errorf("RewriteQuery(%s) = %s, want %s", in, got, we.String())
+			t.Errorf("rewriteQuery(%s) = %s, want %s", in, got, we.String())
 		}
 	}
 }

@@ -3,6 +3,8 @@ package ingest
 import (
 	"sync"
 
+	"github.com/prometheus/prometheus/model/labels"
+
 	"github.com/gpustore/gpustore/pkg/relabel"
 )
 
@@ -82,7 +84,7 @@ type driverInfoLabels struct {
 func findDriverInfo(pairs []labelPair, clusterLabel, replicaLabel string) (d driverInfoLabels, ok bool) {
 	for _, p := range pairs {
 		switch yoloString(p.name) {
-		case relabel.DriverVersionLabel:
+		case relabel.DriverVersionLabel, relabel.DriverVersionLabel49:
 			d.driver = p.value
 		case relabel.UUIDLabel:
 			d.uuid = p.value
@@ -146,4 +148,23 @@ func (w *writeRequest) appendDriverInfo(s *decodedSeries) error {
 	st.derived = false
 	st.derivedAcked += st.samples + st.deduplicated + st.relabelDropped - before
 	return err
+}
+
+// dcgmUnitScale returns how to bring a series' samples to the unit the
+// dcgm preset stores its metric in, value * mul / div (dcgm-exporter 4.9
+// sends clocks in Hz, energy in J, utilisation as a ratio, memory in bytes;
+// the preset renames those metrics to their earlier names, whose units were
+// MHz, mJ, percent and MiB), or div 0 for a series whose value is kept. Only
+// a tenant with the preset calls it: one scan of the wire labels for the
+// name.
+func dcgmUnitScale(pairs []labelPair) (mul, div float64) {
+	for _, p := range pairs {
+		if yoloString(p.name) == labels.MetricName {
+			if mul, div, ok := relabel.DCGMUnitScale(yoloString(p.value)); ok {
+				return mul, div
+			}
+			return 0, 0
+		}
+	}
+	return 0, 0
 }

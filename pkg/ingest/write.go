@@ -420,6 +420,10 @@ type seriesWrite struct {
 	// failed: the series was rejected whole (its labels are invalid) or
 	// the tenant's relabel rules drop it.
 	failed bool
+	// mul and div convert the series' values to the unit the dcgm preset
+	// stores (dcgm-exporter 4.9's renamed metrics, see dcgmUnitScale):
+	// value * mul / div; div 0: the value is kept.
+	mul, div float64
 }
 
 func (w *writeRequest) appendSeries(s *decodedSeries) error {
@@ -437,6 +441,9 @@ func (w *writeRequest) appendSeries(s *decodedSeries) error {
 		key.compute(s.labels, "", "")
 	}
 	sw := seriesWrite{w: w, s: s, e: w.tenant.cache.get(key.h1, key.h2), claim: -1}
+	if w.dcgmHost != "" {
+		sw.mul, sw.div = dcgmUnitScale(s.labels)
+	}
 
 	// A series of an HA pair: ask the tracker (once per request and pair).
 	if key.replica != nil {
@@ -618,7 +625,11 @@ func (sw *seriesWrite) appendSamples() error {
 		if w.lim.CreatedTimestampZeroIngestion && smp.st != 0 && smp.st < smp.t {
 			sw.appendZero(smp.st, nil, nil)
 		}
-		ref, err := w.app.Append(sw.ref, sw.ls, smp.st, smp.t, smp.v, nil, nil, storage.AOptions{})
+		v := smp.v
+		if sw.div != 0 {
+			v = v * sw.mul / sw.div
+		}
+		ref, err := w.app.Append(sw.ref, sw.ls, smp.st, smp.t, v, nil, nil, storage.AOptions{})
 		if err != nil && sw.ref != 0 && sw.ls.IsEmpty() && errors.Is(err, tsdb.ErrInvalidSample) {
 			// The cached reference is gone from the head (series garbage
 			// collected): resolve the series again from its labels.

@@ -83,6 +83,14 @@ type Config struct {
 	// double_exponential_smoothing, ...), in queries and in rules, as
 	// Prometheus' --enable-feature=promql-experimental-functions does.
 	EnableExperimentalFunctions bool `yaml:"enable_experimental_functions"`
+	// SeriesCacheSize bounds, in estimated bytes, the selectors resolved on
+	// immutable blocks (local and bucket) that queries keep for the next
+	// query of the same selector (pkg/blockquery); 0 keeps none.
+	SeriesCacheSize int64 `yaml:"series_cache_size_bytes"`
+	// PushDownRangeFunctions evaluates range functions (rate, *_over_time,
+	// ...) in the query path, over the decoded samples, with Prometheus'
+	// own implementations, instead of in the engine (pushdown.go).
+	PushDownRangeFunctions bool `yaml:"push_down_range_functions"`
 }
 
 // DefaultConfig returns Prometheus' own defaults.
@@ -90,7 +98,8 @@ func DefaultConfig() Config {
 	return Config{Timeout: model.Duration(2 * time.Minute), MaxSamples: 50_000_000, MaxConcurrency: 20, LookbackDelta: model.Duration(5 * time.Minute), ReplicaLabels: flagext.StringSliceCSV{"__replica__"},
 		MaxSourceResolution: "auto", MinStepsPerSlice: defaultMinStepsPerSlice,
 		RemoteReadSampleLimit: 5e7, RemoteReadConcurrentLimit: 10, RemoteReadMaxBytesInFrame: 1 << 20,
-		MaxExpressionBytes: defaultMaxExpressionBytes, MaxExpressionDepth: defaultMaxExpressionDepth}
+		MaxExpressionBytes: defaultMaxExpressionBytes, MaxExpressionDepth: defaultMaxExpressionDepth,
+		SeriesCacheSize: 256 << 20, PushDownRangeFunctions: true}
 }
 
 // Validate checks the configuration.
@@ -103,6 +112,9 @@ func (c Config) Validate() error {
 	}
 	if c.RemoteReadSampleLimit < 0 || c.RemoteReadConcurrentLimit < 0 || c.RemoteReadMaxBytesInFrame <= 0 {
 		return errors.New("remote read sample and concurrent limits must not be negative (0: none), max bytes in frame must be positive")
+	}
+	if c.SeriesCacheSize < 0 {
+		return errors.New("query series cache size must not be negative")
 	}
 	if c.MaxExpressionBytes <= 0 || c.MaxExpressionDepth <= 0 {
 		return errors.New("query max expression bytes and depth must be positive")
@@ -203,6 +215,8 @@ func New(opts Options) (*API, error) {
 		FeatureRegistry:          featureSet,
 	})
 
+	se := newSlicingEngine(engine, opts.Config.RangeParallelism, opts.Config.MinStepsPerSlice, opts.Registry)
+	se.pushDown, se.lookback, se.maxSamples = opts.Config.PushDownRangeFunctions, time.Duration(opts.Config.LookbackDelta), opts.Config.MaxSamples
 	q := TenantQueryable{DBs: opts.DBs, Sources: opts.Sources, Receivers: opts.Receivers, ReceiversLookback: opts.ReceiversLookback}
 	rr := opts.Rules
 	if rr == nil {
@@ -211,7 +225,7 @@ func New(opts Options) (*API, error) {
 	startTime := time.Now()
 	build := opts.BuildInfo
 	api := v1.NewAPI(
-		newSlicingEngine(engine, opts.Config.RangeParallelism, opts.Config.MinStepsPerSlice, opts.Registry), q, nil, q,
+		se, q, nil, q,
 		func(context.Context) v1.ScrapePoolsRetriever { return noTargets{} },
 		func(context.Context) v1.TargetRetriever { return noTargets{} },
 		func(context.Context) v1.AlertmanagerRetriever { return noAlertmanagers{} },

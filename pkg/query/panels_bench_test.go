@@ -23,6 +23,7 @@ import (
 	"github.com/gpustore/gpustore/bench/gpusim"
 	"github.com/gpustore/gpustore/bench/load"
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/blockquery"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
@@ -125,6 +126,8 @@ func buildPanelData() (panelData, error) {
 	if err != nil {
 		return panelData{}, err
 	}
+	seriesCache := blockquery.NewCache(256<<20, nil)
+	dbs.SetBlockCache(seriesCache)
 	db, err := dbs.Get("bench")
 	if err != nil {
 		return panelData{}, err
@@ -145,6 +148,7 @@ func buildPanelData() (panelData, error) {
 	if err != nil {
 		return panelData{}, err
 	}
+	store.SetBlockCache(seriesCache)
 	return panelData{queryable: TenantQueryable{DBs: dbs, Sources: []Source{store}}, end: end.Add(-panelInterval), host: sim.Hostnames()[0]}, nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/util/annotations"
 
+	"github.com/gpustore/gpustore/pkg/seriesset"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
@@ -121,15 +122,18 @@ func (t *tenantQuerier[S, Q]) Select(ctx context.Context, sortSeries bool, hints
 }
 
 // selectSamples selects from the tenant's querier and, unless the request
-// turned it off, merges the replicas of an HA pair (dedup.go). The merge
-// groups series by a map, so the select is sorted only when the caller
-// asks (the engine does not; sorting the head's series by labels was 6 %
-// of a 1 h dashboard's CPU).
-func selectSamples(ctx context.Context, q storage.Querier, sortSeries bool, hints *storage.SelectHints, matchers ...*labels.Matcher) storage.SeriesSet {
+// turned it off, merges the replicas of an HA pair (dedup.go). The series
+// are selected in label order whether the caller asks or not (the engine
+// does not): the engine ranks ties (topk, bottomk) in the order it is
+// handed series, and Prometheus hands them in label order whenever a query
+// reads a block; a head alone would give them in the order remote write
+// created them, which two systems never share.
+func selectSamples(ctx context.Context, q storage.Querier, _ bool, hints *storage.SelectHints, matchers ...*labels.Matcher) storage.SeriesSet {
+	ss := q.Select(ctx, true, hints, matchers...)
 	if replicaLabels := dedupLabels(ctx); len(replicaLabels) > 0 {
-		return timeoutSeriesSet{dedupSeriesSet(q.Select(ctx, sortSeries, hints, matchers...), replicaLabels, hints)}
+		ss = dedupSeriesSet(ss, replicaLabels, hints)
 	}
-	return timeoutSeriesSet{q.Select(ctx, sortSeries, hints, matchers...)}
+	return timeoutSeriesSet{seriesset.Decoded(ss)}
 }
 
 // selectChunks is selectSamples for chunk queries (remote read): merging

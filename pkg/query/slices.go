@@ -42,6 +42,11 @@ type slicingEngine struct {
 	maxSlices int // 0: GOMAXPROCS
 	minSteps  int // fewest steps a slice may have
 	cores     func() int
+	// pushDown: the query path evaluates range functions (pushdown.go);
+	// lookback is the engine's default lookback delta, which it needs.
+	pushDown   bool
+	lookback   time.Duration
+	maxSamples int
 
 	running atomic.Int64 // queries of this engine executing now
 
@@ -67,16 +72,45 @@ func newSlicingEngine(ng *promql.Engine, maxSlices, minSteps int, reg prometheus
 
 // NewInstantQuery counts the query among those running.
 func (e *slicingEngine) NewInstantQuery(ctx context.Context, q storage.Queryable, opts promql.QueryOpts, qs string, ts time.Time) (promql.Query, error) {
-	qry, err := e.Engine.NewInstantQuery(ctx, q, opts, qs, ts)
+	qs, pushed := e.pushdown(qs)
+	qry, err := e.Engine.NewInstantQuery(ctx, e.pushdownOf(q, pushed, opts), opts, qs, ts)
 	if err != nil {
 		return nil, err
 	}
 	return &countedQuery{Query: qry, running: &e.running}, nil
 }
 
+// pushdown rewrites qs for the range functions the query path evaluates
+// itself (pushdown.go).
+func (e *slicingEngine) pushdown(qs string) (string, []pushedCall) {
+	if !e.pushDown {
+		return qs, nil
+	}
+	pd, ok := rewritePushdown(qs)
+	if !ok {
+		return qs, nil
+	}
+	return pd.qs, pd.calls
+}
+
+// pushdownOf is the queryable a query rewritten for calls reads: q itself
+// without calls.
+func (e *slicingEngine) pushdownOf(q storage.Queryable, calls []pushedCall, opts promql.QueryOpts) storage.Queryable {
+	if len(calls) == 0 {
+		return q
+	}
+	lookback := e.lookback
+	if opts != nil && opts.LookbackDelta() > 0 {
+		lookback = opts.LookbackDelta()
+	}
+	return pushdownQueryable{Queryable: q, calls: calls, lookback: lookback.Milliseconds(), maxSamples: e.maxSamples}
+}
+
 // NewRangeQuery builds the whole query (which validates it) and, when it
 // may be sliced, defers the choice to Exec, when the load is known.
 func (e *slicingEngine) NewRangeQuery(ctx context.Context, q storage.Queryable, opts promql.QueryOpts, qs string, start, end time.Time, step time.Duration) (promql.Query, error) {
+	qs, pushed := e.pushdown(qs)
+	q = e.pushdownOf(q, pushed, opts)
 	whole, err := e.Engine.NewRangeQuery(ctx, q, opts, qs, start, end, step)
 	if err != nil {
 		return nil, err

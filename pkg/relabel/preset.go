@@ -15,9 +15,12 @@ const PresetDCGM = "dcgm"
 // metrics carry DriverVersionLabel, which the preset's rules drop.
 const (
 	DriverVersionLabel = "DCGM_FI_DRIVER_VERSION"
-	DriverInfoMetric   = "dcgm_gpu_driver_info"
-	DriverInfoVersion  = "driver_version"
-	UUIDLabel          = "UUID"
+	// DriverVersionLabel49 is the driver label's name from dcgm-exporter
+	// 4.9 on (DCGM 4.6's name for field 1); the preset treats it alike.
+	DriverVersionLabel49 = "DCGM_FI_SYSTEM_DRIVER_VERSION"
+	DriverInfoMetric     = "dcgm_gpu_driver_info"
+	DriverInfoVersion    = "driver_version"
+	UUIDLabel            = "UUID"
 )
 
 // Host label names of dcgm-exporter: "Hostname" up to the 4.x releases,
@@ -100,13 +103,94 @@ const dcgmPresetYAML = `# gpustore's dcgm ingest preset (ingest_preset: dcgm), a
 - action: labeldrop
   regex: '__tmp_dcgm_.+'
 # 3. The driver version is a label on every metric: a driver upgrade would
-#    re-create every series of every GPU. It is dropped here; gpustore keeps
-#    it once per GPU as dcgm_gpu_driver_info{UUID, {{keep}}, driver_version} 1
-#    (written by the ingester with the preset on: no relabel rule can make
-#    a new series).
+#    re-create every series of every GPU. It is dropped here (under both its
+#    names: DCGM_FI_SYSTEM_DRIVER_VERSION from dcgm-exporter 4.9 on);
+#    gpustore keeps it once per GPU as
+#    dcgm_gpu_driver_info{UUID, {{keep}}, driver_version} 1 (written by the
+#    ingester with the preset on: no relabel rule can make a new series).
 - action: labeldrop
-  regex: DCGM_FI_DRIVER_VERSION
-`
+  regex: DCGM_FI_DRIVER_VERSION|DCGM_FI_SYSTEM_DRIVER_VERSION
+# 4. dcgm-exporter 4.9 (DCGM 4.7) renamed its default metrics: each is
+#    stored under the name earlier exporters gave it, so rules, dashboards
+#    and history read one series per GPU across the upgrade. Where 4.9 also
+#    changed the unit, gpustore's ingester converts the value back (MHz,
+#    mJ, percent, MiB, MiB/s) with the preset on; these rules alone rename
+#    only (a Prometheus using them would store 4.9's values).
+{{renames}}`
+
+// Metric49 is one of dcgm-exporter 4.9's renamed default metrics: the
+// name earlier exporters gave it (the canonical name the preset stores),
+// and how to convert 4.9's unit to the canonical one: value * Mul / Div
+// (1 and 1: same unit). A factor and a divisor rather than one factor: a
+// clock of 1980000000 Hz is 1980 MHz exactly when divided by 1e6, not when
+// multiplied by 1e-6.
+type Metric49 struct {
+	Name, Canonical string
+	Mul, Div        float64
+}
+
+// Metrics49 are dcgm-exporter 4.9's renamed default and profiling-preset
+// metrics, by their 4.9 names. Sources: the release notes of 4.9.0 (23
+// fields renamed to DCGM 4.7 names; clocks MHz→Hz, energy mJ→J,
+// utilisation %→ratio, GPU memory MiB→bytes, NVLink throughput MB/s→bytes/s;
+// DCGM_FI_DEV_FB_CAPACITY_BYTES) and, for the names, DCGM's own tables:
+// DCGM 4.6.0's dcgm_fields.h (its deprecated aliases: *_CELSIUS,
+// BOARD_POWER_WATTS, PCIE_REPLAY_TOTAL, GPU_UTIL_RATIO, XID_ERROR, the
+// ROW_REMAP_* and PROF_*_RATIO names, NVLINK_THROUGHPUT_TOTAL) and go-dcgm
+// 1.4611's field table (DCGM 4.6.1: SM_CLOCK_HERTZ, MEMORY_CLOCK_HERTZ,
+// GPU_ENERGY_JOULES_TOTAL, each "Deprecated: Use ..." for the old field).
+// The framebuffer *_BYTES and the copy/encoder/decoder *_UTIL_RATIO names
+// follow DCGM's field naming standard (dcgm_field_naming.py, v4.6.0) and
+// the release notes; 4.9's own source could not be read to confirm them.
+// NVLink "MB/s" is taken as MiB/s, DCGM's ReadAndCacheNvLinkBandwidth unit.
+var Metrics49 = []Metric49{
+	{"DCGM_FI_DEV_SM_CLOCK_HERTZ", "DCGM_FI_DEV_SM_CLOCK", 1, 1e6},
+	{"DCGM_FI_DEV_MEMORY_CLOCK_HERTZ", "DCGM_FI_DEV_MEM_CLOCK", 1, 1e6},
+	{"DCGM_FI_DEV_MEMORY_TEMP_CELSIUS", "DCGM_FI_DEV_MEMORY_TEMP", 1, 1},
+	{"DCGM_FI_DEV_GPU_TEMP_CELSIUS", "DCGM_FI_DEV_GPU_TEMP", 1, 1},
+	{"DCGM_FI_DEV_BOARD_POWER_WATTS", "DCGM_FI_DEV_POWER_USAGE", 1, 1},
+	{"DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 1e3, 1},
+	{"DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", 1, 1},
+	{"DCGM_FI_DEV_GPU_UTIL_RATIO", "DCGM_FI_DEV_GPU_UTIL", 100, 1},
+	{"DCGM_FI_DEV_MEMORY_COPY_UTIL_RATIO", "DCGM_FI_DEV_MEM_COPY_UTIL", 100, 1},
+	{"DCGM_FI_DEV_ENC_UTIL_RATIO", "DCGM_FI_DEV_ENC_UTIL", 100, 1},
+	{"DCGM_FI_DEV_DEC_UTIL_RATIO", "DCGM_FI_DEV_DEC_UTIL", 100, 1},
+	{"DCGM_FI_DEV_XID_ERROR", "DCGM_FI_DEV_XID_ERRORS", 1, 1},
+	{"DCGM_FI_DEV_FB_FREE_BYTES", "DCGM_FI_DEV_FB_FREE", 1, 1 << 20},
+	{"DCGM_FI_DEV_FB_USED_BYTES", "DCGM_FI_DEV_FB_USED", 1, 1 << 20},
+	{"DCGM_FI_DEV_FB_RESERVED_BYTES", "DCGM_FI_DEV_FB_RESERVED", 1, 1 << 20},
+	{"DCGM_FI_DEV_FB_CAPACITY_BYTES", "DCGM_FI_DEV_FB_TOTAL", 1, 1 << 20},
+	{"DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", 1, 1 << 20},
+	{"DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", 1, 1},
+	{"DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", 1, 1},
+	{"DCGM_FI_DEV_ROW_REMAP_FAILED", "DCGM_FI_DEV_ROW_REMAP_FAILURE", 1, 1},
+	{"DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", 1, 1},
+	{"DCGM_FI_PROF_TENSOR_UTIL_RATIO", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 1, 1},
+	{"DCGM_FI_PROF_DRAM_UTIL_RATIO", "DCGM_FI_PROF_DRAM_ACTIVE", 1, 1},
+	{"DCGM_FI_PROF_SM_UTIL_RATIO", "DCGM_FI_PROF_SM_ACTIVE", 1, 1},
+	{"DCGM_FI_PROF_SM_OCCUPANCY_RATIO", "DCGM_FI_PROF_SM_OCCUPANCY", 1, 1},
+}
+
+// unit49 is Metrics49's conversions by 4.9 name, for the ones that change
+// unit.
+var unit49 = func() map[string][2]float64 {
+	m := map[string][2]float64{}
+	for _, r := range Metrics49 {
+		if r.Mul != 1 || r.Div != 1 {
+			m[r.Name] = [2]float64{r.Mul, r.Div}
+		}
+	}
+	return m
+}()
+
+// DCGMUnitScale returns how to convert a sample of the series named name,
+// as dcgm-exporter sent it, to the unit the dcgm preset stores it in:
+// value * mul / div; ok false: the value is kept. Only names dcgm-exporter
+// 4.9 gave a new unit have one.
+func DCGMUnitScale(name string) (mul, div float64, ok bool) {
+	u, ok := unit49[name]
+	return u[0], u[1], ok
+}
 
 // DCGMPresetYAML returns the dcgm preset's rules as YAML, for the host label
 // hostLabel ("Hostname" or "hostname").
@@ -115,7 +199,11 @@ func DCGMPresetYAML(hostLabel string) string {
 	if hostLabel == HostnameNew {
 		rename = HostnameOld
 	}
-	return strings.NewReplacer("{{keep}}", hostLabel, "{{rename}}", rename).Replace(dcgmPresetYAML)
+	var renames strings.Builder
+	for _, r := range Metrics49 {
+		fmt.Fprintf(&renames, "- source_labels: [__name__]\n  regex: %s\n  target_label: __name__\n  replacement: %s\n", r.Name, r.Canonical)
+	}
+	return strings.NewReplacer("{{keep}}", hostLabel, "{{rename}}", rename, "{{renames}}", renames.String()).Replace(dcgmPresetYAML)
 }
 
 // DCGMPreset returns the dcgm preset's rules for the host label hostLabel

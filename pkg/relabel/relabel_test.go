@@ -170,3 +170,46 @@ func TestFingerprint(t *testing.T) {
 		}
 	}
 }
+
+// dcgm-exporter 4.9's default metrics are stored under the names earlier
+// exporters gave them, without either name of the driver label, and every
+// unit change has its conversion (issue 39 item 3).
+func TestDCGMPreset49(t *testing.T) {
+	r := mustRules(t, Config{Preset: PresetDCGM, DCGMHostnameLabel: HostnameOld})
+	in := labels.FromStrings("__name__", "DCGM_FI_DEV_SM_CLOCK_HERTZ", "UUID", "GPU-1", "gpu", "0", "hostname", "gpu-node-001", "DCGM_FI_SYSTEM_DRIVER_VERSION", "590.48.01")
+	got, keep := process(t, r, in)
+	want := labels.FromStrings("__name__", "DCGM_FI_DEV_SM_CLOCK", "UUID", "GPU-1", "gpu", "0", "Hostname", "gpu-node-001")
+	if !keep || !labels.Equal(got, want) {
+		t.Errorf("got %s (keep %v), want %s", got, keep, want)
+	}
+	seen, canonical := map[string]bool{}, map[string]bool{}
+	for _, m := range Metrics49 {
+		if seen[m.Name] || canonical[m.Canonical] {
+			t.Errorf("%s → %s listed twice", m.Name, m.Canonical)
+		}
+		seen[m.Name], canonical[m.Canonical] = true, true
+		got, _ := process(t, r, labels.FromStrings("__name__", m.Name, "UUID", "GPU-1"))
+		if name := got.Get("__name__"); name != m.Canonical {
+			t.Errorf("%s stored as %s, want %s", m.Name, name, m.Canonical)
+		}
+		mul, div, ok := DCGMUnitScale(m.Name)
+		if ok != (m.Mul != 1 || m.Div != 1) || (ok && (mul != m.Mul || div != m.Div)) {
+			t.Errorf("DCGMUnitScale(%s) = %v, %v, %v", m.Name, mul, div, ok)
+		}
+		if _, _, ok := DCGMUnitScale(m.Canonical); ok {
+			t.Errorf("the canonical %s would be converted", m.Canonical)
+		}
+	}
+	for name, want := range map[string]float64{
+		"DCGM_FI_DEV_SM_CLOCK_HERTZ":          1980,  // 1980000000 Hz
+		"DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL": 1.5e9, // 1.5e6 J in mJ
+		"DCGM_FI_DEV_GPU_UTIL_RATIO":          37,    // 0.37
+		"DCGM_FI_DEV_FB_USED_BYTES":           81559, // MiB
+	} {
+		in := map[string]float64{"DCGM_FI_DEV_SM_CLOCK_HERTZ": 1980e6, "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL": 1.5e6, "DCGM_FI_DEV_GPU_UTIL_RATIO": 0.37, "DCGM_FI_DEV_FB_USED_BYTES": 81559 << 20}[name]
+		mul, div, _ := DCGMUnitScale(name)
+		if got := in * mul / div; got != want {
+			t.Errorf("%s: %v converts to %v, want %v exactly", name, in, got, want)
+		}
+	}
+}

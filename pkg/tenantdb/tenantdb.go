@@ -26,12 +26,11 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/config"
 	"github.com/prometheus/prometheus/model/labels"
-	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/prometheus/prometheus/tsdb/chunks"
 	"github.com/prometheus/prometheus/util/compression"
 
-	"github.com/gpustore/gpustore/pkg/seriesset"
+	"github.com/gpustore/gpustore/pkg/blockquery"
 )
 
 // Config is the part of gpustore's configuration that shapes each tenant's TSDB.
@@ -109,6 +108,7 @@ type DB struct {
 	logger       *slog.Logger
 	symbols      symbols
 	exemplars    *exemplarRing
+	reads        *localReads
 }
 
 // TenantLimits lets the per-tenant limits shape each tenant's database.
@@ -172,6 +172,10 @@ type Manager struct {
 
 	gate DeletionGate // nil: local blocks leave by retention alone
 
+	// blockCache holds the selectors resolved on persisted blocks
+	// (pkg/blockquery), shared by every tenant; nil caches nothing.
+	blockCache *blockquery.Cache
+
 	// openTSDB is tsdb.Open; tests wrap it to make one tenant's open slow.
 	openTSDB func(dir string, l *slog.Logger, r prometheus.Registerer, opts *tsdb.Options) (*tsdb.DB, error)
 }
@@ -212,6 +216,10 @@ func NewManager(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Ma
 
 // SetLimits installs the per-tenant limits; call it before any database is opened.
 func (m *Manager) SetLimits(l TenantLimits) { m.limits = l }
+
+// SetBlockCache makes every tenant's persisted blocks keep their resolved
+// selectors in c (pkg/blockquery); call it before any database is opened.
+func (m *Manager) SetBlockCache(c *blockquery.Cache) { m.blockCache = c }
 
 // SetMaxTenants bounds the tenants the manager holds (limits.max_tenants;
 // 0: no bound); call it before any database is opened.
@@ -411,15 +419,9 @@ func (m *Manager) open(tenantID string, gate DeletionGate) (*DB, error) {
 		}
 		return nil // during WAL replay: the series being restored are not new
 	}}
-	// The TSDB merges its head and blocks with Prometheus' merge, which
-	// builds a block's current series again at every comparison.
-	opts.BlockQuerierFunc = func(b tsdb.BlockReader, mint, maxt int64) (storage.Querier, error) {
-		q, err := tsdb.NewBlockQuerier(b, mint, maxt)
-		if err != nil {
-			return nil, err
-		}
-		return seriesset.MemoQuerier(q), nil
-	}
+	// Persisted blocks are read through pkg/blockquery (localread.go).
+	reads := &localReads{cache: m.blockCache}
+	opts.BlockQuerierFunc = reads.blockQuerier
 	// The exemplar ring buffer (MaxExemplars entries, ~7 MB at the
 	// default) is allocated when the tenant sends its first exemplar, and
 	// at open for tenants that did (their WAL holds exemplars to replay).
@@ -470,7 +472,7 @@ func (m *Manager) open(tenantID string, gate DeletionGate) (*DB, error) {
 		return nil, fmt.Errorf("open metadata of tenant %q: %w", tenantID, err)
 	}
 	m.logger.Info("opened tenant database", "tenant", tenantID, "dir", dir, "duration", time.Since(start))
-	db := &DB{DB: tdb, Tenant: tenantID, Metadata: md, openedWindow: opts.OutOfOrderTimeWindow, logger: m.logger.With("tenant", tenantID), exemplars: ring}
+	db := &DB{DB: tdb, Tenant: tenantID, Metadata: md, openedWindow: opts.OutOfOrderTimeWindow, logger: m.logger.With("tenant", tenantID), exemplars: ring, reads: reads}
 	ring.grow = func() error { return m.applyLimits(tenantID, db) }
 	db.rebuildSymbols() // the replayed series' labels and the new ones share one table
 	return db, nil

@@ -6,14 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,83 +25,49 @@ import (
 	"github.com/gpustore/gpustore/pkg/bucket"
 )
 
-const (
-	s3Access = "gpustore-test"
-	s3Secret = "gpustore-test-secret"
-	s3Bucket = "gpustore"
-)
+// s3Bucket is the bucket every objectStore serves (versitygw's posix
+// backend keeps it as the directory dir/data/s3Bucket).
+const s3Bucket = testbin.BucketName
 
-// s3Server is a real S3 server (versitygw over a local directory) on loopback.
-type s3Server struct {
-	t    *testing.T
-	bin  string
-	dir  string
-	addr string
-	cmd  *exec.Cmd
-	log  *os.File
+// objectStore is a real object-storage server on loopback: versitygw (S3),
+// fake-gcs-server (GCS) or Azurite (AZURE), from testbin.
+type objectStore struct {
+	*testbin.ObjectStore
+	dir string // the server's directory
 }
 
-// startS3 starts versitygw with one bucket. The posix backend serves each
-// top-level directory as a bucket, so the bucket is created as a directory.
-func startS3(t *testing.T) *s3Server {
+// startObjectStore starts provider's server until the test ends.
+func startObjectStore(t *testing.T, provider string) *objectStore {
 	t.Helper()
-	s := &s3Server{t: t, bin: testbin.Need(t, "versitygw"), dir: t.TempDir(), addr: freePort(t)}
-	if err := os.MkdirAll(filepath.Join(s.dir, "data", s3Bucket), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	s.start()
-	t.Cleanup(func() {
-		s.stop()
-		if t.Failed() {
-			b, _ := os.ReadFile(filepath.Join(s.dir, "versitygw.log"))
-			t.Logf("versitygw log:\n%.4000s", b)
-		}
-	})
-	return s
+	s := testbin.StartObjectStore(t, provider)
+	return &objectStore{ObjectStore: s, dir: s.Dir}
 }
 
-func (s *s3Server) start() {
-	s.t.Helper()
-	logf, err := os.OpenFile(filepath.Join(s.dir, "versitygw.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		s.t.Fatal(err)
+// startS3 starts versitygw with one bucket, s3Bucket.
+func startS3(t *testing.T) *objectStore { return startObjectStore(t, testbin.S3) }
+
+// forEachStore runs test once per object-storage provider gpustore builds
+// (S3, GCS, AZURE), each against its own real server: a behaviour of the
+// shipper or the bucket store is checked on every cloud's client.
+func forEachStore(t *testing.T, test func(t *testing.T, store *objectStore)) {
+	for _, provider := range testbin.ObjectStoreProviders {
+		t.Run(provider, func(t *testing.T) { test(t, startObjectStore(t, provider)) })
 	}
-	s.log = logf
-	s.cmd = exec.Command(s.bin, "--access", s3Access, "--secret", s3Secret, "--port", s.addr, "posix", filepath.Join(s.dir, "data"))
-	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	if err := s.cmd.Start(); err != nil {
-		s.t.Fatalf("start versitygw: %v", err)
-	}
-	waitFor(s.t, 30*time.Second, "versitygw listening", func() error {
-		c, err := net.DialTimeout("tcp", s.addr, time.Second)
-		if err != nil {
-			return err
-		}
-		return c.Close()
-	})
 }
+
+// start brings the server back on its address, with the objects it had.
+func (s *objectStore) start() { s.Start() }
 
 // stop kills the server (an outage, not a clean shutdown).
-func (s *s3Server) stop() {
-	if s.cmd == nil {
-		return
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGKILL)
-	_ = s.cmd.Wait()
-	_ = s.log.Close()
-	s.cmd = nil
+func (s *objectStore) stop() { s.Stop() }
+
+func (s *objectStore) bucketConfig() bucket.Config {
+	return bucket.Config{Type: s.Type(), Config: s.Config()}
 }
 
-func (s *s3Server) bucketConfig() bucket.Config {
-	return bucket.Config{Type: bucket.S3, Config: map[string]any{
-		"bucket": s3Bucket, "endpoint": s.addr, "access_key": s3Access, "secret_key": s3Secret,
-		"insecure": true, "max_retries": 1,
-	}}
-}
-
-// withS3 configures gpustore for minute blocks shipped to s, one minute of
-// local retention, and fast shipping and listing.
-func withS3(s *s3Server) func(*app.Config) {
+// withBucket configures gpustore for minute blocks shipped to s (any provider),
+// one minute of local retention, and fast shipping and listing.
+func withBucket(s *objectStore) func(*app.Config) {
 	return func(c *app.Config) {
 		c.TSDB.BlockDuration = model.Duration(time.Minute)
 		c.TSDB.Retention = model.Duration(time.Minute)
@@ -214,13 +177,17 @@ func localBlocks(a *app.App, tenant string) int {
 	return len(db.Blocks())
 }
 
-// TestBlocksRoundTripThroughS3: samples ingested over half an hour are cut
-// into minute blocks, uploaded to a real S3 server and removed from local
-// disk once past the local retention; every query then answers exactly as a
-// gpustore that kept everything on local disk and was fed the same samples.
-func TestBlocksRoundTripThroughS3(t *testing.T) {
-	s3 := startS3(t)
-	a, url := startGpustore(t, withS3(s3))
+// TestBlocksRoundTripThroughTheBucket: samples ingested over half an hour
+// are cut into minute blocks, uploaded to a real object store (S3, GCS and
+// Azure emulators) and removed from local disk once past the local
+// retention; every query then answers exactly as a gpustore that kept
+// everything on local disk and was fed the same samples.
+func TestBlocksRoundTripThroughTheBucket(t *testing.T) {
+	forEachStore(t, testBlocksRoundTrip)
+}
+
+func testBlocksRoundTrip(t *testing.T, store *objectStore) {
+	a, url := startGpustore(t, withBucket(store))
 	_, refURL := startGpustore(t, func(c *app.Config) { // the reference: everything local
 		c.TSDB.BlockDuration = model.Duration(time.Minute)
 		c.Shipper.Enabled = false
@@ -251,7 +218,7 @@ func TestBlocksRoundTripThroughS3(t *testing.T) {
 		t.Fatal(err)
 	}
 	if dirs < len(metas) {
-		t.Fatalf("S3 lists %d block directories for %d blocks", dirs, len(metas))
+		t.Fatalf("%s lists %d block directories for %d blocks", store.Provider, dirs, len(metas))
 	}
 	if m := metas[0]; m.GPUStore.Tenant != "default" || m.GPUStore.Source != block.SourceReceive || m.GPUStore.Downsample.Resolution != 0 {
 		t.Fatalf("meta.json: %+v", m.GPUStore)
@@ -298,8 +265,8 @@ func TestBlocksRoundTripThroughS3(t *testing.T) {
 	if st.Bytes > st.MaxBytes {
 		t.Fatalf("cache holds %d bytes over its bound %d", st.Bytes, st.MaxBytes)
 	}
-	t.Logf("%d blocks in S3, %d local; queries fetched %d bytes in %d range requests; cache %d/%d bytes",
-		len(metas), localBlocks(a, "default"), st.FetchedBytes-fetchedBefore, st.Requests, st.Bytes, st.MaxBytes)
+	t.Logf("%d blocks in %s, %d local; queries fetched %d bytes in %d range requests; cache %d/%d bytes",
+		len(metas), store.Provider, localBlocks(a, "default"), st.FetchedBytes-fetchedBefore, st.Requests, st.Bytes, st.MaxBytes)
 }
 
 func getBody(t *testing.T, u string) string {
@@ -319,13 +286,16 @@ func getBody(t *testing.T, u string) string {
 	return string(b)
 }
 
-// TestS3OutageLosesNothing: the S3 server dies while samples keep arriving
-// over several block periods. Ingestion goes on, blocks wait on local disk
-// (past their retention), and once S3 is back every block is uploaded:
-// every sample is in the bucket exactly once.
-func TestS3OutageLosesNothing(t *testing.T) {
-	s3 := startS3(t)
-	a, url := startGpustore(t, withS3(s3))
+// TestBucketOutageLosesNothing: the object store (S3, GCS, Azure) dies
+// while samples keep arriving over several block periods. Ingestion goes on,
+// blocks wait on local disk (past their retention), and once the store is
+// back every block is uploaded: every sample is in the bucket exactly once.
+func TestBucketOutageLosesNothing(t *testing.T) {
+	forEachStore(t, testOutageLosesNothing)
+}
+
+func testOutageLosesNothing(t *testing.T, s3 *objectStore) {
+	a, url := startGpustore(t, withBucket(s3))
 	now := time.Now().UnixMilli() / 60_000 * 60_000
 	start := now - 40*60_000
 	w := newWriter(t, url, start)
@@ -402,7 +372,7 @@ func TestS3OutageLosesNothing(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d blocks, %d samples in S3 after an outage with %d blocks pending and %v upload failures", len(metas), inBucket, pending, failures)
+	t.Logf("%d blocks, %d samples in %s after an outage with %d blocks pending and %v upload failures", len(metas), inBucket, s3.Provider, pending, failures)
 }
 
 func promv1Range(from, to int64) promv1.Range {
@@ -428,15 +398,19 @@ func metricSum(t *testing.T, a *app.App, name string) float64 {
 	return sum
 }
 
-// TestS3CrashBetweenChunksAndMetaJSON: a process that dies while uploading a
+// TestCrashBetweenChunksAndMetaJSON: a process that dies while uploading a
 // block leaves its chunks and index in the bucket without meta.json (torn,
 // even). The partial block is never read, and the next gpustore over the
-// same data directory uploads it whole, against a real S3 server.
-func TestS3CrashBetweenChunksAndMetaJSON(t *testing.T) {
-	s3 := startS3(t)
+// same data directory uploads it whole, against each real object store (S3,
+// GCS, Azure).
+func TestCrashBetweenChunksAndMetaJSON(t *testing.T) {
+	forEachStore(t, testCrashBetweenChunksAndMetaJSON)
+}
+
+func testCrashBetweenChunksAndMetaJSON(t *testing.T, s3 *objectStore) {
 	s3.stop() // the first gpustore cuts blocks it cannot ship
 	dir := t.TempDir()
-	withDir := func(c *app.Config) { withS3(s3)(c); c.TSDB.Dir = dir }
+	withDir := func(c *app.Config) { withBucket(s3)(c); c.TSDB.Dir = dir }
 	a1, url1 := startGpustore(t, withDir)
 	now := time.Now().UnixMilli() / 60_000 * 60_000
 	start := now - 20*60_000
@@ -487,13 +461,13 @@ func TestS3CrashBetweenChunksAndMetaJSON(t *testing.T) {
 		}
 		return a2.BucketStore.Sync(ctx)
 	})
-	// The torn block was uploaded whole: its index in S3 is the local one.
+	// The torn block was uploaded whole: its index in the bucket is the local one.
 	attrs, err := bkt.Attributes(ctx, block.ObjectName("default", torn, block.IndexFilename))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if attrs.Size != local.Size() {
-		t.Fatalf("index in S3 is %d bytes, the block's is %d", attrs.Size, local.Size())
+		t.Fatalf("index in %s is %d bytes, the block's is %d", s3.Provider, attrs.Size, local.Size())
 	}
 	if ok, err := bkt.Exists(ctx, block.ObjectName("default", torn, block.MetaFilename)); err != nil || !ok {
 		t.Fatalf("meta.json of %s not uploaded: %v", torn, err)

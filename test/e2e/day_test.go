@@ -74,8 +74,8 @@ var dayUnsimulated = []string{}
 
 // The day's faults, keyed by the contract's class names. Faults start
 // faultsAt into the day, after history (counters, jobs, the exporter's
-// age) has built up; node 0 and 1 carry one GPU fault per GPU, nodes 2-5
-// and 15 a node fault each, node 6 an ECC storm and PCIe replays, the
+// age) has built up; node 0 and 1 carry one GPU fault per GPU, nodes 2-5,
+// 7 and 15 a node fault each, node 6 an ECC storm and PCIe replays, the
 // training faults hit jobs from node 8 on. Faults that need another GPU
 // model (or a job starting during the day) are in dayOtherClusters.
 const (
@@ -126,6 +126,8 @@ func dayFaults() map[string]gpusim.Fault {
 		// The last node of its block: the slots kept empty for the
 		// autoscaler leave the training nodes' jobs alone.
 		"node_removed": {Kind: gpusim.FaultNodeRemoved, At: faultsAt, Node: "15"},
+		// 9 minutes in, when its companions' alerts fire (dayCompanions).
+		"exporter_rollout": {Kind: gpusim.FaultExporterRestart, At: faultsAt + 9*time.Minute, Duration: 45 * time.Second, Node: "7", GPU: 0},
 	}
 }
 
@@ -134,10 +136,19 @@ func dayFaults() map[string]gpusim.Fault {
 // exporter_upgrade node's GPU 0 starts 5 minutes before the upgrade renames
 // Hostname to hostname, so its alert, firing and kept by keep_firing_for, must
 // reach Alertmanager once, under one label set, across the upgrade (issue 31).
+//
+// The exporter_rollout node's GPU 0 logs NVLink CRC errors and runs at
+// 86 °C from the faults' start, so NVLinkCRCErrors (for: 5m) and
+// GPUTemperatureHigh (for: 2m) fire before its exporter's pod is replaced:
+// both must stay one firing episode across the 45 s without series (issue
+// 39 item 7).
 func dayCompanions() []gpusim.Fault {
 	upgrade := dayFaults()["exporter_upgrade"]
+	rollout := dayFaults()["exporter_rollout"]
 	return []gpusim.Fault{
 		{Kind: gpusim.FaultRowRemapFailure, At: upgrade.At - 5*time.Minute, Duration: dayLen, Node: upgrade.Node, GPU: upgrade.GPU},
+		{Kind: gpusim.FaultNVLinkCRCBurst, At: faultsAt, Duration: dayLen, Node: rollout.Node, GPU: rollout.GPU},
+		{Kind: gpusim.FaultOverheat, At: faultsAt, Duration: dayLen, Node: rollout.Node, GPU: rollout.GPU, Value: 86},
 	}
 }
 
@@ -167,10 +178,30 @@ func dayOtherClusters(day0 time.Time) []dayCluster {
 			// The job loads until 21 minutes into the day, then trains.
 			"training_slow_start": {Kind: gpusim.FaultTrainingSlowStart, At: time.Minute, Duration: 20 * time.Minute, Node: "0"},
 		}),
+		// Seed 5: node 1's job runs from before the faults to past 31m.
 		cluster("gpu-cluster-b200", gpusim.ModelB200, 5, map[string]gpusim.Fault{
 			"nvlink5_symbol_errors": {Kind: gpusim.FaultNVLink5SymbolErrors, At: faultsAt, Duration: dayLen, Node: "1", GPU: 2},
+			// An 18-minute checkpoint save of that job, from the faults'
+			// start to 30m, GPUs in the checkpoint phase (issue 39: it
+			// paged TrainingJobStalled P0).
+			"training_checkpoint_pause": {Kind: gpusim.FaultTrainingPause, At: faultsAt, Duration: 18 * time.Minute, Node: "1"},
 		}),
+		defaultCounters(cluster("gpu-cluster-defaults", gpusim.ModelH100, 7, map[string]gpusim.Fault{
+			// Between two scrapes, as a real burst is (it lasts 4 s): the
+			// gauge goes from 0 straight to the burst's last code, 154.
+			"ecc_dbe_default_counters": {Kind: gpusim.FaultECCDBE, At: faultsAt + 7*time.Second, Duration: dayLen, Node: "1", GPU: 0},
+			// Node 0 (no job) is cordoned, drained and rebooted: down 6
+			// of its 8 minutes.
+			"planned_reboot": {Kind: gpusim.FaultMaintenanceReboot, At: faultsAt, Duration: 8 * time.Minute, Node: "0"},
+		})),
 	}
+}
+
+// defaultCounters makes a cluster's dcgm-exporters run dcgm-exporter's own
+// default counters CSV (issue 39 item 2).
+func defaultCounters(c dayCluster) dayCluster {
+	c.cfg.Counters = gpusim.CountersDefault
+	return c
 }
 
 // The history cluster carries the classes that need more history than the
@@ -229,8 +260,8 @@ func dayHistoryCluster(day0 time.Time) dayCluster {
 // checkHistoryJobs fails unless the history cluster's jobs are where
 // dayHistoryCluster's faults need them (a job ended by one of node 2's Xid
 // 79s would not run on to the day's end), and returns the namespace and
-// pod that hold the idle GPU.
-func checkHistoryJobs(t *testing.T, cfg gpusim.Config, day0 time.Time) (namespace, pod string) {
+// pod that hold the idle GPU and those of the job hung at its start.
+func checkHistoryJobs(t *testing.T, cfg gpusim.Config, day0 time.Time) (namespace, pod, hangNamespace, hangPod string) {
 	t.Helper()
 	sim, err := gpusim.New(cfg)
 	if err != nil {
@@ -245,7 +276,7 @@ func checkHistoryJobs(t *testing.T, cfg gpusim.Config, day0 time.Time) (namespac
 		return "", ""
 	}
 	_, before := podAt(0, "0", -55*time.Minute)
-	_, hang := podAt(0, "0", -45*time.Minute)
+	hangNamespace, hang := podAt(0, "0", -45*time.Minute)
 	if _, last := podAt(0, "0", dayLen); before != "" || hang == "" || last != hang {
 		t.Fatalf("history node 0: pods %q, %q, %q at -55m, -45m and the day's end; want one job starting in between and running on", before, hang, last)
 	}
@@ -253,7 +284,7 @@ func checkHistoryJobs(t *testing.T, cfg gpusim.Config, day0 time.Time) (namespac
 	if _, last := podAt(1, "3", dayLen); pod == "" || last != pod || jobOfPod(pod) == jobOfPod(hang) {
 		t.Fatalf("history node 1 GPU 3: pods %q at -%s, %q at the day's end; want one pod of another job than node 0's %q holding it", pod, historyIdle, last, hang)
 	}
-	return namespace, pod
+	return namespace, pod, hangNamespace, hang
 }
 
 // The training faults, each on a job of its own from node dayTrainingFrom
@@ -277,17 +308,19 @@ func trainingFaults(t *testing.T, cfg gpusim.Config, day0 time.Time) map[string]
 	})
 	return map[string]gpusim.Fault{
 		"training_stall": {Kind: gpusim.FaultTrainingStall, At: faultsAt, Duration: dayLen, Node: stall},
-		"straggler":      {Kind: gpusim.FaultStraggler, At: 4 * time.Minute, Duration: dayLen, Node: straggler, GPU: 2, Value: 1.5},
+
+		"straggler": {Kind: gpusim.FaultStraggler, At: 4 * time.Minute, Duration: dayLen, Node: straggler, GPU: 2, Value: 1.5},
 	}
 }
 
 // contract is deploy/rules/testdata/notifications.yaml.
 type contract struct {
 	Classes []struct {
-		Fault     string          `yaml:"fault"`
-		Notify    []contractAlert `yaml:"notify"`
-		Inhibited []contractAlert `yaml:"inhibited"`
-		Silent    []string        `yaml:"silent"`
+		Fault         string          `yaml:"fault"`
+		Notifications int             `yaml:"notifications"`
+		Notify        []contractAlert `yaml:"notify"`
+		Inhibited     []contractAlert `yaml:"inhibited"`
+		Silent        []string        `yaml:"silent"`
 	} `yaml:"classes"`
 }
 
@@ -363,14 +396,26 @@ func shippedAlertmanagerConfig(t *testing.T, hookURL string) string {
 	if err := yaml.Unmarshal(b, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	route := cfg["route"].(map[string]any)
-	for _, k := range []string{"group_wait", "group_interval", "repeat_interval"} {
-		d, err := model.ParseDuration(route[k].(string))
-		if err != nil {
-			t.Fatalf("route %s: %v", k, err)
+	// Every route's timers, the sub-routes' too (the GPU route's group_wait).
+	var scale func(route map[string]any)
+	scale = func(route map[string]any) {
+		for _, k := range []string{"group_wait", "group_interval", "repeat_interval"} {
+			v, ok := route[k].(string)
+			if !ok {
+				continue
+			}
+			d, err := model.ParseDuration(v)
+			if err != nil {
+				t.Fatalf("route %s: %v", k, err)
+			}
+			route[k] = (d / speedup).String()
 		}
-		route[k] = (d / speedup).String()
+		routes, _ := route["routes"].([]any)
+		for _, r := range routes {
+			scale(r.(map[string]any))
+		}
 	}
+	scale(cfg["route"].(map[string]any))
 	for _, r := range cfg["receivers"].([]any) {
 		r.(map[string]any)["webhook_configs"] = []any{map[string]any{"url": hookURL, "send_resolved": true}}
 	}
@@ -451,7 +496,7 @@ func TestSimulatedDayNotifications(t *testing.T) {
 	// Each class's fault and the cluster it is in.
 	others := dayOtherClusters(day0)
 	history := dayHistoryCluster(day0)
-	idleNamespace, idlePod := checkHistoryJobs(t, history.cfg, day0)
+	idleNamespace, idlePod, hangNamespace, hangPod := checkHistoryJobs(t, history.cfg, day0)
 	others = append(others, history)
 	clusterOf := map[string]string{}
 	for n := range faults {
@@ -633,6 +678,7 @@ func TestSimulatedDayNotifications(t *testing.T) {
 
 	// What the contract expects, with the day's node names and GPUs.
 	want := map[string]bool{}
+	classKeys := map[string][]string{} // the notify keys of each class that counts its notifications
 	podScoped := map[string]bool{}
 	for _, cl := range c.Classes {
 		f, ok := faults[cl.Fault]
@@ -650,6 +696,14 @@ func TestSimulatedDayNotifications(t *testing.T) {
 					// The alert is about the allocation: it keeps its pod.
 					l["namespace"], l["pod"] = idleNamespace, idlePod
 				}
+			case "node_gpus":
+				// Every GPU of the node, held by the job's pod.
+				for g := 0; g < 8; g++ {
+					lg := map[string]string{"alertname": e.Alertname, "cluster": clusterOf[cl.Fault], "node": hosts[clusterOf[cl.Fault]][idx],
+						"gpu": fmt.Sprint(g), "namespace": hangNamespace, "pod": hangPod}
+					want[alertKey(lg)] = true
+				}
+				continue
 			case "node":
 				l["node"] = hosts[clusterOf[cl.Fault]][idx]
 			case "pod":
@@ -657,13 +711,21 @@ func TestSimulatedDayNotifications(t *testing.T) {
 				podScoped[e.Alertname] = true
 			}
 			want[alertKey(l)] = true
+			if cl.Notifications > 0 {
+				classKeys[cl.Fault] = append(classKeys[cl.Fault], alertKey(l))
+			}
 		}
+	}
+	notificationsOf := map[string]int{}
+	for _, cl := range c.Classes {
+		notificationsOf[cl.Fault] = cl.Notifications
 	}
 	// What Alertmanager notified: firing episodes per alert, in order.
 	hook.mu.Lock()
 	got := slices.Clone(hook.alerts)
 	hook.mu.Unlock()
 	episodes := map[string]int{}
+	firstPost := map[string]int{} // the notification an alert was first notified in
 	pods := map[string][]string{}
 	last := map[string]string{}
 	for _, n := range got {
@@ -687,6 +749,9 @@ func TestSimulatedDayNotifications(t *testing.T) {
 		}
 		if n.Status == "firing" && last[k] != "firing" {
 			episodes[k]++
+			if _, ok := firstPost[k]; !ok {
+				firstPost[k] = n.Post
+			}
 		}
 		last[k] = n.Status
 	}
@@ -713,6 +778,19 @@ func TestSimulatedDayNotifications(t *testing.T) {
 	for _, k := range keys {
 		if !want[k] {
 			t.Errorf("notified but not in the contract: %s", k)
+		}
+	}
+	// One GPU incident, one notification with all its facts: the class's
+	// alerts were first notified in that many Alertmanager notifications.
+	for class, ks := range classKeys {
+		in := map[int][]string{}
+		for _, k := range ks {
+			if p, ok := firstPost[k]; ok {
+				in[p] = append(in[p], k)
+			}
+		}
+		if len(in) != notificationsOf[class] {
+			t.Errorf("%s: its alerts came in %d notifications, want %d: %v", class, len(in), notificationsOf[class], in)
 		}
 	}
 }

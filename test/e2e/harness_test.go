@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpustore/gpustore/internal/testbin"
 	"github.com/gpustore/gpustore/pkg/app"
 )
 
@@ -58,35 +58,12 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// handedOut remembers every address freePort returned in this test process.
-// The kernel may give a just-closed port to the next listen on :0, so two
-// calls in a row could return the same port (CI once saw a receiver's web
-// and memberlist ports collide); never handing one out twice rules that out.
-var handedOut = struct {
-	sync.Mutex
-	addrs map[string]bool
-}{addrs: map[string]bool{}}
-
 // freePort returns a loopback address with a port nobody listens on now and
-// that no earlier call returned.
+// that no earlier call in this process returned (testbin.FreeAddr: the
+// object-storage servers take theirs from the same record).
 func freePort(t *testing.T) string {
 	t.Helper()
-	handedOut.Lock()
-	defer handedOut.Unlock()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := l.Addr().String()
-		l.Close()
-		if !handedOut.addrs[addr] {
-			handedOut.addrs[addr] = true
-			return addr
-		}
-	}
-	t.Fatal("no fresh loopback port in 100 tries")
-	return ""
+	return testbin.FreeAddr(t)
 }
 
 // startPrometheus runs the real Prometheus binary with the given config and

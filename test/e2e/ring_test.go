@@ -679,7 +679,7 @@ func (p *ringProc) kill() {
 }
 
 type ringCluster struct {
-	s3        *s3Server
+	s3        *objectStore
 	receivers []*ringProc
 	front     *ringProc // -target=distributor,query
 	// add defines (does not start) one more process of the cluster, with

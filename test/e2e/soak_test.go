@@ -414,7 +414,7 @@ func uploading(bucketTenantDir string, done map[string]bool) bool {
 	return false
 }
 
-func soakObjstoreFile(t *testing.T, s3 *s3Server) string {
+func soakObjstoreFile(t *testing.T, s3 *objectStore) string {
 	t.Helper()
 	f := filepath.Join(t.TempDir(), "objstore.yml")
 	raw, err := yaml.Marshal(map[string]any{"type": "S3", "config": s3.bucketConfig().Config})

@@ -60,11 +60,28 @@ func parseCounters(t *testing.T, b []byte) []counter {
 	return out
 }
 
-// knownFields are the field names dcgm-exporter 4.5.3-4.8.2 accepts
-// (testdata: its go-dcgm field table and its own DCGM_EXP_* counters).
-func knownFields(t *testing.T) map[string]bool {
+// A generation of dcgm-exporter releases that accept the same counters CSV:
+// its CSV in this folder and the field names every release of it accepts
+// (testdata/fields-<name>.txt, generated from each release's go-dcgm field
+// table by testdata/gen-fields.sh).
+type generation struct {
+	name, csv string
+	tags      string // the release tags, for messages
+}
+
+// generations lists the shipped CSVs, oldest first. dcgm-metrics.csv is the
+// newest generation's, and the ConfigMap's.
+var generations = []generation{
+	{"3.4-3.6", "dcgm-metrics-3.4-3.6.csv", "3.3.5-3.4.0 to 3.3.9-3.6.1"},
+	{"4.0-4.2", "dcgm-metrics-4.0-4.2.csv", "4.0.0-4.0.1 to 4.2.3-4.2.0"},
+	{"4.4-4.7", "dcgm-metrics-4.4-4.7.csv", "4.3.1-4.4.0 to 4.4.2-4.7.1"},
+	{"4.8", csvFile, "4.5.1-4.8.0 to 4.5.3-4.8.2"},
+}
+
+// knownFields are the field names every release of generation g accepts.
+func knownFields(t *testing.T, g string) map[string]bool {
 	t.Helper()
-	f, err := os.Open(filepath.Join("testdata", "dcgm-exporter-4.8.2-fields.txt"))
+	f, err := os.Open(filepath.Join("testdata", "fields-"+g+".txt"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,40 +96,71 @@ func knownFields(t *testing.T) map[string]bool {
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if len(known) < 600 {
-		t.Fatalf("testdata lists %d fields; the 4.8.2 table has about 690", len(known))
+	if len(known) < 400 {
+		t.Fatalf("testdata lists %d fields for %s; every generation has over 400", len(known), g)
 	}
 	return known
 }
 
-func shippedCSV(t *testing.T) ([]byte, []counter) {
+func readCSV(t *testing.T, name string) ([]byte, []counter) {
 	t.Helper()
-	b, err := os.ReadFile(csvFile)
+	b, err := os.ReadFile(name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b, parseCounters(t, b)
 }
 
-// Every line of the shipped CSV is one dcgm-exporter 4.8.2 starts with: a
-// name it knows (DCGM_FI_DEV_GPU_RECOVERY_ACTION, the DCGM 4.6 name, would
-// stop it), once.
+func shippedCSV(t *testing.T) ([]byte, []counter) { return readCSV(t, csvFile) }
+
+// Every line of each shipped CSV is one every release of its generation
+// starts with: a name it knows (a single unknown name stops the exporter,
+// and the node then exports no GPU metric at all), once.
 func TestCountersKnownToExporter(t *testing.T) {
-	_, counters := shippedCSV(t)
-	known := knownFields(t)
-	seen := map[string]bool{}
-	for _, c := range counters {
-		if !known[c.field] {
-			t.Errorf("%s is not a field dcgm-exporter 4.5.3-4.8.2 knows: the exporter would exit at start", c.field)
+	for _, g := range generations {
+		_, counters := readCSV(t, g.csv)
+		known := knownFields(t, g.name)
+		seen := map[string]bool{}
+		for _, c := range counters {
+			if !known[c.field] {
+				t.Errorf("%s: %s is not a field every dcgm-exporter %s release (%s) knows: the exporter would exit at start", g.csv, c.field, g.name, g.tags)
+			}
+			if seen[c.field] {
+				t.Errorf("%s: %s listed twice", g.csv, c.field)
+			}
+			seen[c.field] = true
 		}
-		if seen[c.field] {
-			t.Errorf("%s listed twice", c.field)
-		}
-		seen[c.field] = true
 	}
 	// The DCGM 4.6 name must not slip in; the 4.5 name is the one that works on both.
-	if seen["DCGM_FI_DEV_GPU_RECOVERY_ACTION"] || !seen["DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"] {
+	_, counters := shippedCSV(t)
+	if slices.ContainsFunc(counters, func(c counter) bool { return c.field == "DCGM_FI_DEV_GPU_RECOVERY_ACTION" }) ||
+		!slices.ContainsFunc(counters, func(c counter) bool { return c.field == "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION" }) {
 		t.Error("the recovery action must be listed as DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION (dcgm-exporter 4.8.2 links DCGM 4.5.3)")
+	}
+}
+
+// An older generation's CSV leaves out only what its releases do not know:
+// every field of dcgm-metrics.csv they accept (the clock event reasons under
+// their older name DCGM_FI_DEV_CLOCK_THROTTLE_REASONS where that is the one
+// they know) is in it, so an older exporter gives the pack all it can.
+func TestOlderCSVsKeepWhatTheirReleasesKnow(t *testing.T) {
+	_, newest := shippedCSV(t)
+	for _, g := range generations[:len(generations)-1] {
+		_, counters := readCSV(t, g.csv)
+		known := knownFields(t, g.name)
+		has := map[string]bool{}
+		for _, c := range counters {
+			has[c.field] = true
+		}
+		for _, c := range newest {
+			name := c.field
+			if name == "DCGM_FI_DEV_CLOCKS_EVENT_REASONS" && !known[name] {
+				name = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
+			}
+			if known[name] && !has[name] {
+				t.Errorf("%s leaves out %s, which dcgm-exporter %s knows", g.csv, name, g.name)
+			}
+		}
 	}
 }
 
@@ -292,7 +340,7 @@ func TestCSVExportsWhatTheDashboardsRead(t *testing.T) {
 // are names dcgm-exporter 4.8.2 knows: a wrong name there stops every
 // exporter that follows the advice.
 func TestDocumentedCSVLinesKnownToExporter(t *testing.T) {
-	known := knownFields(t)
+	known := knownFields(t, "4.8")
 	block := regexp.MustCompile("(?s)```csv\n(.*?)```")
 	docs := []string{"README.md", filepath.Join("..", "..", "rules", "README.md"), filepath.Join("..", "..", "..", "README.md")}
 	for _, d := range docs {
@@ -308,7 +356,7 @@ func TestDocumentedCSVLinesKnownToExporter(t *testing.T) {
 			}
 			for _, c := range parseCounters(t, []byte(strings.Join(lines, "\n"))) {
 				if !known[c.field] {
-					t.Errorf("%s tells users to add %s, which dcgm-exporter 4.5.3-4.8.2 does not know (it would exit at start)", d, c.field)
+					t.Errorf("%s tells users to add %s, which dcgm-exporter 4.8 does not know (it would exit at start)", d, c.field)
 				}
 			}
 		}
