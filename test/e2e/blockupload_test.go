@@ -216,7 +216,7 @@ func TestMimirBlockUploadAPI(t *testing.T) {
 	}
 	s3 := startS3(t)
 	_, gsURL := startGpustore(t, func(c *app.Config) {
-		withS3(s3)(c)
+		withBucket(s3)(c)
 		c.Server.WebConfigFile = web
 		c.Tenant.Auth = map[string][]string{"ops": {"*"}, "team-a": {"team-a"}}
 		c.Query.MaxSourceResolution = "raw"

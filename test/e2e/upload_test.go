@@ -179,7 +179,7 @@ func TestUploadPrometheusHistory(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, gsURL := startGpustore(t, func(c *app.Config) {
-		withS3(s3)(c)
+		withBucket(s3)(c)
 		c.Query.MaxSourceResolution = "raw" // compared with Prometheus: the raw samples
 		c.Compact.Interval = model.Duration(time.Hour)
 		c.Compact.BlockRanges = compact.DurationList{model.Duration(2 * time.Hour), model.Duration(8 * time.Hour), model.Duration(24 * time.Hour)}
