@@ -380,6 +380,8 @@ func (a *App) initQuery() (services.Service, error) {
 		ReplicaLabels: a.Cfg.Query.ReplicaLabels, MaxSourceResolution: a.Cfg.Query.MaxSourceResolution,
 		Blocks: queryfrontend.TenantBlocks(a.DBs, bucketBlocks),
 	}
+	admin := &tsdbAdmin{a: a}
+	frontendDeps.Generation = admin.Generation
 	if a.Limits != nil {
 		frontendDeps.OutOfOrderWindow = a.Limits.OutOfOrderWindow
 	}
@@ -406,6 +408,7 @@ func (a *App) initQuery() (services.Service, error) {
 		Metadata:      a.receiversMetadata(),
 		Rules:         a.rulesRetriever,
 		Notifications: a.notifications,
+		Admin:         adminAPI(a.Cfg.Query.EnableAdminAPI, admin),
 		BuildInfo: v1.PrometheusVersion{
 			Version: version.Version, Revision: version.Revision, Branch: version.Branch,
 			BuildUser: version.BuildUser, BuildDate: version.BuildDate, GoVersion: version.GoVersion,
@@ -420,6 +423,14 @@ func (a *App) initQuery() (services.Service, error) {
 	// and the runtime (secrets are redacted, but they are the operator's).
 	a.Server.AdminOnly("/api/v1/status/self_metrics", "/api/v1/status/flags", "/api/v1/status/config", "/api/v1/status/runtimeinfo")
 	return services.NewIdleService(nil, nil), nil
+}
+
+// adminAPI is admin when the admin API is enabled, else none.
+func adminAPI(enabled bool, admin query.Admin) query.Admin {
+	if !enabled {
+		return nil
+	}
+	return admin
 }
 
 // takesWrites tells whether this process serves remote write and OTLP: the

@@ -83,6 +83,10 @@ type Config struct {
 	// double_exponential_smoothing, ...), in queries and in rules, as
 	// Prometheus' --enable-feature=promql-experimental-functions does.
 	EnableExperimentalFunctions bool `yaml:"enable_experimental_functions"`
+	// EnableAdminAPI serves Prometheus' TSDB admin API (delete_series,
+	// clean_tombstones, snapshot) per tenant to administrators, as
+	// Prometheus' --web.enable-admin-api (admin.go).
+	EnableAdminAPI bool `yaml:"enable_admin_api"`
 	// SeriesCacheSize bounds, in estimated bytes, the selectors resolved on
 	// immutable blocks (local and bucket) that queries keep for the next
 	// query of the same selector (pkg/blockquery); 0 keeps none.
@@ -159,6 +163,10 @@ type Options struct {
 	// Metadata, when set, adds the metric metadata held elsewhere (the
 	// ring's receivers) to the local TSDB's in /api/v1/metadata.
 	Metadata MetadataSource
+	// Admin, when set, serves Prometheus' TSDB admin API per tenant
+	// (admin.go: delete_series, clean_tombstones, snapshot); nil: disabled
+	// (web.enable-admin-api off), answered 404.
+	Admin Admin
 	// Notifications are what /api/v1/notifications and
 	// /api/v1/notifications/live show (a failed reload, as in Prometheus);
 	// nil: New makes an empty list of its own.
@@ -193,7 +201,7 @@ func New(opts Options) (*API, error) {
 	if err != nil {
 		return nil, fmt.Errorf("active query tracker: %w", err)
 	}
-	featureSet := gpustoreFeatures(opts.TakesWrites)
+	featureSet := gpustoreFeatures(opts.TakesWrites, opts.Admin != nil)
 	notes := opts.Notifications
 	if notes == nil {
 		notes = notifications.NewNotifications(maxNotificationSubscribers, opts.Registry)
@@ -321,10 +329,10 @@ const maxNotificationSubscribers = 16
 // named as Prometheus names them (web.New). Prometheus' lifecycle is
 // /-/quit and /-/reload together; gpustore serves /-/reload only (a
 // supervisor stops it: SIGTERM).
-func gpustoreFeatures(takesWrites bool) features.Collector {
+func gpustoreFeatures(takesWrites, admin bool) features.Collector {
 	r := features.NewRegistry()
 	for name, on := range map[string]bool{
-		"lifecycle": false, "admin": false, "remote_write_receiver": takesWrites, "otlp_write_receiver": takesWrites,
+		"lifecycle": false, "admin": admin, "remote_write_receiver": takesWrites, "otlp_write_receiver": takesWrites,
 		"query_cost": false, "search": false, "label_values_match": true, "query_warnings": true,
 		"query_stats": true, "time_range_series": true, "time_range_labels": true, "exclude_alerts": true,
 		"openapi_3.1": true, "openapi_3.2": true,
@@ -366,6 +374,7 @@ func (a *API) RegisterRoutes(mux *http.ServeMux) {
 	// headers back until it has seen enough of the answer to decide, and
 	// an event stream that has nothing to say yet would never start.
 	mux.Handle(apiPrefix+"/notifications/live", a.http.instrument(a.tenant(a.router)))
+	a.registerAdmin(mux, a.http.instrument)
 }
 
 // tenant puts the request's tenant into its context (dskit's user package,
