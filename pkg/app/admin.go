@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
@@ -71,7 +70,7 @@ func (t *tsdbAdmin) CleanTombstones(_ context.Context, tenantID string) error {
 func (t *tsdbAdmin) Snapshot(_ context.Context, tenantID string, skipHead bool) (string, error) {
 	db := t.a.DBs.Existing(tenantID)
 	if db == nil {
-		return "", errors.New("the tenant has no data in this process")
+		return "", query.ErrNoTenantData
 	}
 	name := fmt.Sprintf("%s-%016x", time.Now().UTC().Format("20060102T150405Z0700"), rand.Uint64())
 	dir := filepath.Join(t.a.DBs.TenantDir(tenantID), "snapshots", name)

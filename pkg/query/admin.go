@@ -72,11 +72,19 @@ func (a *API) admin(h func(w http.ResponseWriter, r *http.Request, tenantID stri
 				writeError(w, http.StatusBadRequest, "bad_data", he.err)
 				return
 			}
+			if errors.Is(err, ErrNoTenantData) {
+				writeError(w, http.StatusNotFound, "not_found", err)
+				return
+			}
 			a.opts.Logger.Error("admin API", "path", r.URL.Path, "tenant", tenantID, "err", err)
 			writeError(w, http.StatusInternalServerError, "internal", err)
 		}
 	}))
 }
+
+// ErrNoTenantData is wrapped by an Admin's error when the tenant has no
+// database in this process (answered 404).
+var ErrNoTenantData = errors.New("the tenant has no data in this process")
 
 type badRequest struct{ err error }
 
