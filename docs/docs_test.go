@@ -186,7 +186,7 @@ func TestPagesNameOnlyRealFlags(t *testing.T) {
 		g, _, _ := strings.Cut(name, ".")
 		groups[g] = true
 	}
-	otherPrograms := map[string]bool{"web.enable-remote-write-receiver": true, "web.enable-otlp-receiver": true, "web.enable-admin-api": true} // Prometheus' own
+	otherPrograms := map[string]bool{"web.enable-remote-write-receiver": true, "web.enable-otlp-receiver": true} // Prometheus' own
 	checked := 0
 	for file, text := range pages(t) {
 		for _, m := range flagLike.FindAllStringSubmatch(text, -1) {
