@@ -2,6 +2,7 @@ package deletion
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -160,3 +161,38 @@ func (s *sliceSet) Next() bool                        { s.i++; return s.i <= len
 func (s *sliceSet) At() storage.Series                { return s.s[s.i-1] }
 func (s *sliceSet) Err() error                        { return nil }
 func (s *sliceSet) Warnings() annotations.Annotations { return nil }
+
+// BenchmarkFilter: what a tenant with deletion requests pays per series a
+// select returns from the bucket (1024 GPUs' series, 8 of them deleted; 120
+// samples each), against the same set read without requests.
+func BenchmarkFilter(b *testing.B) {
+	var in []storage.Series
+	ts := make([]int64, 120)
+	for i := range ts {
+		ts[i] = int64(i) * 30_000
+	}
+	for n := range 128 {
+		for g := range 8 {
+			in = append(in, series(labels.FromStrings("__name__", "DCGM_FI_DEV_GPU_UTIL", "Hostname", "node-"+strconv.Itoa(n), "gpu", strconv.Itoa(g)), ts...))
+		}
+	}
+	r1, _ := New([]string{`{Hostname="node-7"}`}, 0, 1<<40, time.Now())
+	r2, _ := New([]string{`{pod=~"alice-.*"}`}, 0, 1<<40, time.Now())
+	for _, c := range []struct {
+		name string
+		reqs []*Request
+	}{{"none", nil}, {"two requests", []*Request{r1, r2}}} {
+		b.Run(c.name, func(b *testing.B) {
+			var it chunkenc.Iterator
+			for b.Loop() {
+				ss := Filter(&sliceSet{s: in}, c.reqs)
+				for ss.Next() {
+					it = ss.At().Iterator(it)
+					for it.Next() != chunkenc.ValNone {
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(in)), "ns/series")
+		})
+	}
+}

@@ -646,58 +646,37 @@ func rewriteBlock(ctx context.Context, out io.Writer, bkt objstore.Bucket, held 
 	if err := block.Download(ctx, bkt, m, src, errUnreadable); err != nil {
 		return err
 	}
-	dst := filepath.Join(dir, "dst")
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return err
+	if dry {
+		dst := filepath.Join(dir, "dst")
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			return err
+		}
+		res, err := rewrite.Block(ctx, nil, src, dst, rewrite.Options{Drop: drop, Lineage: rewrite.Replacement})
+		switch {
+		case err != nil:
+			return err
+		case res.DroppedSeries == 0:
+			fmt.Fprintf(out, "%s: no series matches; left as it is\n", id)
+		case res.Meta == nil:
+			fmt.Fprintf(out, "%s: would lose all its %d series: it would be marked for deletion\n", id, res.DroppedSeries)
+		default:
+			fmt.Fprintf(out, "%s: would lose %d of %d series\n", id, res.DroppedSeries, m.Stats.NumSeries)
+		}
+		return nil
 	}
-	res, err := rewrite.Block(ctx, nil, src, dst, rewrite.Options{Drop: drop, Lineage: rewrite.Replacement})
-	if err != nil {
-		return err
-	}
+	rw, err := compact.RewriteBlock(ctx, bkt, held, t, m, src, false, rewrite.Options{Drop: drop}, nil)
 	switch {
-	case res.DroppedSeries == 0:
+	case err != nil:
+		return err
+	case !rw.Changed:
 		fmt.Fprintf(out, "%s: no series matches; left as it is\n", id)
 		return nil
-	case dry && res.Meta == nil:
-		fmt.Fprintf(out, "%s: would lose all its %d series: it would be marked for deletion\n", id, res.DroppedSeries)
-		return nil
-	case dry:
-		fmt.Fprintf(out, "%s: would lose %d of %d series\n", id, res.DroppedSeries, m.Stats.NumSeries)
-		return nil
+	case rw.New == nil:
+		fmt.Fprintf(out, "%s: marked for deletion (rewritten: no series left)\n", id)
+	default:
+		fmt.Fprintf(out, "%s: rewritten into %s without %d series\n", id, rw.New.ULID, rw.DroppedSeries)
+		fmt.Fprintf(out, "%s: marked for deletion (rewritten into %s)\n", id, rw.New.ULID)
 	}
-	details := "rewritten: no series left"
-	if res.Meta != nil {
-		nm := &block.Meta{BlockMeta: *res.Meta, GPUStore: m.GPUStore}
-		nm.GPUStore.Files = nil
-		types, err := block.ReadTypes(ctx, bkt, t, id)
-		if err != nil && !errors.Is(err, block.ErrBadTypes) {
-			return err
-		}
-		if err := held.Check(ctx); err != nil {
-			return err
-		}
-		if len(types) > 0 {
-			if err := block.WriteTypes(ctx, bkt, t, nm.ULID, types); err != nil {
-				return err
-			}
-		}
-		enc := block.EncodingNone
-		if len(m.GPUStore.Files) > 0 {
-			enc = m.GPUStore.Files[0].Encoding
-		}
-		if err := block.UploadEncoded(ctx, bkt, res.Dir, nm, enc); err != nil {
-			return err
-		}
-		details = "rewritten into " + nm.ULID.String()
-		fmt.Fprintf(out, "%s: rewritten into %s without %d series\n", id, nm.ULID, res.DroppedSeries)
-	}
-	if err := held.Check(ctx); err != nil {
-		return err
-	}
-	if err := block.WriteDeletionMark(ctx, bkt, t, id, details, time.Now()); err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "%s: marked for deletion (%s)\n", id, details)
 	return nil
 }
 
