@@ -29,7 +29,15 @@ type tsdbAdmin struct {
 var _ query.Admin = (*tsdbAdmin)(nil)
 
 func (t *tsdbAdmin) DeleteSeries(ctx context.Context, tenantID string, selectors []string, mint, maxt int64) error {
-	req, err := deletion.New(selectors, mint, maxt, time.Now())
+	now := time.Now()
+	// A deletion is of the samples stored until now: samples written later
+	// (a series that comes back) are kept, and the compactor knows which
+	// blocks may hold deleted ones (deletion.go in pkg/compact).
+	maxt = min(maxt, now.UnixMilli())
+	if mint > maxt {
+		return nil // nothing stored yet in the range
+	}
+	req, err := deletion.New(selectors, mint, maxt, now)
 	if err != nil {
 		return err
 	}

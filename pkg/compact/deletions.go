@@ -24,15 +24,18 @@ import (
 // is marked for deletion and goes after the delete delay like any replaced
 // block.
 //
-// Which blocks may hold deleted samples: those written before the
-// request's cutoff (by ULID time), which the first pass that sees the
-// request sets to its own start. Every block written after it comes from
-// inputs this step had already rewritten (merges and downsamplings of this
-// pass and later ones run after it) or from a receiver's head, which took
-// the deletion as tombstones before the request was written. A block cut
-// before the cutoff but shipped later is rewritten by the pass that finds
-// it. Blocks checked (rewritten or found without matching series) are
-// listed in the cutoff record, so a block is downloaded once per request.
+// Which blocks may hold deleted samples (a request covers samples up to the
+// time it was made): those written before the request's cutoff (by ULID
+// time), which the first pass that sees the request sets to its own start,
+// and blocks the compactor did not make (a receiver's, an upload's) that
+// overlap the request, whenever they were written: a receiver that is not
+// the process that took the request (no tombstones in its head), a block
+// cut before the deletion and shipped later, a clock ahead. Every block
+// the compactor writes after the cutoff comes from inputs this step had
+// already rewritten (merges and downsamplings of this pass and later ones
+// run after it). Blocks checked (rewritten or found without matching
+// series) are listed in the cutoff record, so a block is downloaded once
+// per request.
 //
 // It reports whether it changed any block (the pass then lists the tenant
 // again).
@@ -59,8 +62,8 @@ func (p *pass) applyDeletions(ctx context.Context) (bool, error) {
 		done := len(cut.Checked)
 		for _, id := range p.sortedIDs() {
 			b := p.blocks[id]
-			if !b.live() || ulid.Time(id.Time()).Compare(cut.Time) >= 0 || slices.Contains(cut.Checked, id) ||
-				!r.Overlaps(b.meta.MinTime, b.meta.MaxTime) {
+			if !b.live() || slices.Contains(cut.Checked, id) || !r.Overlaps(b.meta.MinTime, b.meta.MaxTime) ||
+				ulid.Time(id.Time()).Compare(cut.Time) >= 0 && b.meta.GPUStore.Source == block.SourceCompactor {
 				continue
 			}
 			rw, err := p.deleteFromBlock(ctx, b, r)
@@ -69,6 +72,9 @@ func (p *pass) applyDeletions(ctx context.Context) (bool, error) {
 			}
 			if rw.Changed {
 				changed = true
+				if rw.New != nil {
+					cut.Checked = append(cut.Checked, rw.New.ULID) // written without the samples
+				}
 				b.deletion = &block.DeletionMark{ID: id, DeletionTime: p.c.now().Unix()}
 				p.c.m.deletionMarks.WithLabelValues(p.tenant, "series-deletion").Inc()
 				p.logger.Info("block rewritten without deleted series", "request", r.ID, "block", id,

@@ -31,7 +31,8 @@ import (
 // every answer at once (raw, 5m and 1h reads, the head, a range query the
 // results cache holds), the others stay; the compactor then rewrites the
 // bucket's blocks without them, the old blocks are deleted, and no block
-// left in the bucket names the node; later passes bring nothing back.
+// left in the bucket names the node; a block of the deleted hours shipped
+// late is hidden and rewritten too; later passes bring nothing back.
 func TestDeleteSeriesEverywhere(t *testing.T) {
 	s3 := startS3(t)
 	ctx := context.Background()
@@ -151,14 +152,26 @@ func TestDeleteSeriesEverywhere(t *testing.T) {
 		t.Errorf("after the rewrite: live blocks per resolution %v, want 5m and 1h blocks still", perRes)
 	}
 
-	// Later passes bring nothing back.
-	if err := a.Compactor.CompactAll(ctx); err != nil {
+	// A receiver that did not take the request (or cut its block before
+	// it) ships a block of the deleted hours after the compactor's cutoff:
+	// hidden at once, removed by the next passes, which bring nothing back.
+	writeReceiverBlock(t, bkt, tenant, h, h.start/twoHours*twoHours+2*twoHours, h.start/twoHours*twoHours+3*twoHours)
+	if err := a.BucketStore.Sync(ctx); err != nil {
 		t.Fatal(err)
+	}
+	check("a late block", gone)
+	for range 2 {
+		if err := a.Compactor.CompactAll(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := a.BucketStore.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
 	check("compacted again", gone)
+	if names := blocksNaming(t, bkt, tenant, "node-1"); len(names) > 0 {
+		t.Errorf("after the late block's compaction, blocks in the bucket still name node-1: %v", names)
+	}
 }
 
 // deleteSeries calls delete_series and returns the status code.

@@ -350,7 +350,7 @@ func compareHistory(t *testing.T, stage string, prom, gs promv1.API, h history) 
 func writeReceiverBlock(t *testing.T, bkt objstore.Bucket, tenant string, h history, from, to int64) {
 	t.Helper()
 	dir := t.TempDir()
-	w, err := tsdb.NewBlockWriter(slog.New(slog.DiscardHandler), dir, to-from)
+	w, err := tsdb.NewBlockWriter(slog.New(slog.DiscardHandler), dir, 2*(to-from)) // the head takes samples back to half its chunk range behind the newest: each series starts at from again
 	if err != nil {
 		t.Fatal(err)
 	}
