@@ -122,3 +122,13 @@ func TestAdminAPIForAdministratorsOnly(t *testing.T) {
 		t.Errorf("the snapshot is not in the tenant's directory: %v", err)
 	}
 }
+
+// The admin API is refused with the ring: a deletion would have to reach
+// every receiver's head, which this process does not hold.
+func TestAdminAPINotWithTheRing(t *testing.T) {
+	_, _, err := Load(flag.NewFlagSet("gpustore", flag.ContinueOnError), []string{
+		"-storage.tsdb.path=" + t.TempDir(), "-web.enable-admin-api", "-target=query", "-ring.enabled", "-ring.store=inmemory", "-ring.instance-id=q"})
+	if err == nil || !strings.Contains(err.Error(), "web.enable-admin-api") {
+		t.Fatalf("admin API with the ring: %v, want refused", err)
+	}
+}
