@@ -25,6 +25,22 @@ func (d *deletions) of(tenantID string) []*deletion.Request {
 	return d.tenant[tenantID]
 }
 
+// over returns the tenant's requests that delete samples in [mint, maxt]
+// (widened by deletionMargin: a select may read a downsampled window or a
+// lookback beyond its querier's range): a query of other times reads the
+// blocks as they are.
+func (d *deletions) over(tenantID string, mint, maxt int64) []*deletion.Request {
+	var out []*deletion.Request
+	for _, r := range d.of(tenantID) {
+		if r.MinTime <= maxt+deletionMargin && r.MaxTime >= mint-deletionMargin {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+const deletionMargin = 2 * 3600_000 // ms: more than the 1h window and a lookback
+
 // sync reads the tenant's requests, those already known from memory.
 func (d *deletions) sync(ctx context.Context, s *Store, tenantID string) error {
 	known := map[ulid.ULID]*deletion.Request{}

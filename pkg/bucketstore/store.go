@@ -401,7 +401,7 @@ func (s *Store) Querier(tenantID string, mint, maxt int64, local func(ulid.ULID)
 	if len(bs) == 0 {
 		return nil
 	}
-	return &querier{base: base{s: s, blocks: bs, parts: parts, mint: mint, maxt: maxt, dels: s.dels.of(tenantID)}}
+	return &querier{base: base{s: s, blocks: bs, parts: parts, mint: mint, maxt: maxt, dels: s.dels.over(tenantID, mint, maxt)}}
 }
 
 // ChunkQuerier is Querier for chunk queries (remote read): raw blocks only.
@@ -413,7 +413,7 @@ func (s *Store) ChunkQuerier(tenantID string, mint, maxt int64, local func(ulid.
 	if len(bs) == 0 {
 		return nil
 	}
-	return &chunkQuerier{base: base{s: s, blocks: bs, parts: parts, mint: mint, maxt: maxt, dels: s.dels.of(tenantID)}}
+	return &chunkQuerier{base: base{s: s, blocks: bs, parts: parts, mint: mint, maxt: maxt, dels: s.dels.over(tenantID, mint, maxt)}}
 }
 
 type base struct {
