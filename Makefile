@@ -97,7 +97,7 @@ manifests:
 # docs/configuration.md: generated from the flags, the defaults and the
 # configuration structs' doc comments (a test fails while it is stale).
 docs:
-	$(GO) generate ./pkg/app/configref
+	$(GO) generate ./pkg/app/configref ./pkg/tools
 
 # gpustore on the embedded default (data in ./data, port 9201), fed by a
 # simulated 16-node (128-GPU) cluster in real time. Ctrl-C stops both.

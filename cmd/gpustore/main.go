@@ -19,6 +19,7 @@ import (
 	"github.com/gpustore/gpustore/internal/logging"
 	"github.com/gpustore/gpustore/internal/version"
 	"github.com/gpustore/gpustore/pkg/app"
+	"github.com/gpustore/gpustore/pkg/tools"
 )
 
 func main() {
@@ -32,7 +33,11 @@ func main() {
 var subcommands = map[string]struct {
 	summary string
 	run     func(args []string) int
-}{}
+}{
+	"tools": {summary: tools.Tree().Summary, run: func(args []string) int {
+		return tools.Main(args, &tools.Env{Stdout: os.Stdout, Stderr: os.Stderr})
+	}},
+}
 
 // run is gpustore's command line: a subcommand, or the server's flags.
 func run(args []string) int {

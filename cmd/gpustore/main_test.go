@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -53,7 +54,6 @@ func TestPositionalArgumentsRefused(t *testing.T) {
 	for _, args := range [][]string{
 		append(served, "tools", "bucket", "ls"),
 		append(served, "./data"),
-		{"tools", "bucket", "ls"},
 		{"serve"},
 	} {
 		code, stderr := gpustore(t, args...)
@@ -73,5 +73,28 @@ func TestPositionalArgumentsRefused(t *testing.T) {
 	}
 	if code, _ := gpustore(t, "-h"); code != 0 {
 		t.Errorf("-h: exit %d, want 0", code)
+	}
+}
+
+// TestToolsSubcommand: `gpustore tools ...` runs the tools (pkg/tools), not
+// the server: a command with a missing flag is a usage error (exit 2), an
+// unknown one too, and a check of a good configuration succeeds.
+func TestToolsSubcommand(t *testing.T) {
+	code, stderr := gpustore(t, "tools", "bucket", "ls")
+	if code != 2 || !strings.Contains(stderr, "Usage: gpustore tools bucket ls") || !strings.Contains(stderr, "--objstore.config-file is required") {
+		t.Errorf("tools bucket ls without a bucket: exit %d:\n%s", code, stderr)
+	}
+	if code, stderr := gpustore(t, "tools", "bucket", "nope"); code != 2 || !strings.Contains(stderr, `unknown command "nope"`) {
+		t.Errorf("tools bucket nope: exit %d:\n%s", code, stderr)
+	}
+	cfg := filepath.Join(t.TempDir(), "gpustore.yml")
+	if err := os.WriteFile(cfg, []byte("target: all\nquery:\n  timeout: 1m\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, stderr := gpustore(t, "tools", "check", "config", cfg); code != 0 {
+		t.Errorf("tools check config of a good file: exit %d:\n%s", code, stderr)
+	}
+	if code, _ := gpustore(t, "-h"); code != 0 {
+		t.Errorf("-h: exit %d", code)
 	}
 }

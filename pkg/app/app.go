@@ -380,6 +380,8 @@ func (a *App) initQuery() (services.Service, error) {
 		ReplicaLabels: a.Cfg.Query.ReplicaLabels, MaxSourceResolution: a.Cfg.Query.MaxSourceResolution,
 		Blocks: queryfrontend.TenantBlocks(a.DBs, bucketBlocks),
 	}
+	admin := &tsdbAdmin{a: a}
+	frontendDeps.Generation = admin.Generation
 	if a.Limits != nil {
 		frontendDeps.OutOfOrderWindow = a.Limits.OutOfOrderWindow
 	}
@@ -407,6 +409,7 @@ func (a *App) initQuery() (services.Service, error) {
 		Rules:         a.rulesRetriever,
 		Notifications: a.notifications,
 		Limits:        a.queryLimits(),
+		Admin:         adminAPI(a.Cfg.Query.EnableAdminAPI, admin),
 		BuildInfo: v1.PrometheusVersion{
 			Version: version.Version, Revision: version.Revision, Branch: version.Branch,
 			BuildUser: version.BuildUser, BuildDate: version.BuildDate, GoVersion: version.GoVersion,
@@ -430,6 +433,14 @@ func (a *App) queryLimits() query.TenantLimits {
 		return nil
 	}
 	return a.Limits
+}
+
+// adminAPI is admin when the admin API is enabled, else none.
+func adminAPI(enabled bool, admin query.Admin) query.Admin {
+	if !enabled {
+		return nil
+	}
+	return admin
 }
 
 // takesWrites tells whether this process serves remote write and OTLP: the

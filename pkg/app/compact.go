@@ -1,9 +1,13 @@
 package app
 
 import (
+	"path/filepath"
+	"time"
+
 	"github.com/grafana/dskit/services"
 
 	"github.com/gpustore/gpustore/internal/resources"
+	"github.com/gpustore/gpustore/pkg/blockupload"
 	"github.com/gpustore/gpustore/pkg/compact"
 )
 
@@ -29,5 +33,15 @@ func (a *App) initCompact() (services.Service, error) {
 	}
 	a.Compactor = c
 	a.volumes.Add(resources.Volume{Name: "compact", Dir: c.Dir()})
-	return services.NewBasicService(c.Start, c.Run, nil), nil
+	// Mimir's block-upload API (mimirtool backfill) lives with the
+	// compactor, as in Mimir: it writes into the bucket the compactor
+	// merges, and needs nothing else.
+	ranges := make([]int64, len(a.Cfg.Compact.BlockRanges))
+	for i, r := range a.Cfg.Compact.BlockRanges {
+		ranges[i] = time.Duration(r).Milliseconds()
+	}
+	upload := blockupload.NewAPI(blockupload.APIConfig{Ranges: ranges, WorkDir: filepath.Join(a.Cfg.TSDB.Dir, "block-upload"), MaxValidations: 2},
+		a.Bucket, a.Cfg.Tenant, a.Logger.With("component", "block-upload"))
+	upload.Register(a.Server.Mux)
+	return services.NewBasicService(c.Start, c.Run, func(error) error { upload.Stop(); return nil }), nil
 }

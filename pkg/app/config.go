@@ -120,6 +120,9 @@ func (c *Config) Validate() error {
 	if len(c.Ring.PeerIdentities) > 0 && c.Server.WebConfigFile == "" {
 		errs = append(errs, errors.New("ring.peer_identities needs --web.config.file: without it no request has an identity"))
 	}
+	if c.Query.EnableAdminAPI && c.Ring.Enabled {
+		errs = append(errs, errors.New("web.enable-admin-api is not supported with ring.enabled: a deletion must reach every receiver's head"))
+	}
 	errs = append(errs, c.validateObjstore()...)
 	return errors.Join(errs...)
 }
@@ -159,6 +162,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Query.MinStepsPerSlice, "query.min-steps-per-slice", c.Query.MinStepsPerSlice, "Fewest steps of a range query's slice: shorter queries run whole.")
 	fs.IntVar(&c.Query.MaxExpressionBytes, "query.max-expression-bytes", c.Query.MaxExpressionBytes, "Longest PromQL expression a request may carry (query, match[]); longer ones are answered 400 before they are parsed.")
 	fs.IntVar(&c.Query.MaxExpressionDepth, "query.max-expression-depth", c.Query.MaxExpressionDepth, "Deepest nesting of a PromQL expression (brackets and operators, counted before parsing); deeper ones are answered 400: parsing and formatting cost grows with its square.")
+	fs.BoolVar(&c.Query.EnableExperimentalFunctions, "query.enable-experimental-functions", c.Query.EnableExperimentalFunctions, "Let PromQL queries and rules use Prometheus' experimental functions (limitk, limit_ratio, sort_by_label, sort_by_label_desc, double_exponential_smoothing, ...), as Prometheus' --enable-feature=promql-experimental-functions does; off, they are answered 400.")
+	fs.BoolVar(&c.Query.EnableAdminAPI, "web.enable-admin-api", c.Query.EnableAdminAPI, "Serve Prometheus' TSDB admin API (/api/v1/admin/tsdb/delete_series, clean_tombstones, snapshot) for the request's tenant, to identities allowed every tenant (\"*\" in tenants.auth). Not with ring.enabled.")
 	fs.IntVar(&c.Query.RemoteReadSampleLimit, "storage.remote.read-sample-limit", c.Query.RemoteReadSampleLimit, "Most samples one remote read (/api/v1/read) may return, in a single query (0: no limit); ignored for streamed answers. As in Prometheus.")
 	fs.IntVar(&c.Query.RemoteReadConcurrentLimit, "storage.remote.read-concurrent-limit", c.Query.RemoteReadConcurrentLimit, "Most remote reads (/api/v1/read) in progress; others wait until a slot frees or their client leaves (0: no limit). As in Prometheus.")
 	fs.IntVar(&c.Query.RemoteReadMaxBytesInFrame, "storage.remote.read-max-bytes-in-frame", c.Query.RemoteReadMaxBytesInFrame, "Largest frame of a streamed remote-read answer, in bytes before marshalling. As in Prometheus.")

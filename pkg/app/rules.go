@@ -26,6 +26,7 @@ func (a *App) initRules() (services.Service, error) {
 		Tenants: a.Cfg.Tenant,
 		DBs:     a.DBs,
 		Engine:  a.API.Engine(),
+		Parser:  a.API.Parser(),
 		// Rules read what queries read: the tenant's TSDB merged with the
 		// query sources (bucket blocks), deduplicated by replica labels as
 		// the API does by default.

@@ -354,3 +354,24 @@ func ParseDir(name string) (ulid.ULID, bool) {
 	id, err := ulid.ParseStrict(base)
 	return id, err == nil
 }
+
+// Download copies a bucket block's files into the local directory dir as
+// the TSDB reads them (encoded files decoded), with its TSDB meta.json
+// (without the gpustore section): a block the TSDB's own readers and
+// compactor open. Errors that are the block's fault (a missing object, a
+// file that does not decode) wrap bad.
+func Download(ctx context.Context, bkt objstore.BucketReader, m *Meta, dir string, bad error) error {
+	if err := os.MkdirAll(filepath.Join(dir, ChunksDirname), 0o755); err != nil {
+		return err
+	}
+	for _, f := range m.GPUStore.Files {
+		if err := DownloadFile(ctx, bkt, ObjectName(m.GPUStore.Tenant, m.ULID, f.ObjectRel()), filepath.Join(dir, filepath.FromSlash(f.RelPath)), f, bad); err != nil {
+			return err
+		}
+	}
+	b, err := json.MarshalIndent(m.BlockMeta, "", "\t")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, MetaFilename), b, 0o644)
+}

@@ -39,6 +39,7 @@ import (
 
 	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/blockquery"
+	"github.com/gpustore/gpustore/pkg/deletion"
 	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/seriesset"
 )
@@ -128,6 +129,7 @@ type Store struct {
 	mtx     sync.RWMutex
 	tenants map[string][]*bucketBlock // visible blocks, sorted by MinTime
 	views   map[string]*tenantView
+	dels    deletions // series deletions applied at query time (deletions.go)
 }
 
 // New returns a store over bkt; nothing is read before Sync.
@@ -399,7 +401,7 @@ func (s *Store) Querier(tenantID string, mint, maxt int64, local func(ulid.ULID)
 	if len(bs) == 0 {
 		return nil
 	}
-	return &querier{base: base{s: s, blocks: bs, parts: parts, mint: mint, maxt: maxt}}
+	return &querier{base: base{s: s, blocks: bs, parts: parts, mint: mint, maxt: maxt, dels: s.dels.over(tenantID, mint, maxt)}}
 }
 
 // ChunkQuerier is Querier for chunk queries (remote read): raw blocks only.
@@ -411,7 +413,7 @@ func (s *Store) ChunkQuerier(tenantID string, mint, maxt int64, local func(ulid.
 	if len(bs) == 0 {
 		return nil
 	}
-	return &chunkQuerier{base: base{s: s, blocks: bs, parts: parts, mint: mint, maxt: maxt}}
+	return &chunkQuerier{base: base{s: s, blocks: bs, parts: parts, mint: mint, maxt: maxt, dels: s.dels.over(tenantID, mint, maxt)}}
 }
 
 type base struct {
@@ -419,6 +421,7 @@ type base struct {
 	blocks     []*bucketBlock
 	parts      map[*bucketBlock]span // blocks read in part (readSpan)
 	mint, maxt int64
+	dels       []*deletion.Request // the tenant's series deletions (deletions.go)
 
 	mtx     sync.Mutex
 	closers []func() error
@@ -627,7 +630,7 @@ func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.Se
 	if info := describeFolded(segs, named); info != "" {
 		set = withInfo{SeriesSet: set, info: info}
 	}
-	return set
+	return deletion.Filter(set, q.dels)
 }
 
 // Folding says how the downsampled data a select reads was folded: the
@@ -841,7 +844,7 @@ func (q *chunkQuerier) Select(ctx context.Context, sortSeries bool, hints *stora
 		return storage.ErrChunkSeriesSet(err)
 	}
 	q.track(m.Close)
-	return m.Select(ctx, sortSeries, hints, ms...)
+	return deletedChunks(m.Select(ctx, sortSeries, hints, ms...), q.dels)
 }
 
 func (q *chunkQuerier) LabelValues(ctx context.Context, name string, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {

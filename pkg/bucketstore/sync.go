@@ -110,6 +110,9 @@ func (s *Store) syncTenant(ctx context.Context, tenantID string) error {
 	if err != nil {
 		return fmt.Errorf("sync blocks of tenant %q: %w", tenantID, err)
 	}
+	if err := s.dels.sync(ctx, s, tenantID); err != nil {
+		return fmt.Errorf("sync blocks of tenant %q: %w", tenantID, err)
+	}
 	s.m.tenantSyncs.WithLabelValues(source).Inc()
 
 	listed := map[ulid.ULID]struct{}{}

@@ -66,9 +66,13 @@ import (
 	"github.com/gpustore/gpustore/pkg/downsample"
 )
 
-// Limits gives a tenant's raw retention override (0: the configured default).
+// Limits gives a tenant's retention overrides per resolution (0: the
+// configured default). They are asked at every pass, so a reloaded
+// overrides file applies from the next pass on.
 type Limits interface {
 	CompactorRetentionRaw(tenant string) time.Duration
+	CompactorRetention5m(tenant string) time.Duration
+	CompactorRetention1h(tenant string) time.Duration
 }
 
 // Compactor compacts every tenant of a bucket.

@@ -35,9 +35,9 @@ type Config struct {
 	// Retention per resolution: blocks wholly older are marked for deletion
 	// (0 keeps them forever), a raw block only once 5m or 1h data holds its
 	// hours and a 5m block only once 1h data does; retentions that would
-	// contradict that are refused (validateRetentionOrder). Raw retention
-	// can be overridden per tenant in the limits overrides file
-	// (compactor_retention_raw). The 5m and 1h resolutions are written by
+	// contradict that are refused (validateRetentionOrder). Each can be
+	// overridden per tenant in the limits overrides file
+	// (compactor_retention_raw, _5m, _1h). The 5m and 1h resolutions are written by
 	// downsampling.
 	RetentionRaw model.Duration `yaml:"retention_raw"`
 	Retention5m  model.Duration `yaml:"retention_5m"`
@@ -165,8 +165,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&c.DeleteDelay, "compact.delete-delay", "How long a block marked for deletion stays in the bucket before it is deleted.")
 	fs.Var(&c.PartialDeleteDelay, "compact.partial-delete-delay", "Delete a block directory without meta.json (a crashed upload) once all its objects are this old.")
 	fs.Var(&c.RetentionRaw, "compact.retention.raw", "How long raw blocks stay in the bucket (0: forever); per tenant: compactor_retention_raw in the limits overrides file.")
-	fs.Var(&c.Retention5m, "compact.retention.5m", "How long 5m-resolution (downsampled) blocks stay in the bucket (0: forever).")
-	fs.Var(&c.Retention1h, "compact.retention.1h", "How long 1h-resolution (downsampled) blocks stay in the bucket (0: forever).")
+	fs.Var(&c.Retention5m, "compact.retention.5m", "How long 5m-resolution (downsampled) blocks stay in the bucket (0: forever); per tenant: compactor_retention_5m in the limits overrides file.")
+	fs.Var(&c.Retention1h, "compact.retention.1h", "How long 1h-resolution (downsampled) blocks stay in the bucket (0: forever); per tenant: compactor_retention_1h in the limits overrides file.")
 	fs.Var(&c.LeaseTTL, "compact.lease-ttl", "How long a compactor's lease on a tenant lasts without renewal.")
 	fs.BoolVar(&c.Downsample, "compact.downsample", c.Downsample, "Downsample finished blocks to 5m and 1h resolution (raw retention then waits for the 5m data).")
 	fs.Var(&c.DownsampleFoldLabels, "compact.downsample.fold-labels", "Comma-separated labels merged away when raw data is downsampled, for the gauges among the metrics of -compact.downsample.fold-metrics (e.g. pod: one 5m/1h series per GPU instead of one per GPU and pod; counters are never folded; queries naming them read raw data where it exists). Empty (the default): keep every label.")

@@ -5,10 +5,8 @@ package compact
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 
 	"github.com/oklog/ulid/v2"
@@ -51,19 +49,7 @@ func (p *pass) downloadPlan(ctx context.Context, work string, plan []*block.Meta
 
 // download copies a block's files and its TSDB meta.json into dir.
 func (p *pass) download(ctx context.Context, m *block.Meta, dir string) error {
-	if err := os.MkdirAll(filepath.Join(dir, block.ChunksDirname), 0o755); err != nil {
-		return err
-	}
-	for _, f := range m.GPUStore.Files {
-		if err := block.DownloadFile(ctx, p.c.bkt, block.ObjectName(p.tenant, m.ULID, f.ObjectRel()), filepath.Join(dir, filepath.FromSlash(f.RelPath)), f, errBlockUnreadable); err != nil {
-			return err
-		}
-	}
-	b, err := json.MarshalIndent(m.BlockMeta, "", "\t")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, block.MetaFilename), b, 0o644)
+	return block.Download(ctx, p.c.bkt, m, dir, errBlockUnreadable)
 }
 
 // verifyBlock reads a local block whole: every series of the index and

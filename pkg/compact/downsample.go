@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/prometheus/tsdb"
 
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/bucketindex"
 	"github.com/gpustore/gpustore/pkg/downsample"
 )
 
@@ -136,6 +137,14 @@ func (p *pass) downsampleBlock(ctx context.Context, m *block.Meta, res int64) er
 			inputs = append(inputs, b.meta)
 		}
 	}
+	// A block another input replaces (same resolution, sources a subset:
+	// the 5m block of a raw block that vertical compaction has since grown
+	// with an uploaded or late block, beside the 5m block of the grown one,
+	// until the next pass marks it) holds part of the same windows' samples:
+	// merged with its replacement point by point, either window's aggregate
+	// could win, and the 1h block would lose the new samples.
+	replaced := bucketindex.Replaced(inputs)
+	inputs = slices.DeleteFunc(inputs, func(b *block.Meta) bool { _, ok := replaced[b.ULID]; return ok })
 	log := p.logger.With("block", m.ULID, "resolution", downsample.ResolutionName(res),
 		"mint", time.UnixMilli(mint).UTC().Format(time.RFC3339), "maxt", time.UnixMilli(maxt).UTC().Format(time.RFC3339), "inputs", len(inputs))
 	log.Info("downsampling")

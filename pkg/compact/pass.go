@@ -41,6 +41,13 @@ func (p *pass) run(ctx context.Context) error {
 	if err := p.deleteMarked(ctx); err != nil {
 		return err
 	}
+	if changed, err := p.applyDeletions(ctx); err != nil { // deletions.go
+		return err
+	} else if changed {
+		if err := p.sync(ctx); err != nil {
+			return err
+		}
+	}
 	if err := p.markReplaced(ctx); err != nil {
 		return err
 	}

@@ -8,26 +8,42 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/common/model"
+
 	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/downsample"
 )
 
-// retention returns how long blocks of a resolution are kept (0: forever).
+// retention returns how long blocks of a resolution are kept (0: forever):
+// the tenant's override, else the configured default.
 func (p *pass) retention(res int64) time.Duration {
+	var override func(string) time.Duration
+	var def model.Duration
 	switch res {
 	case block.ResolutionRaw:
+		def = p.c.cfg.RetentionRaw
 		if p.c.limits != nil {
-			if d := p.c.limits.CompactorRetentionRaw(p.tenant); d > 0 {
-				return d
-			}
+			override = p.c.limits.CompactorRetentionRaw
 		}
-		return time.Duration(p.c.cfg.RetentionRaw)
 	case downsample.Res5m:
-		return time.Duration(p.c.cfg.Retention5m)
+		def = p.c.cfg.Retention5m
+		if p.c.limits != nil {
+			override = p.c.limits.CompactorRetention5m
+		}
 	case downsample.Res1h:
-		return time.Duration(p.c.cfg.Retention1h)
+		def = p.c.cfg.Retention1h
+		if p.c.limits != nil {
+			override = p.c.limits.CompactorRetention1h
+		}
+	default:
+		return 0
 	}
-	return 0
+	if override != nil {
+		if d := override(p.tenant); d > 0 {
+			return d
+		}
+	}
+	return time.Duration(def)
 }
 
 // applyRetention marks the blocks wholly older than their resolution's

@@ -3,16 +3,20 @@ package compact_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/grafana/dskit/services"
 	"github.com/prometheus/common/model"
 
 	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/downsample"
+	"github.com/gpustore/gpustore/pkg/limits"
 )
 
 // TestDownsampledRetention: each resolution's retention deletes that
@@ -95,5 +99,78 @@ func TestDownsampledRetention(t *testing.T) {
 		case c.from != "" && c.from != "raw" && !slices.ContainsFunc(infos, func(s string) bool { return strings.Contains(s, c.from+" data for") }):
 			t.Errorf("%s: infos %q, want %s data", what, infos, c.from)
 		}
+	}
+}
+
+// TestTenantDownsampledRetention: a tenant's compactor_retention_5m and
+// compactor_retention_1h in the limits overrides file replace the
+// compactor's 5m and 1h retentions for its blocks, from the pass after the
+// file is reloaded; other tenants keep the defaults. Only raw retention
+// could be set per tenant.
+func TestTenantDownsampledRetention(t *testing.T) {
+	store := startStore(t)
+	bkt := openBucket(t, store)
+	dir := t.TempDir()
+	now := time.Now().Truncate(8 * time.Hour)
+	for _, tenant := range []string{"default-ret", "short-ret"} {
+		for _, age := range []time.Duration{5 * day, 3 * day, day, 2 * time.Hour} {
+			upload(t, bkt, tenant, nil, smallBlocks(t, dir, now.Add(-age), 1)...)
+		}
+	}
+	overrides := filepath.Join(t.TempDir(), "overrides.yaml")
+	if err := os.WriteFile(overrides, []byte("overrides:\n  short-ret:\n    compactor_retention_raw: 2d\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lcfg := limits.DefaultConfig()
+	lcfg.OverridesFile = overrides
+	lcfg.ReloadPeriod = model.Duration(100 * time.Millisecond)
+	lim, err := limits.New(lcfg, quiet(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := services.StartAndAwaitRunning(context.Background(), lim); err != nil {
+		t.Fatal(err)
+	}
+	defer services.StopAndAwaitTerminated(context.Background(), lim)
+
+	cfg := testConfig()
+	cfg.BlockRanges = compact.DurationList{model.Duration(2 * time.Hour), model.Duration(8 * time.Hour)}
+	cfg.Downsample = true
+	cfg.RetentionRaw, cfg.Retention5m, cfg.Retention1h = model.Duration(2*day), model.Duration(4*day), model.Duration(6*day)
+	c, _ := newCompactor(t, cfg, bkt, lim)
+	ageOf := func(m *block.Meta) time.Duration { return now.Sub(time.UnixMilli(m.MinTime)).Round(time.Hour) }
+	left := func(tenant string) string {
+		blocks, _ := byResolution(compactUntilStable(t, c, bkt, tenant))
+		var out []string
+		for _, r := range []int64{block.ResolutionRaw, downsample.Res5m, downsample.Res1h} {
+			var ages []time.Duration
+			for _, m := range blocks[r] {
+				ages = append(ages, ageOf(m))
+			}
+			slices.Sort(ages)
+			out = append(out, fmt.Sprintf("%s:%v", downsample.ResolutionName(r), ages))
+		}
+		return strings.Join(out, " ")
+	}
+	defaults := "raw:[2h0m0s 24h0m0s] 5m:[24h0m0s 72h0m0s] 1h:[72h0m0s 120h0m0s]"
+	for _, tenant := range []string{"default-ret", "short-ret"} {
+		if got := left(tenant); got != defaults {
+			t.Fatalf("%s before the override: %s, want %s", tenant, got, defaults)
+		}
+	}
+	if err := os.WriteFile(overrides, []byte("overrides:\n  short-ret:\n    compactor_retention_raw: 2d\n    compactor_retention_5m: 2d\n    compactor_retention_1h: 4d\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the overrides reloaded", func() error {
+		if d := lim.CompactorRetention1h("short-ret"); d != 4*day {
+			return fmt.Errorf("1h retention %s", d)
+		}
+		return nil
+	})
+	if got := left("default-ret"); got != defaults {
+		t.Errorf("default-ret after short-ret's override: %s, want %s", got, defaults)
+	}
+	if got, want := left("short-ret"), "raw:[2h0m0s 24h0m0s] 5m:[24h0m0s] 1h:[72h0m0s]"; got != want {
+		t.Errorf("short-ret with 5m 2d and 1h 4d: %s, want %s", got, want)
 	}
 }

@@ -624,6 +624,9 @@ func (sw *seriesWrite) appendSamples() error {
 		} else if !ok {
 			continue
 		}
+		if w.lim.CreatedTimestampZeroIngestion && smp.st != 0 && smp.st < smp.t {
+			sw.appendZero(smp.st, nil, nil)
+		}
 		v := smp.v
 		if sw.div != 0 {
 			v = v * sw.mul / sw.div
@@ -650,6 +653,28 @@ func (sw *seriesWrite) appendSamples() error {
 	return nil
 }
 
+// appendZero stores, for a sample whose start (created) timestamp st the
+// sender gave, a zero at st before it, as Prometheus does with
+// --enable-feature=created-timestamp-zero-ingestion: a counter that
+// started (or restarted) at st then reads as rising from 0 there, so
+// rate() and increase() count its first samples' value. It is best effort
+// as in Prometheus' TSDB: never out of order (a series already holding
+// samples at or after st keeps them alone), never reported to the sender,
+// not counted as a written sample. A histogram's zero keeps its schema and
+// bucket layout, marked as a counter reset.
+func (sw *seriesWrite) appendZero(st int64, h *histogram.Histogram, fh *histogram.FloatHistogram) {
+	switch {
+	case fh != nil:
+		fh = &histogram.FloatHistogram{CounterResetHint: histogram.CounterReset, Schema: fh.Schema, ZeroThreshold: fh.ZeroThreshold, CustomValues: fh.CustomValues}
+	case h != nil:
+		h = &histogram.Histogram{CounterResetHint: histogram.CounterReset, Schema: h.Schema, ZeroThreshold: h.ZeroThreshold, CustomValues: h.CustomValues}
+	}
+	ref, err := sw.w.app.Append(sw.ref, sw.ls, 0, st, 0, h, fh, storage.AOptions{RejectOutOfOrder: true})
+	if err == nil && sw.ref == 0 {
+		sw.ref = ref
+	}
+}
+
 func (sw *seriesWrite) appendHistograms() error {
 	w := sw.w
 	for _, raw := range sw.s.histograms {
@@ -670,6 +695,9 @@ func (sw *seriesWrite) appendHistograms() error {
 		// stale reference with empty labels.
 		if sw.ls.IsEmpty() && !sw.resolve() {
 			return nil
+		}
+		if w.lim.CreatedTimestampZeroIngestion && st != 0 && st < t {
+			sw.appendZero(st, h, fh)
 		}
 		ref, err := w.app.Append(sw.ref, sw.ls, st, t, 0, h, fh, storage.AOptions{})
 		if err != nil {

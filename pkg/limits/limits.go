@@ -87,6 +87,13 @@ type Limits struct {
 	// CompactorRetentionRaw is how long the tenant's raw blocks stay in the
 	// bucket; 0 = the compactor's --compact.retention.raw.
 	CompactorRetentionRaw model.Duration `yaml:"compactor_retention_raw"`
+	// CompactorRetention5m and CompactorRetention1h are how long the
+	// tenant's downsampled blocks stay in the bucket; 0 = the compactor's
+	// --compact.retention.5m and .1h. As with the compactor's own, a block
+	// goes only once a coarser resolution holds its hours: 5m data kept
+	// longer than 1h data stays (set 1h at least as long).
+	CompactorRetention5m model.Duration `yaml:"compactor_retention_5m"`
+	CompactorRetention1h model.Duration `yaml:"compactor_retention_1h"`
 	// Relabeling on ingest (pkg/relabel): the tenant's own rules, in
 	// Prometheus' metric_relabel_configs format, applied after the preset
 	// named by IngestPreset ("" or "dcgm"); DCGMHostnameLabel is the host
@@ -94,6 +101,12 @@ type Limits struct {
 	MetricRelabelConfigs []*promrelabel.Config `yaml:"metric_relabel_configs,omitempty"`
 	IngestPreset         string                `yaml:"ingest_preset,omitempty"`
 	DCGMHostnameLabel    string                `yaml:"dcgm_hostname_label,omitempty"`
+	// CreatedTimestampZeroIngestion stores, before a remote-write 2.0 (or
+	// OTLP) sample that carries a start (created) timestamp, a zero sample
+	// at that timestamp, as Prometheus' created-timestamp-zero-ingestion
+	// feature does: rate() and increase() then count a new counter's first
+	// value. Off by default, as in Prometheus.
+	CreatedTimestampZeroIngestion bool `yaml:"created_timestamp_zero_ingestion"`
 	// OTLP is how the tenant's OTLP metrics are translated (otlp.go).
 	OTLP OTLP `yaml:"otlp"`
 	// Query limits (one request of the query API, whatever slices or days
@@ -172,6 +185,7 @@ func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&l.MaxConcurrentQueries, "limits.max-concurrent-queries", l.MaxConcurrentQueries, "Queries of one tenant that run at once; more wait for a slot within their timeout (0: only query.max-concurrency bounds them).")
 	fs.StringVar(&l.HAClusterLabel, "limits.ha-cluster-label", l.HAClusterLabel, "Label naming a Prometheus HA pair's cluster.")
 	fs.StringVar(&l.HAReplicaLabel, "limits.ha-replica-label", l.HAReplicaLabel, "Label naming the replica of an HA pair; removed before storage.")
+	fs.BoolVar(&l.CreatedTimestampZeroIngestion, "limits.created-timestamp-zero-ingestion", l.CreatedTimestampZeroIngestion, "Store a zero sample at the start (created) timestamp that remote-write 2.0 samples carry, as Prometheus' created-timestamp-zero-ingestion does (per tenant: created_timestamp_zero_ingestion in the overrides file).")
 }
 
 // Validate checks one set of limits.
@@ -196,8 +210,12 @@ func (l Limits) Validate() error {
 	if l.MaxMetadataLength <= 0 {
 		errs = append(errs, errors.New("max_metadata_length must be positive"))
 	}
-	if l.OutOfOrderWindow < 0 || l.CompactorRetentionRaw < 0 {
-		errs = append(errs, errors.New("out_of_order_window and compactor_retention_raw must not be negative"))
+	if l.OutOfOrderWindow < 0 || l.CompactorRetentionRaw < 0 || l.CompactorRetention5m < 0 || l.CompactorRetention1h < 0 {
+		errs = append(errs, errors.New("out_of_order_window and compactor_retention_raw, _5m and _1h must not be negative"))
+	}
+	if l.CompactorRetention5m > 0 && l.CompactorRetention1h > 0 && l.CompactorRetention1h < l.CompactorRetention5m {
+		errs = append(errs, fmt.Errorf("compactor_retention_1h (%s) is shorter than compactor_retention_5m (%s): 5m data is deleted only once 1h data holds its hours, so it would be kept past its retention",
+			l.CompactorRetention1h, l.CompactorRetention5m))
 	}
 	if l.HAClusterLabel == "" || l.HAReplicaLabel == "" || l.HAClusterLabel == l.HAReplicaLabel {
 		errs = append(errs, errors.New("ha cluster and replica labels must be set and differ"))
@@ -252,6 +270,9 @@ func (c Config) Validate() error {
 type overridesFile struct {
 	Overrides map[string]Limits
 }
+
+// Tenants is the number of tenants the file overrides.
+func (f *overridesFile) Tenants() int { return len(f.Overrides) }
 
 // Overrides answers the limits of a tenant.
 type Overrides struct {
@@ -443,4 +464,14 @@ func (o *Overrides) QueryLimits(tenant string) QueryLimits {
 		MaxFetchedSeries: l.MaxFetchedSeriesPerQuery, MaxFetchedChunkBytes: l.MaxFetchedChunkBytesPerQuery,
 		MaxSamples: l.MaxSamplesPerQuery, Timeout: time.Duration(l.QueryTimeout), MaxConcurrent: l.MaxConcurrentQueries,
 	}
+}
+
+// CompactorRetention5m implements compact.Limits.
+func (o *Overrides) CompactorRetention5m(tenant string) time.Duration {
+	return time.Duration(o.For(tenant).CompactorRetention5m)
+}
+
+// CompactorRetention1h implements compact.Limits.
+func (o *Overrides) CompactorRetention1h(tenant string) time.Duration {
+	return time.Duration(o.For(tenant).CompactorRetention1h)
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/promql"
+	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/prometheus/prometheus/rules"
 	"github.com/prometheus/prometheus/scrape"
 	"github.com/prometheus/prometheus/tsdb"
@@ -78,6 +79,15 @@ type Config struct {
 	// request (query, match[]) before anything parses it (bounds.go).
 	MaxExpressionBytes int `yaml:"max_expression_bytes"`
 	MaxExpressionDepth int `yaml:"max_expression_depth"`
+	// EnableExperimentalFunctions lets PromQL use Prometheus' experimental
+	// functions and aggregations (limitk, limit_ratio, sort_by_label,
+	// double_exponential_smoothing, ...), in queries and in rules, as
+	// Prometheus' --enable-feature=promql-experimental-functions does.
+	EnableExperimentalFunctions bool `yaml:"enable_experimental_functions"`
+	// EnableAdminAPI serves Prometheus' TSDB admin API (delete_series,
+	// clean_tombstones, snapshot) per tenant to administrators, as
+	// Prometheus' --web.enable-admin-api (admin.go).
+	EnableAdminAPI bool `yaml:"enable_admin_api"`
 	// SeriesCacheSize bounds, in estimated bytes, the selectors resolved on
 	// immutable blocks (local and bucket) that queries keep for the next
 	// query of the same selector (pkg/blockquery); 0 keeps none.
@@ -157,6 +167,10 @@ type Options struct {
 	// Limits are the per-tenant query limits (max_fetched_series_per_query
 	// ...); nil: only this Config's bounds.
 	Limits TenantLimits
+	// Admin, when set, serves Prometheus' TSDB admin API per tenant
+	// (admin.go: delete_series, clean_tombstones, snapshot); nil: disabled
+	// (web.enable-admin-api off), answered 404.
+	Admin Admin
 	// Notifications are what /api/v1/notifications and
 	// /api/v1/notifications/live show (a failed reload, as in Prometheus);
 	// nil: New makes an empty list of its own.
@@ -175,6 +189,7 @@ type API struct {
 	opts      Options
 	queryable TenantQueryable
 	engine    *promql.Engine
+	parser    parser.Parser
 	router    *route.Router
 	http      *httpMetrics
 }
@@ -191,12 +206,15 @@ func New(opts Options) (*API, error) {
 	if err != nil {
 		return nil, fmt.Errorf("active query tracker: %w", err)
 	}
-	featureSet := gpustoreFeatures(opts.TakesWrites)
+	featureSet := gpustoreFeatures(opts.TakesWrites, opts.Admin != nil)
 	notes := opts.Notifications
 	if notes == nil {
 		notes = notifications.NewNotifications(maxNotificationSubscribers, opts.Registry)
 	}
+	// One parser for the engine, the API's own parsing and the rules.
+	promqlParser := parser.NewParser(parser.Options{EnableExperimentalFunctions: opts.Config.EnableExperimentalFunctions})
 	engineOpts := promql.EngineOpts{
+		Parser:             promqlParser,
 		Logger:             opts.Logger.With("component", "promql"),
 		Reg:                opts.Registry,
 		MaxSamples:         opts.Config.MaxSamples,
@@ -266,7 +284,7 @@ func New(opts Options) (*API, error) {
 		false, false,
 		errorCodes, featureSet,
 		v1.OpenAPIOptions{},
-		nil,
+		promqlParser,
 		false,
 		time.Duration(opts.Config.Timeout),
 	)
@@ -275,11 +293,14 @@ func New(opts Options) (*API, error) {
 	api.Register(router.WithPrefix(apiPrefix))
 	// gpustore's own handlers of these paths (RegisterRoutes) replace the
 	// v1 API's; they are among its routes already.
-	return &API{opts: opts, queryable: q, engine: engine, router: router, http: newHTTPMetrics(opts.Registry, routes)}, nil
+	return &API{opts: opts, queryable: q, engine: engine, parser: promqlParser, router: router, http: newHTTPMetrics(opts.Registry, routes)}, nil
 }
 
 // Engine returns the PromQL engine, shared with rule evaluation.
 func (a *API) Engine() *promql.Engine { return a.engine }
+
+// Parser returns the PromQL parser the engine uses, shared with the rules.
+func (a *API) Parser() parser.Parser { return a.parser }
 
 // errorCodes corrects two of the v1 handler's status codes.
 //
@@ -321,10 +342,10 @@ const maxNotificationSubscribers = 16
 // named as Prometheus names them (web.New). Prometheus' lifecycle is
 // /-/quit and /-/reload together; gpustore serves /-/reload only (a
 // supervisor stops it: SIGTERM).
-func gpustoreFeatures(takesWrites bool) features.Collector {
+func gpustoreFeatures(takesWrites, admin bool) features.Collector {
 	r := features.NewRegistry()
 	for name, on := range map[string]bool{
-		"lifecycle": false, "admin": false, "remote_write_receiver": takesWrites, "otlp_write_receiver": takesWrites,
+		"lifecycle": false, "admin": admin, "remote_write_receiver": takesWrites, "otlp_write_receiver": takesWrites,
 		"query_cost": false, "search": false, "label_values_match": true, "query_warnings": true,
 		"query_stats": true, "time_range_series": true, "time_range_labels": true, "exclude_alerts": true,
 		"openapi_3.1": true, "openapi_3.2": true,
@@ -368,6 +389,7 @@ func (a *API) RegisterRoutes(mux *http.ServeMux) {
 	// headers back until it has seen enough of the answer to decide, and
 	// an event stream that has nothing to say yet would never start.
 	mux.Handle(apiPrefix+"/notifications/live", a.http.instrument(a.tenant(a.router)))
+	a.registerAdmin(mux, a.http.instrument)
 }
 
 // tenant puts the request's tenant into its context (dskit's user package,

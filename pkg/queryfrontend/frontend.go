@@ -53,6 +53,10 @@ type Deps struct {
 	// overlapping what it reads are the same. nil: the data layout never
 	// changes (tests of the head only).
 	Blocks func(tenant string) []Block
+	// Generation names the tenant's deletions (pkg/deletion): it is part of
+	// the cache key, so an answer cached before a series deletion is never
+	// served after it. nil: no deletions.
+	Generation func(tenant string) string
 	// Timeout bounds a split request as a whole (query.timeout); 0: none.
 	Timeout time.Duration
 	// Now is the clock (time.Now when nil).
@@ -254,8 +258,12 @@ func (f *Frontend) planPieces(req *rangeRequest, tenantID string, pieces []piece
 		blocks    []Block
 		minT      int64
 		maxT      int64
+		gen       string
 	)
 	if useCache {
+		if f.deps.Generation != nil {
+			gen = "gen=" + f.deps.Generation(tenantID) + "&"
+		}
 		if f.deps.OutOfOrderWindow != nil {
 			ooo = f.deps.OutOfOrderWindow(tenantID)
 		}
@@ -277,7 +285,7 @@ func (f *Frontend) planPieces(req *rangeRequest, tenantID string, pieces []piece
 			jobs = append(jobs, pl.tail)
 			continue
 		}
-		pl.key = req.base + "day=" + strconv.FormatInt(p.day, 10)
+		pl.key = req.base + gen + "day=" + strconv.FormatInt(p.day, 10)
 		pl.ooo = ooo
 		pl.layout = layout(blocks, p.day*dayMs+minT, (p.day+1)*dayMs+maxT)
 		if e := f.cache.get(pl.key); e != nil {

@@ -74,6 +74,11 @@ type Options struct {
 	DBs     *tenantdb.Manager
 	// Engine is gpustore's PromQL engine ((*query.API).Engine()).
 	Engine promql.QueryEngine
+	// Parser parses the rules' expressions: the engine's own
+	// ((*query.API).Parser()), so a rule may use what a query may (the
+	// experimental functions when query.enable_experimental_functions is
+	// on). nil: Prometheus' default parser.
+	Parser parser.Parser
 	// Queryable defaults to query.TenantQueryable over DBs. Pass the query
 	// API's (with its sources) so that rules read what queries read.
 	Queryable storage.Queryable
@@ -185,7 +190,10 @@ func New(opts Options) (*Ruler, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := parser.NewParser(parser.Options{})
+	p := opts.Parser
+	if p == nil {
+		p = parser.NewParser(parser.Options{})
+	}
 	var pack []ruleFile
 	var exprs map[string]parser.Expr
 	if cfg.GPUPack {

@@ -1,0 +1,3 @@
+package tools
+
+//go:generate go run ./gen -out ../../docs/tools.md

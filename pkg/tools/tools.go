@@ -1,0 +1,192 @@
+// Package tools is `gpustore tools`: the operator's commands for a bucket
+// and for configuration files, in the style of `thanos tools bucket` and
+// `promtool check`:
+//
+//	gpustore tools bucket ls|inspect|verify|mark|rewrite|upload-blocks ...
+//	gpustore tools check config ...
+//
+// The bucket commands work on a live bucket while gpustore runs. Those that
+// only read (ls, inspect, verify) take no lock. Those that change a block
+// already in the bucket (mark, rewrite) first take the tenant's compactor
+// lease (pkg/compact's BucketLease, the same object compactors take), so no
+// compaction pass runs on the tenant while they work: a block being marked
+// for deletion is not being compacted into a new one meanwhile, which would
+// bring its series back. upload-blocks only adds blocks, as a receiver's
+// shipper does, and takes no lease.
+//
+// Every command is described by a Command (its name, summary, flags), from
+// which Reference writes docs/tools.md (`make docs`; a test fails while it
+// is stale).
+package tools
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+)
+
+// Command is one command of the tree.
+type Command struct {
+	Name    string
+	Summary string
+	// Usage is the arguments after the flags ("DIR...").
+	Usage string
+	// Doc is the longer description (Markdown) of the reference.
+	Doc string
+	// Flags registers the command's flags and returns the function that
+	// runs it with the positional arguments.
+	Flags func(fs *flag.FlagSet, env *Env) func(args []string) error
+	Sub   []*Command
+}
+
+// Env is what a command writes to.
+type Env struct {
+	Stdout, Stderr io.Writer
+}
+
+// ErrUsage is a command line error: exit code 2 with the usage.
+var ErrUsage = errors.New("usage")
+
+// usageError is a command-line mistake, with its message.
+func usageError(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrUsage, fmt.Sprintf(format, args...))
+}
+
+// Tree is `gpustore tools`.
+func Tree() *Command {
+	return &Command{
+		Name:    "tools",
+		Summary: "operator tools: bucket (ls, inspect, verify, mark, rewrite, upload-blocks), check config",
+		Sub: []*Command{
+			{Name: "bucket", Summary: "inspect and repair a bucket's blocks, bring blocks in", Sub: bucketCommands()},
+			{Name: "check", Summary: "check configuration files", Sub: []*Command{checkConfigCommand()}},
+		},
+	}
+}
+
+// Main runs `gpustore tools` with the arguments after "tools" and returns
+// the exit code: 0, 1 when the command failed, 2 for a command line error.
+func Main(args []string, env *Env) int {
+	return run(Tree(), []string{"gpustore", "tools"}, args, env)
+}
+
+func run(c *Command, path, args []string, env *Env) int {
+	if len(c.Sub) > 0 {
+		if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+			printSubs(env.Stderr, c, path)
+			if len(args) == 0 {
+				return 2
+			}
+			return 0
+		}
+		for _, s := range c.Sub {
+			if s.Name == args[0] {
+				return run(s, append(path, s.Name), args[1:], env)
+			}
+		}
+		fmt.Fprintf(env.Stderr, "%s: unknown command %q\n", strings.Join(path, " "), args[0])
+		printSubs(env.Stderr, c, path)
+		return 2
+	}
+	fs := flag.NewFlagSet(strings.Join(path, " "), flag.ContinueOnError)
+	fs.SetOutput(env.Stderr)
+	runFn := c.Flags(fs, env)
+	fs.Usage = func() { printUsage(env.Stderr, c, path, fs) }
+	pos, err := parseInterspersed(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		return 2 // the flag package printed the error and the usage
+	}
+	if err := runFn(pos); err != nil {
+		if errors.Is(err, ErrUsage) {
+			fmt.Fprintf(env.Stderr, "%s: %s\n", strings.Join(path, " "), strings.TrimPrefix(err.Error(), ErrUsage.Error()+": "))
+			fs.Usage()
+			return 2
+		}
+		fmt.Fprintf(env.Stderr, "%s: %v\n", strings.Join(path, " "), err)
+		return 1
+	}
+	return 0
+}
+
+// parseInterspersed parses flags anywhere among the arguments (`DIR
+// --tenant t` as well as `--tenant t DIR`); "--" ends the flags.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var tail []string
+	if i := slices.Index(args, "--"); i >= 0 {
+		args, tail = args[:i], args[i+1:]
+	}
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return append(pos, tail...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+func printSubs(w io.Writer, c *Command, path []string) {
+	fmt.Fprintf(w, "Usage: %s <command> ...\n\n", strings.Join(path, " "))
+	for _, s := range c.Sub {
+		fmt.Fprintf(w, "  %-14s %s\n", s.Name, s.Summary)
+	}
+}
+
+func printUsage(w io.Writer, c *Command, path []string, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "Usage: %s [flags] %s\n\n%s\n\nFlags:\n", strings.Join(path, " "), c.Usage, c.Summary)
+	fs.PrintDefaults()
+}
+
+// Reference is docs/tools.md: every command with its usage and flags, from
+// the commands' own definitions.
+func Reference() string {
+	var b strings.Builder
+	b.WriteString("# gpustore tools reference\n\n")
+	b.WriteString("<!-- Generated by `make docs` (go generate ./pkg/tools) from the commands in pkg/tools; do not edit. -->\n\n")
+	b.WriteString("`gpustore tools` holds the operator's commands: the bucket's blocks (list, inspect, verify, mark, rewrite, bring blocks in) and the configuration files. ")
+	b.WriteString("The bucket commands take the bucket from `--objstore.config-file` (the YAML gpustore's `--objstore.config-file` takes: `type: S3|FILESYSTEM`, `config:`, `prefix:`) and work on a live bucket while gpustore runs; see [Migrating to gpustore](migrating.md) for `upload-blocks` in use.\n\n")
+	b.WriteString("Exit codes: 0 done, 1 the command failed (or found problems), 2 a command-line mistake.\n")
+	var walk func(c *Command, path []string)
+	walk = func(c *Command, path []string) {
+		if len(c.Sub) > 0 {
+			for _, s := range c.Sub {
+				walk(s, append(slices.Clone(path), s.Name))
+			}
+			return
+		}
+		fmt.Fprintf(&b, "\n## %s\n\n%s.\n\n", strings.Join(path, " "), upperFirst(c.Summary))
+		if c.Doc != "" {
+			b.WriteString(strings.TrimSpace(c.Doc) + "\n\n")
+		}
+		fmt.Fprintf(&b, "```\n%s [flags] %s\n```\n\n", strings.Join(path, " "), c.Usage)
+		fs := flag.NewFlagSet("", flag.ContinueOnError)
+		c.Flags(fs, &Env{Stdout: io.Discard, Stderr: io.Discard})
+		b.WriteString("| flag | default | meaning |\n|---|---|---|\n")
+		fs.VisitAll(func(f *flag.Flag) {
+			def := f.DefValue
+			if def != "" {
+				def = "`" + def + "`"
+			}
+			fmt.Fprintf(&b, "| `--%s` | %s | %s |\n", f.Name, def, strings.ReplaceAll(f.Usage, "|", `\|`))
+		})
+	}
+	walk(Tree(), []string{"gpustore", "tools"})
+	return b.String()
+}
+
+func upperFirst(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
