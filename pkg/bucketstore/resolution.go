@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -168,6 +169,9 @@ func (p planner) choose(g []*bucketBlock, s span) (res int64, fit downsample.Fit
 			have = append(have, b.meta.GPUStore.Downsample.Resolution)
 		}
 	}
+	if h, ok := rawHull(g); ok && h.from <= s.from && h.to >= s.to {
+		have = append(have, block.ResolutionRaw)
+	}
 	if len(have) == 0 {
 		return block.ResolutionRaw, downsample.Fits
 	}
@@ -191,6 +195,25 @@ func (p planner) choose(g []*bucketBlock, s span) (res int64, fit downsample.Fit
 	return res, p.fit(res)
 }
 
+// rawHull is the time from the start of the group's first raw block to the
+// end of its last. A gap between two raw blocks holds no raw sample: blocks
+// written by Prometheus' block writer (promtool's, a snapshot's, imported
+// ones, and what the compactor makes of them) end a millisecond after their
+// last sample, off the grid, and the coarser windows over such a gap
+// aggregate the raw blocks' own samples on both sides. So it is raw time,
+// read raw (it reads nothing), never filled from coarser blocks; only raw
+// time before the first raw block (past raw retention) is.
+func rawHull(g []*bucketBlock) (span, bool) {
+	h, ok := span{math.MaxInt64, math.MinInt64}, false
+	for _, b := range g {
+		if b.meta.GPUStore.Downsample.Resolution == block.ResolutionRaw {
+			c := covered(b.meta)
+			h.from, h.to, ok = min(h.from, c.from), max(h.to, c.to), true
+		}
+	}
+	return h, ok
+}
+
 // forced says whether the local TSDB serves part of s.
 func (p planner) forced(s span) bool {
 	return slices.ContainsFunc(p.forcedRaw, s.overlaps)
@@ -208,9 +231,13 @@ func (p planner) forced(s span) bool {
 // raw blocks begin at the edge, and the raw sample at exactly the edge
 // belongs to the 5m window that ends there, which only the 5m blocks still
 // hold (handing it to the raw side lost that window from every range over
-// it). Where the finer side comes first (raw data, then only downsampled
-// data: no newer raw data was written), the window's samples before the
-// boundary are all the finer side's and the coarser window holds no more.
+// it). A raw block that holds any of the window before the boundary keeps
+// it on the raw side: blocks written by Prometheus' block writer end a
+// millisecond after their last sample, not on the grid, and the 5m window
+// beside such an edge holds samples the raw blocks hold too. Where the
+// finer side comes first (raw data, then only downsampled data: no newer
+// raw data was written), the window's samples before the boundary are all
+// the finer side's and the coarser window holds no more.
 // A boundary beside a moved segment (segment.shift) goes between two
 // evaluations instead (snapBetween). Segments left empty are dropped.
 func (p planner) snap(g []*bucketBlock, segs []segment) []segment {
@@ -230,8 +257,8 @@ func (p planner) snap(g []*bucketBlock, segs []segment) []segment {
 		switch {
 		case r.res == res:
 			b = up // the right one is: it starts later
-		case !p.forced(span{r.from, r.to}) && !coveredBy(g, r.res, span{down, r.from}) && coveredBy(g, l.res, span{r.from, up}):
-			b = up // the finer right one lacks the window's start
+		case !p.forced(span{r.from, r.to}) && !overlappedBy(g, r.res, span{down, r.from}) && coveredBy(g, l.res, span{r.from, up}):
+			b = up // the finer right one holds none of the window's start
 		}
 		b = min(max(b, l.from), r.to)
 		l.to, r.from = b, b
@@ -266,6 +293,13 @@ func (p planner) snapBetween(g []*bucketBlock, l, r *segment) {
 }
 
 // coveredBy says whether the group's blocks of res cover sp together.
+// overlappedBy says whether a block of res in g holds any of sp's time.
+func overlappedBy(g []*bucketBlock, res int64, sp span) bool {
+	return slices.ContainsFunc(g, func(b *bucketBlock) bool {
+		return b.meta.GPUStore.Downsample.Resolution == res && covered(b.meta).overlaps(sp)
+	})
+}
+
 func coveredBy(g []*bucketBlock, res int64, sp span) bool {
 	var cs []span
 	for _, b := range g {
