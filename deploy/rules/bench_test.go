@@ -41,6 +41,15 @@ func BenchmarkGPUXidError(b *testing.B) {
 	benchRule(b, "GPUXidError", `DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION{%s} 0x480`)
 }
 
+// BenchmarkGPUMemoryHigh evaluates GPUMemoryHigh, which since issue 39
+// counts the five-minute intervals of the last 30 minutes in which each
+// GPU's memory grew (a subquery), over two hours of 1000 GPUs whose jobs
+// hold a preallocated pool (flat, 99.5 % used: the common case the alert
+// must not fire on).
+func BenchmarkGPUMemoryHigh(b *testing.B) {
+	benchRule(b, "GPUMemoryHigh", "DCGM_FI_DEV_FB_USED{%[1]s} 80700x480\n  DCGM_FI_DEV_FB_FREE{%[1]s} 379x480")
+}
+
 // benchRule evaluates the pack's rule (record or alert) named name once,
 // at the end of two hours of 15 s samples of series (a promqltest load line
 // whose %s receives each GPU's dcgm-exporter 4.8.2 labels) from 125 nodes

@@ -116,7 +116,7 @@ func dayFaults() map[string]gpusim.Fault {
 		// One 15 s scrape with the HW-slowdown bit.
 		"pstate_change": {Kind: gpusim.FaultPStateChange, At: faultsAt, Duration: 15 * time.Second, Node: "1", GPU: 7},
 		// 2 corrected errors a minute: past 10 in the hour 6 minutes in.
-		"sbe_storm": {Kind: gpusim.FaultSBEStorm, At: faultsAt, Duration: long, Node: "6", GPU: 0, Value: 2},
+		"sbe_storm": {Kind: gpusim.FaultSBEStorm, At: faultsAt, Duration: long, Node: "6", GPU: 0, Value: 100}, // 6000 an hour: over GPUECCSingleBitErrorRate's 1000 within the day
 		// 20 replays a minute: under an H100's Gen5 x16 limit of 31.
 		"pcie_replays_under_limit": {Kind: gpusim.FaultPCIeReplays, At: faultsAt, Duration: long, Node: "6", GPU: 1, Value: 20},
 		"exporter_upgrade":         {Kind: gpusim.FaultExporterUpgrade, At: faultsAt, Node: "2"},

@@ -72,6 +72,7 @@ type generation struct {
 // generations lists the shipped CSVs, oldest first. dcgm-metrics.csv is the
 // newest generation's, and the ConfigMap's.
 var generations = []generation{
+	{"3.2-3.3", "dcgm-metrics-3.2-3.3.csv", "3.3.0-3.2.0 to 3.3.3-3.3.1"},
 	{"3.4-3.6", "dcgm-metrics-3.4-3.6.csv", "3.3.5-3.4.0 to 3.3.9-3.6.1"},
 	{"4.0-4.2", "dcgm-metrics-4.0-4.2.csv", "4.0.0-4.0.1 to 4.2.3-4.2.0"},
 	{"4.4-4.7", "dcgm-metrics-4.4-4.7.csv", "4.3.1-4.4.0 to 4.4.2-4.7.1"},

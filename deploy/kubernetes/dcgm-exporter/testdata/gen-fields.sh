@@ -24,7 +24,8 @@ fields() {
     for f in pkg/dcgm/const.go pkg/dcgm/const_fields.go; do
       git -C "$godcgm" show "$pin:$f" 2>/dev/null || true
     done | grep -oE '^\s+"DCGM_[A-Z0-9_]+":' | tr -d ' ":\t'
-    git -C "$exporter" grep -hoE '"DCGM_EXP_[A-Z_]+"' "$1" | tr -d '"' | grep -v XXX
+    # Releases before 3.4.0 have no DCGM_EXP_* counter (grep finds none).
+    { git -C "$exporter" grep -hoE '"DCGM_EXP_[A-Z_]+"' "$1" || true; } | tr -d '"' | { grep -v XXX || true; }
   } | sort -u
   echo "$pin" >>"$tmp/pins"
 }
@@ -49,6 +50,7 @@ gen() {
   } >"fields-$name.txt"
 }
 
+gen 3.2-3.3 3.3.0-3.2.0 3.3.3-3.3.0 3.3.3-3.3.1
 gen 3.4-3.6 3.3.5-3.4.0 3.3.5-3.4.1 3.3.6-3.4.2 3.3.7-3.5.0 3.3.8-3.6.0 3.3.9-3.6.1
 gen 4.0-4.2 4.0.0-4.0.1 4.1.1-4.0.3 4.1.1-4.0.4 4.2.0-4.1.0 4.2.3-4.1.1 4.2.3-4.1.3 4.2.3-4.2.0
 gen 4.4-4.7 4.3.1-4.4.0 4.4.0-4.5.0 4.4.1-4.5.2 4.4.1-4.6.0 4.4.2-4.7.0 4.4.2-4.7.1
