@@ -257,7 +257,8 @@ func (p planner) snap(g []*bucketBlock, segs []segment) []segment {
 		switch {
 		case r.res == res:
 			b = up // the right one is: it starts later
-		case !p.forced(span{r.from, r.to}) && !overlappedBy(g, r.res, span{down, r.from}) && coveredBy(g, l.res, span{r.from, up}):
+		case !p.forced(span{r.from, r.to}) && !overlappedBy(g, r.res, span{down, r.from}) && coveredBy(g, l.res, span{r.from, up}) &&
+			!finerHoldsAll(g, r.res, l.res, span{down, up}):
 			b = up // the finer right one holds none of the window's start
 		}
 		b = min(max(b, l.from), r.to)
@@ -293,6 +294,37 @@ func (p planner) snapBetween(g []*bucketBlock, l, r *segment) {
 }
 
 // coveredBy says whether the group's blocks of res cover sp together.
+// finerHoldsAll says whether the blocks of resolution finer in g hold every
+// source of the blocks of resolution coarse over sp: then the coarser
+// windows there hold no sample the finer blocks lack. So it is where a
+// group's data begins (its first raw block starts at its first sample,
+// inside a window whose 5m block starts on the grid before it), not where
+// raw retention ended (the 5m blocks there were made from raw blocks since
+// deleted).
+func finerHoldsAll(g []*bucketBlock, finer, coarse int64, sp span) bool {
+	held := map[ulid.ULID]bool{}
+	for _, b := range g {
+		if b.meta.GPUStore.Downsample.Resolution == finer {
+			for _, id := range b.meta.SourceIDs() {
+				held[id] = true
+			}
+		}
+	}
+	found := false
+	for _, b := range g {
+		if b.meta.GPUStore.Downsample.Resolution != coarse || !covered(b.meta).overlaps(sp) {
+			continue
+		}
+		found = true
+		for _, id := range b.meta.SourceIDs() {
+			if !held[id] {
+				return false
+			}
+		}
+	}
+	return found
+}
+
 // overlappedBy says whether a block of res in g holds any of sp's time.
 func overlappedBy(g []*bucketBlock, res int64, sp span) bool {
 	return slices.ContainsFunc(g, func(b *bucketBlock) bool {

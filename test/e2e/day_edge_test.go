@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -42,7 +43,7 @@ func TestRangeFunctionsAcrossBlockEdges(t *testing.T) {
 	})
 	const gpu0 = `DCGM_FI_DEV_GPU_UTIL{Hostname="node-0", gpu="0"}`
 	const day = 24 * 3600_000
-	midnight := (h.start+3600_000+day-1)/day*day // inside the history, an hour or more from its start
+	midnight := (h.start + 3600_000 + day - 1) / day * day // inside the history, an hour or more from its start
 	probe := func(stage string) {
 		for _, off := range []int64{-60_000, 0, 35*60_000 + 30_000, 59 * 60_000, 3600_000, 2*3600_000 + 15_000} {
 			at := midnight + off
@@ -69,4 +70,15 @@ func TestRangeFunctionsAcrossBlockEdges(t *testing.T) {
 		t.Fatal(err)
 	}
 	probe("compacted and downsampled")
+	// The first raw block begins at the first sample, inside a 5m window
+	// whose 5m block begins on the grid before it: the panels of the first
+	// hour answer as raw (Prometheus' answer), at a 5 m step (auto reads raw).
+	for _, q := range []string{`avg(DCGM_FI_DEV_GPU_UTIL)`, `max by (gpu) (DCGM_FI_DEV_GPU_UTIL)`, gpu0} {
+		from := h.start / 300_000 * 300_000
+		want := rangeQuery(t, base, q, "raw", from, from+3600_000, 5*time.Minute)
+		got := rangeQuery(t, base, q, "auto", from, from+3600_000, 5*time.Minute)
+		if len(want) == 0 || fmt.Sprint(want) != fmt.Sprint(got) {
+			t.Errorf("%s over the data's first hour: auto %v, raw %v", q, got, want)
+		}
+	}
 }
