@@ -31,6 +31,7 @@ import (
 
 	"github.com/gpustore/gpustore/bench/gpusim"
 	"github.com/gpustore/gpustore/bench/load"
+	"github.com/gpustore/gpustore/internal/testbin"
 )
 
 type options struct {
@@ -79,8 +80,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&o.gpustoreBin, "gpustore", "bin/gpustore", "gpustore binary.")
-	fs.StringVar(&o.prometheusBin, "prometheus", "", "Prometheus binary (default: $GPUSTORE_TOOLS_DIR/prometheus).")
-	fs.StringVar(&o.vmBin, "victoria-metrics", "", "VictoriaMetrics single-node binary (default: $GPUSTORE_TOOLS_DIR/victoria-metrics).")
+	fs.StringVar(&o.prometheusBin, "prometheus", "", "Prometheus binary (default: found as the tests find it: $GPUSTORE_TOOLS_DIR, ~/.cache/gpustore-tools/bin, $PATH).")
+	fs.StringVar(&o.vmBin, "victoria-metrics", "", "VictoriaMetrics single-node binary (default: found as the tests find it: $GPUSTORE_TOOLS_DIR, ~/.cache/gpustore-tools/bin, $PATH).")
 	fs.StringVar(&o.gpustoreVersion, "gpustore.version", "tree", "Version shown for gpustore.")
 	fs.StringVar(&o.promVersion, "prometheus.version", "", "Version shown for Prometheus.")
 	fs.StringVar(&o.vmVersion, "victoria-metrics.version", "", "Version shown for VictoriaMetrics.")
@@ -121,16 +122,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	o.bfDuration = time.Duration(d)
-	tools := os.Getenv("GPUSTORE_TOOLS_DIR")
-	if tools == "" {
-		home, _ := os.UserHomeDir()
-		tools = filepath.Join(home, ".cache", "gpustore-tools", "bin")
-	}
 	if o.prometheusBin == "" {
-		o.prometheusBin = filepath.Join(tools, "prometheus")
+		o.prometheusBin = testbin.Lookup("prometheus")
 	}
 	if o.vmBin == "" {
-		o.vmBin = filepath.Join(tools, "victoria-metrics")
+		o.vmBin = testbin.Lookup("victoria-metrics")
 	}
 
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))

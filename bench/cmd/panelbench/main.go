@@ -39,6 +39,7 @@ import (
 
 	"github.com/gpustore/gpustore/bench/gpusim"
 	"github.com/gpustore/gpustore/bench/load"
+	"github.com/gpustore/gpustore/internal/testbin"
 )
 
 // Panels are the six panels of issue 42 (load.Issue42Panels).
@@ -115,8 +116,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("panelbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.gpustoreBin, "gpustore", "bin/gpustore", "gpustore binary.")
-	fs.StringVar(&o.prometheusBin, "prometheus", "", "Prometheus binary (default: $GPUSTORE_TOOLS_DIR/prometheus).")
-	fs.StringVar(&o.vmBin, "victoria-metrics", "", "VictoriaMetrics single-node binary (default: $GPUSTORE_TOOLS_DIR/victoria-metrics).")
+	fs.StringVar(&o.prometheusBin, "prometheus", "", "Prometheus binary (default: found as the tests find it: $GPUSTORE_TOOLS_DIR, ~/.cache/gpustore-tools/bin, $PATH).")
+	fs.StringVar(&o.vmBin, "victoria-metrics", "", "VictoriaMetrics single-node binary (default: found as the tests find it: $GPUSTORE_TOOLS_DIR, ~/.cache/gpustore-tools/bin, $PATH).")
 	fs.StringVar(&o.baseBin, "gpustore.base", "", "Another gpustore binary, run as the system gpustore-base on gpustore's data (after it, or on kept data with -reuse): a before and after in one run.")
 	fs.StringVar(&o.systems, "systems", "gpustore,victoriametrics,prometheus", "Systems, in order.")
 	fs.StringVar(&o.datasets, "datasets", "64x7d,512x1d", "Data sets: GPUSxHISTORY, comma-separated.")
@@ -147,16 +148,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "panelbench: -reuse needs -work-dir")
 		return 2
 	}
-	tools := os.Getenv("GPUSTORE_TOOLS_DIR")
-	if tools == "" {
-		home, _ := os.UserHomeDir()
-		tools = filepath.Join(home, ".cache", "gpustore-tools", "bin")
-	}
 	if o.prometheusBin == "" {
-		o.prometheusBin = filepath.Join(tools, "prometheus")
+		o.prometheusBin = testbin.Lookup("prometheus")
 	}
 	if o.vmBin == "" {
-		o.vmBin = filepath.Join(tools, "victoria-metrics")
+		o.vmBin = testbin.Lookup("victoria-metrics")
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
