@@ -30,6 +30,7 @@ func TestZonePlacement(t *testing.T) {
 	cfg.Enabled, cfg.KVStore, cfg.ReplicationFactor, cfg.ZoneAwarenessEnabled = true, "inmemory", 3, true
 	cfg.HeartbeatPeriod.Set("1s")
 	zoneOf := map[string]string{}
+	var zoneC []*ring.BasicLifecycler
 	for i, zone := range []string{"zone-a", "zone-a", "zone-b", "zone-b", "zone-c", "zone-c"} {
 		c := cfg
 		c.InstanceZone = zone
@@ -47,6 +48,9 @@ func TestZonePlacement(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = services.StopAndAwaitTerminated(ctx, l) })
 		zoneOf[c.InstanceID] = zone
+		if zone == "zone-c" {
+			zoneC = append(zoneC, l)
+		}
 	}
 	client := func(zoneAware bool) *ring.Ring {
 		c := cfg
@@ -125,6 +129,35 @@ func TestZonePlacement(t *testing.T) {
 	}
 	if rs, err := plain.GetReplicationSetForOperation(ring.Read); err != nil || rs.ZoneAwarenessEnabled || rs.MaxErrors != 1 {
 		t.Errorf("read set without zone awareness: %+v, %v; want 1 receiver tolerated", rs, err)
+	}
+
+	// Fewer zones than RF (dskit's rule: RF <= zones): zone-c's receivers
+	// leave. A series then has one copy in each of the two zones left,
+	// both needed for a write quorum (2 of RF 3): a zone down refuses
+	// writes. Reads may miss a zone (every acknowledged sample is in both).
+	for _, l := range zoneC {
+		if err := services.StopAndAwaitTerminated(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for zoned.ZonesCount() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d zones after zone-c left, want 2", zoned.ZonesCount())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for range 1000 {
+		rs, err := zoned.Get(rnd.Uint32(), ring.Write, nil, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rs.Instances) != 2 || rs.Instances[0].Zone == rs.Instances[1].Zone || rs.MaxErrors != 0 {
+			t.Fatalf("two zones, RF 3: replicas %v tolerating %d errors, want one per zone and none", ids(rs.Instances), rs.MaxErrors)
+		}
+	}
+	if rs, err := zoned.GetReplicationSetForOperation(ring.Read); err != nil || rs.MaxUnavailableZones != 1 || len(rs.Instances) != 4 {
+		t.Errorf("two zones, RF 3: read set %v with %d unavailable zones (%v), want 4 receivers, 1 zone", ids(rs.Instances), rs.MaxUnavailableZones, err)
 	}
 }
 
