@@ -112,6 +112,17 @@ func TestRingZoneDown(t *testing.T) {
 		return nil
 	})
 	t.Logf("zone UNHEALTHY in the ring %s after the kill", time.Since(killedAt).Round(time.Millisecond))
+	if zoneAware {
+		// What an operator's alert on zones reads (docs/scale-out.md).
+		dead := ringZones[len(ringZones)-1]
+		waitFor(t, 5*time.Second, "the dead zone's receivers counted Unhealthy", func() error {
+			v, err := ringMetric(c.front.url(), "ring_zone_members", map[string]string{"name": "receiver", "zone": dead, "state": "Unhealthy"})
+			if err != nil || v != 2 {
+				return fmt.Errorf(`ring_zone_members{name="receiver",zone=%q,state="Unhealthy"} = %v (%v), want 2`, dead, v, err)
+			}
+			return nil
+		})
+	}
 	time.Sleep(2 * time.Second)
 	ql.finish()
 	load.finish()
