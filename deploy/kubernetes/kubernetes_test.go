@@ -527,6 +527,8 @@ func rawBytesPerDay() float64 { return sizingSeries() * 86400 / 15 * sizing.byte
 var podEnvSamples = map[string]string{
 	"metadata.name": "gpustore-receiver-1",
 	"status.podIP":  "10.12.3.4",
+	// Copied from the node at binding (components/zones).
+	"metadata.labels['topology.kubernetes.io/zone']": "eu-west-1b",
 }
 
 // expandArgs expands $(VAR) references to the container's env as the

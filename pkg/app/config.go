@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -102,6 +103,11 @@ func (c *Config) Validate() error {
 	}
 	if err := checkRoles(targets, c.Ring.Enabled); err != nil {
 		errs = append(errs, err)
+	}
+	if slices.Contains(targets, Ingest) || slices.Contains(targets, All) {
+		if err := c.Ring.ValidateReceiver(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for _, v := range []interface{ Validate() error }{c.TSDB, c.Tenant, c.Ingest, c.Query, c.QueryFrontend, c.Limits, c.HA, c.Rules, c.Compact, c.Runtime, c.Ring} {
 		if err := v.Validate(); err != nil {

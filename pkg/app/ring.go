@@ -241,6 +241,9 @@ func (a *App) storageLimits() tenantdb.TenantLimits {
 		if a.Ring == nil {
 			return 0
 		}
+		if a.Cfg.Ring.ZoneAwarenessEnabled {
+			return a.Ring.InstancesWithTokensInZoneCount(a.Cfg.Ring.InstanceZone)
+		}
 		return a.Ring.InstancesWithTokensCount()
 	})
 }

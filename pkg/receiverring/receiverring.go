@@ -88,6 +88,15 @@ type Config struct {
 	// FlushOnShutdown: a stopping receiver turns LEAVING, flushes its heads
 	// into blocks and ships them before it leaves the ring.
 	FlushOnShutdown bool `yaml:"flush_on_shutdown"`
+	// ZoneAwarenessEnabled places a series' replication_factor copies in
+	// that many different zones (dskit's ring does the placement), and
+	// reads tolerate whole zones failing rather than counting receivers.
+	// Every process of the ring needs it: distributors place by it,
+	// queriers read by it.
+	ZoneAwarenessEnabled bool `yaml:"zone_awareness_enabled"`
+	// InstanceZone is this receiver's availability zone (required on
+	// receivers with zone awareness).
+	InstanceZone string `yaml:"instance_zone"`
 }
 
 // DefaultConfig is off, with the settings scale-out starts from.
@@ -111,6 +120,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&c.HeartbeatPeriod, "ring.heartbeat-period", "How often a receiver renews its entry in the ring.")
 	fs.Var(&c.HeartbeatTimeout, "ring.heartbeat-timeout", "A receiver whose heartbeat is older is unhealthy: not written to, and its failures tolerated by reads.")
 	fs.Var(&c.PeerIdentities, "ring.peer-identities", "Comma-separated identities of the web config (basic-auth users, client-certificate common names) gpustore's processes call each other as (ring.client); only they may use the receivers' internal routes /receiver/* (default: identities allowed \"*\" in tenants.auth).")
+	fs.BoolVar(&c.ZoneAwarenessEnabled, "ring.zone-awareness-enabled", c.ZoneAwarenessEnabled, "Replicate each series to receivers in replication-factor different zones (-ring.instance-zone), so losing a whole zone loses no write quorum and no read; set it on every process of the ring, and run receivers in at least replication-factor zones.")
+	fs.StringVar(&c.InstanceZone, "ring.instance-zone", c.InstanceZone, "This receiver's availability zone (required on receivers with -ring.zone-awareness-enabled).")
 	fs.BoolVar(&c.FlushOnShutdown, "ring.flush-on-shutdown", c.FlushOnShutdown, "A stopping receiver stops taking writes, flushes its heads into blocks and ships them before it leaves the ring (so scale-in leaves nothing in a WAL).")
 }
 
@@ -141,6 +152,17 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// ValidateReceiver checks what a process that registers as a receiver
+// needs beyond Validate: with zone awareness, its zone. dskit's ring
+// places a receiver without a zone as if it were in every zone, so a
+// series could get two copies in one zone without anyone noticing.
+func (c Config) ValidateReceiver() error {
+	if c.Enabled && c.ZoneAwarenessEnabled && c.InstanceZone == "" {
+		return errors.New("ring.zone_awareness_enabled needs this receiver's zone: set ring.instance_zone (-ring.instance-zone)")
+	}
+	return nil
+}
+
 // KV is the ring's KV configuration; memberlistKV is the process' gossip.
 func (c Config) KV(memberlistKV func() (*memberlist.KV, error)) kv.Config {
 	return kv.Config{Store: c.KVStore, StoreConfig: kv.StoreConfig{MemberlistKV: memberlistKV}}
@@ -153,6 +175,9 @@ func (c Config) NewClient(r Ring, memberlistKV func() (*memberlist.KV, error), l
 		KVStore:           c.KV(memberlistKV),
 		HeartbeatTimeout:  time.Duration(c.HeartbeatTimeout),
 		ReplicationFactor: c.ReplicationFactor,
+		// Only the receivers' ring replicates; the distributors' and
+		// rulers' rings are counted and hashed over whole.
+		ZoneAwarenessEnabled: c.ZoneAwarenessEnabled && r == Receivers,
 	}
 	return ring.New(rc, r.Name, r.Key, logging.GoKit(logger), reg)
 }
@@ -179,9 +204,9 @@ func (c Config) NewLifecycler(r Ring, listenAddr string, memberlistKV func() (*m
 	var delegate ring.BasicLifecyclerDelegate = ring.NewInstanceRegisterDelegate(ring.ACTIVE, c.NumTokens)
 	delegate = ring.NewLeaveOnStoppingDelegate(delegate, gk)
 	delegate = ring.NewAutoForgetDelegate(10*time.Duration(c.HeartbeatTimeout), delegate, gk)
-	logger.Info("joining a ring", "ring", r.Key, "instance", id, "addr", addr)
+	logger.Info("joining a ring", "ring", r.Key, "instance", id, "addr", addr, "zone", c.InstanceZone)
 	return ring.NewBasicLifecycler(ring.BasicLifecyclerConfig{
-		ID: id, Addr: addr,
+		ID: id, Addr: addr, Zone: c.InstanceZone,
 		HeartbeatPeriod:  time.Duration(c.HeartbeatPeriod),
 		HeartbeatTimeout: time.Duration(c.HeartbeatTimeout),
 		NumTokens:        c.NumTokens,
@@ -237,9 +262,16 @@ func (c Config) identity(listenAddr string, logger *slog.Logger) (id, addr strin
 // factor, each holds about RF/receivers of the tenant's series and gets that
 // share of the limit, as Mimir's ingesters do (token ownership is not
 // perfectly even, so a tenant at its limit may see one receiver refuse a
-// little early).
+// little early). With zone awareness every zone holds one copy of each
+// series, spread over the zone's receivers: receivers then counts those of
+// this receiver's zone, and each holds about 1/receivers of the series
+// (the zones need not be the same size).
 func (c Config) ReplicaLimits(l tenantdb.TenantLimits, receivers func() int) tenantdb.TenantLimits {
-	return replicaLimits{TenantLimits: l, minWindow: time.Duration(c.RemoteTimeout), rf: c.ReplicationFactor, receivers: receivers}
+	rf := c.ReplicationFactor
+	if c.ZoneAwarenessEnabled {
+		rf = 1
+	}
+	return replicaLimits{TenantLimits: l, minWindow: time.Duration(c.RemoteTimeout), rf: rf, receivers: receivers}
 }
 
 type replicaLimits struct {

@@ -700,7 +700,8 @@ func startRing(t *testing.T, n int) *ringCluster {
 // startRingWith is startRing with extra flags for every process of the
 // cluster (those added later by ringCluster.add too); a flag prefixed
 // "receiver:" is given to the receivers only (later flags win: e.g.
-// "receiver:-target=ingest,rules").
+// "receiver:-target=ingest,rules"), one prefixed with a receiver's ID
+// ("r3:-ring.instance-zone=zone-b") to that receiver only.
 func startRingWith(t *testing.T, n int, extra ...string) *ringCluster {
 	t.Helper()
 	bin := ringBinary(t)
@@ -747,9 +748,12 @@ func startRingWith(t *testing.T, n int, extra ...string) *ringCluster {
 		common = append(common, "-memberlist.join=127.0.0.1:"+p)
 	}
 	var receiverOnly []string
+	byReceiver := map[string][]string{}
 	for _, e := range extra {
 		if f, ok := strings.CutPrefix(e, "receiver:"); ok {
 			receiverOnly = append(receiverOnly, f)
+		} else if id, f, ok := strings.Cut(e, ":"); ok && strings.HasPrefix(id, "r") && strings.HasPrefix(f, "-") {
+			byReceiver[id] = append(byReceiver[id], f)
 		} else {
 			common = append(common, e)
 		}
@@ -764,6 +768,7 @@ func startRingWith(t *testing.T, n int, extra ...string) *ringCluster {
 		if id != "" {
 			args = append(args, "-ring.instance-id="+id, "-ring.instance-addr="+addr)
 			args = append(args, receiverOnly...)
+			args = append(args, byReceiver[id]...)
 		}
 		p := &ringProc{t: t, name: name, id: id, bin: bin, addr: addr, args: args, logPath: filepath.Join(logDir, name+".log")}
 		procs = append(procs, p)

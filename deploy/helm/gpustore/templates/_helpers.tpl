@@ -68,6 +68,7 @@ and the same probes. Arguments (a dict):
 {{- $root := .root -}}
 {{- $v := $root.Values -}}
 {{- $dataVolume := .dataVolume | default "data" -}}
+{{- $zones := and (eq .component "receiver") (dig "ring" "zone_awareness_enabled" false $v.config) -}}
 metadata:
   labels:
     {{- include "gpustore.labels" (dict "root" $root "component" .component) | nindent 4 }}
@@ -101,6 +102,15 @@ spec:
       labelSelector:
         matchLabels:
           {{- include "gpustore.selectorLabels" (dict "root" $root "component" .component) | nindent 10 }}
+    {{- if $zones }}
+    # As many receivers in each zone: each zone holds one copy of every series.
+    - maxSkew: 1
+      topologyKey: topology.kubernetes.io/zone
+      whenUnsatisfiable: DoNotSchedule
+      labelSelector:
+        matchLabels:
+          {{- include "gpustore.selectorLabels" (dict "root" $root "component" .component) | nindent 10 }}
+    {{- end }}
   {{- end }}
   {{- with $v.imagePullSecrets }}
   imagePullSecrets:
@@ -138,6 +148,9 @@ spec:
         {{- if .register }}
         - --ring.instance-id=$(POD_NAME)
         - --ring.instance-addr=$(POD_IP):9201
+        {{- if $zones }}
+        - --ring.instance-zone=$(ZONE)
+        {{- end }}
         {{- end }}
         - --memberlist.join={{ include "gpustore.join" $root }}
         - --memberlist.bind-port=7946
@@ -167,6 +180,13 @@ spec:
         - name: POD_IP
           valueFrom:
             fieldRef: {fieldPath: status.podIP}
+        {{- if $zones }}
+        # The node's zone, copied onto the pod at binding
+        # (PodTopologyLabelsAdmission: Kubernetes 1.35, or 1.33 with the gate).
+        - name: ZONE
+          valueFrom:
+            fieldRef: {fieldPath: "metadata.labels['topology.kubernetes.io/zone']"}
+        {{- end }}
       {{- end }}
       {{- if .brief }}
       livenessProbe:
