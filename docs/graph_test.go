@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -132,4 +134,55 @@ func TestPackageGraph(t *testing.T) {
 		return
 	}
 	t.Errorf("%s's package graph is not the code's; run `go test ./docs -run TestPackageGraph -update`. The code's:\n%s", page, want)
+}
+
+// repoPath is a path of this repository in code type: `pkg/ingest`,
+// `pkg/ingest/write.go`, `pkg/ingest/otlp*.go`, `pkg/block.Upload`.
+var repoPath = regexp.MustCompile("`((?:pkg|internal|cmd|deploy|test|bench|scripts)/[A-Za-z0-9_./*-]*)`")
+
+// packageFiles is a package followed by some of its files in brackets:
+// `pkg/app` (`app.go`, `ring.go`).
+var packageFiles = regexp.MustCompile("`((?:pkg|internal|cmd)/[a-z0-9_/]+)` \\(((?:`[a-z0-9_*]+\\.go`(?:, )?)+)\\)")
+
+// otherProjects are paths in code type that name another project's tree.
+var otherProjects = map[string]bool{"cmd/prometheus": true}
+
+// Every path of the repository a page names (a package, a file, a
+// package's function) exists, and so does every file named in brackets
+// after its package: a file renamed or a package moved fails here rather
+// than leaving a page that sends a newcomer to nothing (the overview named
+// pkg/ingest/append.go, split into write.go long before).
+func TestPagesNameRealPaths(t *testing.T) {
+	checked := 0
+	exists := func(p string) bool {
+		m, _ := filepath.Glob(filepath.Join("..", p))
+		return len(m) > 0
+	}
+	for file, text := range pages(t) {
+		for _, m := range repoPath.FindAllStringSubmatch(text, -1) {
+			p := strings.TrimSuffix(m[1], "/")
+			if otherProjects[p] {
+				continue
+			}
+			if dir, last := filepath.Split(p); strings.Contains(last, ".") && !strings.HasSuffix(last, ".go") && !exists(p) {
+				p = dir + last[:strings.Index(last, ".")] // pkg/block.Upload: the package
+			}
+			checked++
+			if !exists(p) {
+				t.Errorf("%s names %s, which is not in the repository", file, m[1])
+			}
+		}
+		for _, m := range packageFiles.FindAllStringSubmatch(text, -1) {
+			for _, f := range code.FindAllStringSubmatch(m[2], -1) {
+				checked++
+				if !exists(filepath.Join(m[1], f[1])) {
+					t.Errorf("%s names %s in %s, which has no such file", file, f[1], m[1])
+				}
+			}
+		}
+	}
+	if checked < 100 {
+		t.Fatalf("only %d paths checked", checked)
+	}
+	t.Logf("%d paths checked", checked)
 }
