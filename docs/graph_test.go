@@ -3,6 +3,7 @@ package docs
 import (
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -185,4 +186,50 @@ func TestPagesNameRealPaths(t *testing.T) {
 		t.Fatalf("only %d paths checked", checked)
 	}
 	t.Logf("%d paths checked", checked)
+}
+
+// testName is a test, benchmark or fuzz target named in code type.
+var testName = regexp.MustCompile("`((?:Test|Benchmark|Fuzz)[A-Z][A-Za-z0-9_]*)`")
+
+// Every test a page names as its evidence exists: the pages cite tests for
+// what they promise, and a test renamed or removed leaves a promise with
+// nothing behind it.
+func TestPagesNameRealTests(t *testing.T) {
+	funcs := map[string]bool{}
+	decl := regexp.MustCompile(`(?m)^func ((?:Test|Benchmark|Fuzz)[A-Za-z0-9_]*)\(`)
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != ".." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "node_modules" || d.Name() == "data") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range decl.FindAllStringSubmatch(string(b), -1) {
+			funcs[m[1]] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for file, text := range pages(t) {
+		for _, m := range testName.FindAllStringSubmatch(text, -1) {
+			checked++
+			if !funcs[m[1]] {
+				t.Errorf("%s names %s, which is no test of the repository", file, m[1])
+			}
+		}
+	}
+	if checked < 20 {
+		t.Fatalf("only %d test names checked", checked)
+	}
+	t.Logf("%d test names checked", checked)
 }
