@@ -95,9 +95,11 @@ manifests:
 
 # The configuration reference (every flag and YAML key) in
 # docs/configuration.md: generated from the flags, the defaults and the
-# configuration structs' doc comments (a test fails while it is stale).
+# configuration structs' doc comments (a test fails while it is stale); the
+# package graph in docs/ARCHITECTURE.md, from go list.
 docs:
 	$(GO) generate ./pkg/app/configref ./pkg/tools
+	$(GO) test -count=1 -run TestPackageGraph ./docs -update
 
 # gpustore on the embedded default (data in ./data, port 9201), fed by a
 # simulated 16-node (128-GPU) cluster in real time. Ctrl-C stops both.

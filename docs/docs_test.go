@@ -3,7 +3,9 @@
 // of every Markdown file of the repository resolving (sections included),
 // every README section named in prose existing, every gpustore flag a page
 // names existing, the defaults the pages' flag tables state being the
-// flags' defaults, and the pages counting the GPU pack's rules right.
+// flags' defaults, the pages counting the GPU pack's rules right, every
+// path of the repository a page names existing, and the overview's package
+// graph being the code's (graph_test.go).
 package docs
 
 import (

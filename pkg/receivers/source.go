@@ -70,7 +70,7 @@ type SourceConfig struct {
 // series from a quorum of its current replica set only would not: after a
 // receiver joins, restarts with fresh tokens or leaves, a series' current
 // replicas need not be those that took its older samples (see
-// docs/ARCHITECTURE.md).
+// docs/ring.md, Reads).
 //
 // Answers are held whole (a receiver that fails half-way must count as
 // failed before anything is merged), as encoded chunks, and merged per
