@@ -15,6 +15,7 @@ export GOFLAGS += -tags=dedupelabels
 # Prometheus and promtool are built from go.mod (tools.go): the version gpustore imports.
 PROMETHEUS_VERSION := $(shell $(GO) list -m -f '{{.Version}}' github.com/prometheus/prometheus)
 VM_VERSION         := v1.151.0
+GOLANGCI_LINT_VERSION := v2.15.0
 VERSITYGW_VERSION  := v1.8.0
 FAKE_GCS_VERSION   := v1.56.1
 AZURITE_VERSION    := 3.35.0
@@ -35,7 +36,7 @@ UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./.
 # its concurrency: the lease's renewal and two compactors on one bucket.
 COMPACT_RACE_TESTS := TestLeaseExpiresAfterHolderDies|TestTwoCompactorsOneBucket|TestWorkingDirectoryBounded
 
-.PHONY: all build run test test-unit test-race fuzz fuzz-long soak tools vet bench bench-compare bench-compact bench-relabel bench-ring bench-cluster-day bench-panels clean docker dashboards manifests docs dev-stack
+.PHONY: all build run test test-unit test-race lint fuzz fuzz-short fuzz-long soak tools tools-note vet bench bench-compare bench-compact bench-relabel bench-ring bench-cluster-day bench-panels clean docker dashboards manifests docs dev-stack
 
 all: build
 
@@ -115,7 +116,13 @@ vet:
 	@echo "== vet $$(date +%T)"
 	$(GO) vet -stdmethods=false ./...
 
-test: tools vet test-unit test-race fuzz
+# The lint (.golangci.yml) runs go vet's checks too; fuzz-short gives each
+# fuzz target a few hundred inputs (make fuzz and fuzz-long run longer).
+test: tools lint test-unit test-race fuzz-short
+
+lint: $(TOOLS_DIR)/.golangci-lint-$(GOLANGCI_LINT_VERSION)
+	@echo "== lint $$(date +%T)"
+	$(TOOLS_DIR)/golangci-lint run ./...
 
 test-unit:
 	@echo "== test-unit $$(date +%T)"
@@ -127,13 +134,15 @@ test-race:
 	$(GO) test -count=1 -race -run '^($(COMPACT_RACE_TESTS))$$' ./pkg/compact
 
 # A few thousand inputs of every fuzz target (their seed corpora also run in
-# test-unit); make fuzz-long runs each for minutes (FUZZTIME_LONG=1000000x
+# test-unit; make test runs fuzz-short, a few hundred each, ~2 min);
+# make fuzz-long runs each for minutes (FUZZTIME_LONG=1000000x
 # make fuzz-long). Budgets are counts, not durations: with a duration, Go
 # 1.26's fuzzing coordinator can fail a target with a bare "context deadline
 # exceeded" when the time is up while a worker is busy (golang/go#75804,
 # fixed in Go 1.27), as FuzzQueryParams' 2-second queries made it do.
 FUZZ_PKGS := ./pkg/ingest ./pkg/auth ./pkg/limits ./pkg/query
 FUZZTIME ?= 3000x
+FUZZTIME_SHORT ?= 300x
 FUZZTIME_LONG ?= 200000x
 fuzz:
 	@echo "== fuzz $$(date +%T)"
@@ -143,6 +152,9 @@ fuzz:
 			$(GO) test -run XXX -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) $$p || exit 1; \
 		done; \
 	done
+
+fuzz-short:
+	$(MAKE) fuzz FUZZTIME=$(FUZZTIME_SHORT)
 
 fuzz-long:
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME_LONG)
@@ -155,11 +167,23 @@ fuzz-long:
 soak:
 	GPUSTORE_SOAK=long CI=true $(GO) test -count=1 -v -timeout 60m -run '^TestSoak' ./test/e2e
 
-# The real servers the end-to-end tests run on loopback, pinned, installed
-# once into $(TOOLS_DIR) (a stamp file per version).
-tools: $(TOOLS_DIR)/.prometheus-mod-$(PROMETHEUS_VERSION) $(TOOLS_DIR)/.alertmanager
-tools: $(TOOLS_DIR)/.versitygw-$(VERSITYGW_VERSION)
-tools: $(TOOLS_DIR)/.fake-gcs-server-$(FAKE_GCS_VERSION) $(TOOLS_DIR)/.azurite-$(AZURITE_VERSION)
+# The real servers the end-to-end tests run on loopback and the linter,
+# pinned, installed once into $(TOOLS_DIR) (a stamp file per version);
+# tools-note says which are missing and how long installing them takes.
+TOOL_STAMPS := $(TOOLS_DIR)/.prometheus-mod-$(PROMETHEUS_VERSION) $(TOOLS_DIR)/.alertmanager
+TOOL_STAMPS += $(TOOLS_DIR)/.versitygw-$(VERSITYGW_VERSION)
+TOOL_STAMPS += $(TOOLS_DIR)/.fake-gcs-server-$(FAKE_GCS_VERSION) $(TOOLS_DIR)/.azurite-$(AZURITE_VERSION)
+TOOL_STAMPS += $(TOOLS_DIR)/.golangci-lint-$(GOLANGCI_LINT_VERSION)
+MISSING_TOOLS = $(patsubst $(TOOLS_DIR)/.%,%,$(filter-out $(wildcard $(TOOL_STAMPS)),$(TOOL_STAMPS)))
+tools: tools-note $(TOOL_STAMPS)
+tools-note:
+	@$(if $(MISSING_TOOLS),echo "== installing test tools into $(TOOLS_DIR) at $$(date +%T): $(MISSING_TOOLS) (all of them: ~8 min on 2 cores, once per machine)")
+
+# golangci-lint, from the Go module proxy (~1 min to build).
+$(TOOLS_DIR)/.golangci-lint-$(GOLANGCI_LINT_VERSION):
+	mkdir -p $(TOOLS_DIR)
+	GOFLAGS= GOBIN=$(TOOLS_DIR) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	touch $@
 
 # versitygw: the S3 server the object-storage tests start on loopback
 # (~2.5 min to build the first time).

@@ -343,22 +343,6 @@ var catalogueByName = func() map[string]*MetricDesc {
 	return m
 }()
 
-// LookupMetric returns the family of a series name. Histogram series
-// (_bucket, _sum, _count) resolve to their histogram family.
-func LookupMetric(name string) (*MetricDesc, bool) {
-	if d, ok := catalogueByName[name]; ok {
-		return d, true
-	}
-	for _, suf := range []string{"_bucket", "_sum", "_count"} {
-		if len(name) > len(suf) && name[len(name)-len(suf):] == suf {
-			if d, ok := catalogueByName[name[:len(name)-len(suf)]]; ok && d.Type == Histogram {
-				return d, true
-			}
-		}
-	}
-	return nil, false
-}
-
 // DCGMLabelNames are the labels dcgm-exporter puts on every GPU series;
 // PodLabelNames are added when Kubernetes mapping finds a pod holding the GPU.
 var (

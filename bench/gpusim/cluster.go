@@ -387,9 +387,6 @@ func (c *Cluster) Hostnames() []string {
 	return out
 }
 
-// NodeIndex resolves a hostname or index string.
-func (c *Cluster) NodeIndex(s string) (int, bool) { return c.nodeIndex(s) }
-
 // NodeDown reports whether node i is down (node_down fault) at t.
 func (c *Cluster) NodeDown(i int, t time.Time) bool { return c.nodeDownAt(i, c.secs(t)) }
 
@@ -456,11 +453,6 @@ func (c *Cluster) AppendSamples(buf []Series, t time.Time, r Replica) []Series {
 	return appendSet(buf, &c.cset, ts, r.Jitter, seed)
 }
 
-// AppendNodeSamples appends the samples of node i from its last step.
-func (c *Cluster) AppendNodeSamples(buf []Series, i int, t time.Time, r Replica) []Series {
-	return appendSet(buf, &c.nodes[i].set, t.Add(r.Offset).UnixMilli(), r.Jitter, h2(strHash(r.Name), uint64(t.UnixMilli())))
-}
-
 func appendSet(buf []Series, set *seriesSet, ts int64, jitter float64, seed uint64) []Series {
 	for f := range set.fams {
 		fs := &set.fams[f]
@@ -520,7 +512,7 @@ func (c *Cluster) exporterAddress(n *node, s float64) {
 
 func (c *Cluster) stepNode(n *node, s float64, tms int64) {
 	down := c.nodeDownAt(n.idx, s) || c.nodeRemovedAt(n.idx, s)
-	key := uint64(1)
+	var key uint64
 	st := &c.nodeScratch[0]
 	*st = nodeStep{}
 	if down {

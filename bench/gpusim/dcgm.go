@@ -402,33 +402,3 @@ func defaultCountersOff() []bool {
 	}
 	return off
 }
-
-// DCGMFamilies returns the DCGM families this cluster emits for a GPU not
-// in MIG mode, in emission order.
-func (c *Cluster) DCGMFamilies() []*MetricDesc {
-	var out []*MetricDesc
-	for i := range Catalogue {
-		d := &Catalogue[i]
-		if d.Source != SourceDCGM || !c.emitsFamily(d.ID) {
-			continue
-		}
-		out = append(out, d)
-	}
-	return out
-}
-
-// emitsFamily reports whether a GPU of this cluster (not in MIG mode) has a
-// series of DCGM family f.
-func (c *Cluster) emitsFamily(f int) bool {
-	switch {
-	case c.famOff != nil && c.famOff[f]:
-		return false
-	case f == FamGetGPURecoveryAction || f == FamGPURecoveryAction:
-		return f == c.famRecov
-	case f >= FamNVL5RxErrors && f <= FamNVLinkECCDataErrors:
-		return c.hw.nvlink5
-	case f == FamNVLinkCRCFlitErrors || (f >= FamNVLinkCRCDataErrors && f <= FamNVLinkRecoveryErrors):
-		return !c.hw.nvlink5
-	}
-	return true
-}

@@ -139,7 +139,7 @@ func TestGPUResetClearsPendingAndCounters(t *testing.T) {
 		{Kind: FaultGPUReset, At: 30 * time.Minute, Node: host, GPU: 4},
 	}
 	c := newTestCluster(t, base)
-	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	at := t0.Add
 	get := func(d time.Duration, name string) float64 {
 		return value(t, c, at(d), name, "Hostname", host, "gpu", "4")
 	}

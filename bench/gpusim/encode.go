@@ -49,9 +49,6 @@ func NewEncoder(external []Label) *Encoder {
 	return &Encoder{external: ext, syms: make(map[string]uint32, 4096)}
 }
 
-// External returns the encoder's external labels, sorted.
-func (e *Encoder) External() []Label { return e.external }
-
 // mergeIter walks a series' labels merged with the external labels, in
 // name order.
 type mergeIter struct {
@@ -115,12 +112,6 @@ func (e *Encoder) EncodeV1(series []Series) []byte {
 	return e.compress()
 }
 
-// MarshalV1 returns the uncompressed protobuf of EncodeV1 (valid until the next call).
-func (e *Encoder) MarshalV1(series []Series) []byte {
-	e.pb = e.appendV1(e.pb[:0], series)
-	return e.pb
-}
-
 func (e *Encoder) appendV1(pb []byte, series []Series) []byte {
 	for i := range series {
 		s := &series[i]
@@ -173,12 +164,6 @@ func (e *Encoder) EncodeV1Metadata(descs []*MetricDesc) []byte {
 func (e *Encoder) EncodeV2(series []Series) []byte {
 	e.pb = e.appendV2(e.pb[:0], series)
 	return e.compress()
-}
-
-// MarshalV2 returns the uncompressed protobuf of EncodeV2 (valid until the next call).
-func (e *Encoder) MarshalV2(series []Series) []byte {
-	e.pb = e.appendV2(e.pb[:0], series)
-	return e.pb
 }
 
 func (e *Encoder) symbol(s string) uint32 {

@@ -35,14 +35,6 @@ func key(ls []Label) string {
 	return b.String()
 }
 
-func snapshot(c *Cluster, at time.Time) map[string]Series {
-	m := map[string]Series{}
-	for _, s := range c.AppendSamples(nil, at, Replica{}) {
-		m[key(s.Labels)] = s
-	}
-	return m
-}
-
 // find returns the series named name whose labels include every pair in kv.
 func find(series []Series, name string, kv ...string) []Series {
 	var out []Series

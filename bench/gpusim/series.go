@@ -160,7 +160,8 @@ func (e *emitter) addNamed(f int, name string, v float64, extra ...Label) {
 	if name == "" {
 		name = Catalogue[f].Name
 	}
-	sc := append(e.scratch[:0], Label{"__name__", name})
+	sc := e.scratch[:0]
+	sc = append(sc, Label{"__name__", name})
 	sc = append(sc, e.base...)
 	sc = append(sc, extra...)
 	if e.target {

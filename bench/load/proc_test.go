@@ -190,7 +190,7 @@ func TestStopProcessAndWaitIdle(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start sleep (coreutils): %v", err)
 	}
-	defer cmd.Process.Kill()
+	defer func() { _ = cmd.Process.Kill() }() // already exited when the test passes
 	waited, idle, err := WaitIdle(context.Background(), cmd.Process.Pid, 0.5, time.Second, 10*time.Second)
 	if err != nil || !idle {
 		t.Fatalf("WaitIdle(sleep) = %v, %v, %v; want idle", waited, idle, err)

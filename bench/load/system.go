@@ -205,19 +205,6 @@ func (s *System) Flush(ctx context.Context) error {
 	return nil
 }
 
-// Running reports whether the process is alive.
-func (s *System) Running() bool {
-	if s.cmd == nil {
-		return false
-	}
-	select {
-	case <-s.exited:
-		return false
-	default:
-		return true
-	}
-}
-
 // Stop sends SIGTERM and waits up to timeout for a clean exit, then kills
 // the process. It is safe to call more than once and on a system that never
 // started.

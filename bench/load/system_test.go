@@ -63,7 +63,7 @@ func TestSystemLifecycle(t *testing.T) {
 	if err := s.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer s.Stop(time.Second)
+	defer func() { _ = s.Stop(time.Second) }()
 	ctx := context.Background()
 	if err := s.WaitReady(ctx, 30*time.Second); err != nil {
 		t.Fatal(err)
@@ -129,5 +129,18 @@ func TestSystemArgs(t *testing.T) {
 	}
 	if v.WriteURL() != "http://127.0.0.1:3/api/v1/write" || v.QueryParams.Get("nocache") != "1" || v.FlushPath == "" {
 		t.Errorf("victoriametrics: %s %v %q", v.WriteURL(), v.QueryParams, v.FlushPath)
+	}
+}
+
+// Running reports whether the process is alive.
+func (s *System) Running() bool {
+	if s.cmd == nil {
+		return false
+	}
+	select {
+	case <-s.exited:
+		return false
+	default:
+		return true
 	}
 }

@@ -69,11 +69,8 @@ type Stack struct {
 	Bucket string
 }
 
-// Addr returns the loopback address of a compose service (gpustore,
-// prometheus-0, alertmanager, gpusim, minio).
-func (s *Stack) Addr(service string) string { return s.addrs[service] }
-
-// URL is Addr as an http URL.
+// URL is the http URL of a compose service (gpustore, prometheus-0,
+// alertmanager, gpusim, minio) on loopback.
 func (s *Stack) URL(service string) string { return "http://" + s.addrs[service] }
 
 type proc struct {
@@ -461,14 +458,4 @@ func (s *Stack) Stop() error {
 	}
 	s.procs = nil
 	return errors.Join(errs...)
-}
-
-// Ports lists the services and their addresses, for a summary.
-func (s *Stack) Ports() []string {
-	var out []string
-	for n, a := range s.addrs {
-		out = append(out, n+"="+a)
-	}
-	slices.Sort(out)
-	return out
 }

@@ -97,11 +97,6 @@ func tempThresholds() *dashboard.ThresholdsConfigBuilder {
 	return thresholds(step(nil, "blue"), step(cog.ToPtr(60.0), "green"), step(cog.ToPtr(75.0), "orange"), step(cog.ToPtr(85.0), "red"))
 }
 
-func legendTable() *common.VizLegendOptionsBuilder {
-	return common.NewVizLegendOptionsBuilder().DisplayMode(common.LegendDisplayModeTable).
-		Placement(common.LegendPlacementRight).ShowLegend(true).Calcs([]string{"mean", "max"})
-}
-
 func timeSeries(title, desc, unit string, targets ...*prometheus.DataqueryBuilder) *timeseries.PanelBuilder {
 	p := timeseries.NewPanelBuilder().Title(title).Description(desc).Unit(unit).
 		Datasource(ds).Span(12).Height(8).LineWidth(1).FillOpacity(10).

@@ -76,7 +76,7 @@ func startGpustore(t *testing.T, mutate ...func(*app.Config)) string {
 // ("" is the default tenant).
 func tenantAPI(t *testing.T, base, tenant string) v1.API {
 	t.Helper()
-	var rt http.RoundTripper = api.DefaultRoundTripper
+	rt := api.DefaultRoundTripper
 	if tenant != "" {
 		rt = tenantHeader{tenant: tenant, next: rt}
 	}
@@ -198,7 +198,7 @@ func scrapeSetup(t *testing.T, base string) {
 	bin := testbin.Need(t, "prometheus")
 	const lead = 45 * time.Minute // how far into the faults the scrape starts
 	simNow := simWindow(t, scrapeNodes, time.Hour)
-	shift := simNow.Sub(time.Now())
+	shift := time.Until(simNow)
 	// The faults' "end" 25 s after the scrape's: the DBE that ends the
 	// first node's job comes 30 s into the scrape, once the job's series
 	// have been scraped.

@@ -41,7 +41,11 @@ func prometheusAPIRoutes(t *testing.T) [][2]string {
 		t.Fatal("web/api/v1/api.go has no API.Register")
 	}
 	body = body[start:]
-	body = body[:strings.Index(body, "\n}\n")]
+	end := strings.Index(body, "\n}\n")
+	if end < 0 {
+		t.Fatal("web/api/v1/api.go: API.Register has no end")
+	}
+	body = body[:end]
 	var routes [][2]string
 	for _, m := range regexp.MustCompile(`r\.(Get|Post|Put|Del|Options)\("([^"]+)"`).FindAllStringSubmatch(body, -1) {
 		routes = append(routes, [2]string{strings.ToUpper(m[1]), m[2]})

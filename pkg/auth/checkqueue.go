@@ -128,10 +128,3 @@ func (q *checkQueue) remove(user string, c *checker) {
 		}
 	}
 }
-
-// waiters is how many requests wait for a slot.
-func (q *checkQueue) waiters() int {
-	q.mtx.Lock()
-	defer q.mtx.Unlock()
-	return q.total
-}

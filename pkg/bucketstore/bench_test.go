@@ -194,10 +194,14 @@ func BenchmarkSevenDayQuery(b *testing.B) {
 	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 100_000_000, Timeout: 10 * time.Minute})
 	cfg := DefaultConfig() // 256 MiB of 32 KiB pages; BENCH_PAGE and BENCH_RA override page size and readahead
 	if v := os.Getenv("BENCH_PAGE"); v != "" {
-		fmt.Sscan(v, &cfg.PageSize)
+		if _, err := fmt.Sscan(v, &cfg.PageSize); err != nil {
+			b.Fatalf("BENCH_PAGE: %v", err)
+		}
 	}
 	if v := os.Getenv("BENCH_RA"); v != "" {
-		fmt.Sscan(v, &cfg.ReadaheadPages)
+		if _, err := fmt.Sscan(v, &cfg.ReadaheadPages); err != nil {
+			b.Fatalf("BENCH_RA: %v", err)
+		}
 	}
 
 	db, err := tsdb.OpenDBReadOnly(filepath.Join(dir, "blocks"), "", quietLogger())

@@ -450,7 +450,7 @@ func (h *indexHeader) readPostingsTable(ctx context.Context, s *section) error {
 				// Always keep the last value of each label name.
 				h.postings[curName] = append(h.postings[curName], postingOffset{value: lastValue, off: lastOff})
 			}
-			curName, haveName, haveLast, valueCount = string(nb), true, false, 0
+			curName, haveName, valueCount = string(nb), true, 0
 			h.postings[curName] = []postingOffset{}
 		}
 		vb, err := s.uvarintBytes()

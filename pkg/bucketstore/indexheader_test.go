@@ -74,8 +74,7 @@ func TestIndexHeaderMatchesPrometheusReader(t *testing.T) {
 				t.Fatal(err)
 			}
 			rd := ir.(*indexReader)
-			var h indexHeaderReader = rd.h
-			compareHeader(t, ctx, h, rd, want)
+			compareHeader(t, ctx, rd.h, rd, want)
 		})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/storage"
@@ -82,7 +83,7 @@ func TestSparseReadsAnswerAlike(t *testing.T) {
 	read := func(ctx context.Context) int {
 		q := s.Querier("team-a", h.Start, h.End, nil)
 		defer q.Close()
-		n, err := samples(q.Select(ctx, true, h, labels.MustNewMatcher(labels.MatchEqual, labels.MetricName, "DCGM_FI_DEV_GPU_UTIL")))
+		n, err := samples(q.Select(ctx, true, h, labels.MustNewMatcher(labels.MatchEqual, model.MetricNameLabel, "DCGM_FI_DEV_GPU_UTIL")))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -676,7 +676,7 @@ func (q *querier) folding(ctx context.Context, b *bucketBlock, ms []*labels.Matc
 		return f, err
 	}
 	defer bq.Close()
-	names, _, err := bq.LabelValues(ctx, labels.MetricName, nil, ms...)
+	names, _, err := bq.LabelValues(ctx, model.MetricNameLabel, nil, ms...)
 	if err != nil {
 		return f, err
 	}
@@ -685,7 +685,7 @@ func (q *querier) folding(ctx context.Context, b *bucketBlock, ms []*labels.Matc
 		f.Metrics[n] = true
 	}
 	for _, l := range f.Labels {
-		with, _, err := bq.LabelValues(ctx, labels.MetricName, nil, append(slices.Clip(ms), labels.MustNewMatcher(labels.MatchRegexp, l, ".+"))...)
+		with, _, err := bq.LabelValues(ctx, model.MetricNameLabel, nil, append(slices.Clip(ms), labels.MustNewMatcher(labels.MatchRegexp, l, ".+"))...)
 		if err != nil {
 			return f, err
 		}

@@ -417,3 +417,13 @@ func TestSyncSeesNewAndDeletedBlocksAndSkipsPartialOnes(t *testing.T) {
 		t.Fatalf("deleted block still listed: %d", n)
 	}
 }
+
+// partialBlocks is the number of the tenant's block directories without meta.json.
+func (s *Store) partialBlocks(tenantID string) int {
+	s.mtx.RLock()
+	defer s.mtx.RUnlock()
+	if v := s.views[tenantID]; v != nil {
+		return len(v.index.Partial)
+	}
+	return 0
+}

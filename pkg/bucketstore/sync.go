@@ -174,13 +174,3 @@ func (s *Store) syncTenant(ctx context.Context, tenantID string) error {
 	}
 	return errors.Join(errs...)
 }
-
-// partialBlocks is the number of the tenant's block directories without meta.json.
-func (s *Store) partialBlocks(tenantID string) int {
-	s.mtx.RLock()
-	defer s.mtx.RUnlock()
-	if v := s.views[tenantID]; v != nil {
-		return len(v.index.Partial)
-	}
-	return 0
-}

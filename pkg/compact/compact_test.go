@@ -385,7 +385,7 @@ func TestRetention(t *testing.T) {
 	if err := services.StartAndAwaitRunning(context.Background(), lim); err != nil {
 		t.Fatal(err)
 	}
-	defer services.StopAndAwaitTerminated(context.Background(), lim)
+	defer func() { _ = services.StopAndAwaitTerminated(context.Background(), lim) }()
 
 	cfg := testConfig()
 	cfg.RetentionRaw = model.Duration(30 * day)

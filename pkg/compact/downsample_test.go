@@ -316,7 +316,7 @@ func dropName(k string) string {
 	if err != nil {
 		return k
 	}
-	return labels.NewBuilder(ls).Del(labels.MetricName).Labels().String()
+	return labels.NewBuilder(ls).Del(model.MetricNameLabel).Labels().String()
 }
 
 // compareSeries checks got against want point by point within a relative

@@ -38,7 +38,7 @@ func Plan(metas []*block.Meta, ranges []int64) []*block.Meta {
 	if o := overlapping(ms); o != nil {
 		return o
 	}
-	var newestMin int64 = ms[0].MinTime
+	newestMin := ms[0].MinTime
 	for _, m := range ms {
 		newestMin = max(newestMin, m.MinTime)
 	}

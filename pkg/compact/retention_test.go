@@ -131,7 +131,7 @@ func TestTenantDownsampledRetention(t *testing.T) {
 	if err := services.StartAndAwaitRunning(context.Background(), lim); err != nil {
 		t.Fatal(err)
 	}
-	defer services.StopAndAwaitTerminated(context.Background(), lim)
+	defer func() { _ = services.StopAndAwaitTerminated(context.Background(), lim) }()
 
 	cfg := testConfig()
 	cfg.BlockRanges = compact.DurationList{model.Duration(2 * time.Hour), model.Duration(8 * time.Hour)}

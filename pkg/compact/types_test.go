@@ -23,7 +23,7 @@ func counterBlocks(t *testing.T, dir, name string, start time.Time, n int) []str
 	v := []float64{1e6, 3e6}
 	return twoHourBlocks(t, dir, start, n, func(app storage.Appender, from int64) {
 		for g := range v {
-			ls := labels.FromStrings(labels.MetricName, name, "gpu", strconv.Itoa(g), "Hostname", "node-1")
+			ls := labels.FromStrings(model.MetricNameLabel, name, "gpu", strconv.Itoa(g), "Hostname", "node-1")
 			for ts := from; ts < from+2*3_600_000; ts += 15_000 {
 				v[g] += 1000 * rng.ExpFloat64()
 				if rng.IntN(400) == 0 {

@@ -237,7 +237,7 @@ func (t *tenant) resolve(ref storage.SeriesRef, ls labels.Labels) (*series, erro
 	// receivers whoever sends it, and tenants spread independently.
 	x := h ^ t.idHash
 	s = &series{ref: t.nextRef, ls: ls.Copy(), hash: h, token: uint32(x ^ x>>32)}
-	s.name = s.ls.Get(labels.MetricName)
+	s.name = s.ls.Get(model.MetricNameLabel)
 	s.pbLabels = encodeLabels(s.ls)
 	t.byRef[s.ref] = s
 	if _, taken := t.byHash[h]; !taken {

@@ -272,7 +272,8 @@ func (d *densifyIterator) load() {
 func (d *densifyIterator) mark() {
 	// live are the indexes of the samples the engine reads (not markers);
 	// count[k] is the raw samples up to and including live[k-1]'s.
-	live, count, diff := d.live[:0], append(d.count[:0], 0), slices.Grow(d.diff[:0], len(d.ts)+1)[:len(d.ts)+1]
+	live, count, diff := d.live[:0], d.count[:0], slices.Grow(d.diff[:0], len(d.ts)+1)[:len(d.ts)+1]
+	count = append(count, 0)
 	clear(diff)
 	defer func() { d.live, d.count, d.diff = live, count, diff }()
 	total := int64(0)

@@ -12,6 +12,7 @@ import (
 	"slices"
 
 	"github.com/oklog/ulid/v2"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/value"
 	"github.com/prometheus/prometheus/storage"
@@ -120,7 +121,7 @@ func Downsample(ctx context.Context, sources []tsdb.BlockReader, cfg Config) (ul
 	defer q.Close()
 
 	w := &writer{bw: bw}
-	ms := []*labels.Matcher{labels.MustNewMatcher(labels.MatchRegexp, labels.MetricName, ".+")}
+	ms := []*labels.Matcher{labels.MustNewMatcher(labels.MatchRegexp, model.MetricNameLabel, ".+")}
 	var (
 		folded    *foldedSources
 		foldNames []string
@@ -171,7 +172,7 @@ func Downsample(ctx context.Context, sources []tsdb.BlockReader, cfg Config) (ul
 	st.OutSeries, st.OutSamples = int64(len(bw.series)), w.samples
 	id, err := bw.finish(cfg.Dir, func(m tsdb.BlockMeta) error {
 		m.MinTime, m.MaxTime = cfg.Mint, cfg.Maxt
-		return cfg.writeMeta(filepath.Join(bw.tmp), m, srcMetas)
+		return cfg.writeMeta(bw.tmp, m, srcMetas)
 	})
 	if err != nil {
 		bw.abort()
@@ -304,7 +305,7 @@ func (cfg *Config) series(w *writer, lset labels.Labels, it chunkenc.Iterator, s
 		if lset.Has(AggrLabel) {
 			return fmt.Errorf("downsample: raw series %s already has %s", lset, AggrLabel)
 		}
-		if Classify(lset.Get(labels.MetricName), lset.Has("quantile"), cfg.Types) == Gauge {
+		if Classify(lset.Get(model.MetricNameLabel), lset.Has("quantile"), cfg.Types) == Gauge {
 			red = packedReducer(labels.NewBuilder(lset).Set(AggrLabel, AggrPacked).Labels())
 		}
 	} else {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
@@ -42,7 +43,7 @@ func NewFold(labelNames []string, metrics string) (*Fold, error) {
 		if n = strings.TrimSpace(n); n == "" {
 			continue
 		}
-		if n == labels.MetricName || n == AggrLabel {
+		if n == model.MetricNameLabel || n == AggrLabel {
 			return nil, fmt.Errorf("downsample: cannot fold label %q", n)
 		}
 		names = append(names, n)
@@ -73,7 +74,7 @@ func notIn(names []string) *labels.Matcher {
 	for i, n := range names {
 		quoted[i] = regexp.QuoteMeta(n)
 	}
-	return labels.MustNewMatcher(labels.MatchNotRegexp, labels.MetricName, strings.Join(quoted, "|"))
+	return labels.MustNewMatcher(labels.MatchNotRegexp, model.MetricNameLabel, strings.Join(quoted, "|"))
 }
 
 // foldGroup is one output series of a folded metric: the member series (by
@@ -138,7 +139,7 @@ func (fs *foldedSources) close() {
 func (cfg *Config) foldedNames(ctx context.Context, fs *foldedSources) ([]string, error) {
 	var names []string
 	for _, ir := range fs.irs {
-		vs, err := ir.SortedLabelValues(ctx, labels.MetricName, nil)
+		vs, err := ir.SortedLabelValues(ctx, model.MetricNameLabel, nil)
 		if err != nil {
 			return nil, fmt.Errorf("downsample: metric names: %w", err)
 		}
@@ -167,7 +168,7 @@ func (cfg *Config) downsampleFolded(ctx context.Context, fs *foldedSources, name
 		groups := map[string]*foldGroup{}
 		var order []*foldGroup
 		for i, ir := range fs.irs {
-			p, err := ir.Postings(ctx, labels.MetricName, name)
+			p, err := ir.Postings(ctx, model.MetricNameLabel, name)
 			if err != nil {
 				return fmt.Errorf("downsample: postings of %s: %w", name, err)
 			}

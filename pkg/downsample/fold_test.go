@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/value"
 	"github.com/prometheus/prometheus/tsdb"
@@ -62,7 +63,7 @@ func blockContents(t *testing.T, b tsdb.BlockReader) map[string][]string {
 	}
 	defer q.Close()
 	out := map[string][]string{}
-	ss := q.Select(context.Background(), true, nil, labels.MustNewMatcher(labels.MatchRegexp, labels.MetricName, ".+"))
+	ss := q.Select(context.Background(), true, nil, labels.MustNewMatcher(labels.MatchRegexp, model.MetricNameLabel, ".+"))
 	var it chunkenc.Iterator
 	for ss.Next() {
 		s := ss.At()
@@ -134,7 +135,7 @@ func TestFoldedPodsDownsampleAsOneSeries(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				return ls.Get(labels.MetricName)
+				return ls.Get(model.MetricNameLabel)
 			}
 			want := func(whole, pods *tsdb.Block) map[string][]string {
 				w := blockContents(t, whole)
@@ -194,8 +195,8 @@ func TestFoldedPodsDownsampleAsOneSeries(t *testing.T) {
 						t.Fatal(err)
 					}
 					if ls.Has("pod") {
-						gaugePods = gaugePods || ls.Get(labels.MetricName) == "gauge_metric"
-						counterPods = counterPods || ls.Get(labels.MetricName) != "gauge_metric"
+						gaugePods = gaugePods || ls.Get(model.MetricNameLabel) == "gauge_metric"
+						counterPods = counterPods || ls.Get(model.MetricNameLabel) != "gauge_metric"
 					}
 				}
 				if gaugePods != c.gaugePods || counterPods != c.counterPods {
@@ -256,7 +257,7 @@ func TestFoldNeverMergesCounters(t *testing.T) {
 	)
 	gpu := labels.FromStrings("gpu", "0", "Hostname", "node-1", "UUID", "GPU-1")
 	podLabels := func(name, pod string) labels.Labels {
-		b := labels.NewBuilder(gpu).Set(labels.MetricName, name)
+		b := labels.NewBuilder(gpu).Set(model.MetricNameLabel, name)
 		if pod != "" {
 			b.Set("pod", pod).Set("namespace", "train").Set("container", "pytorch")
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/value"
 	"github.com/prometheus/prometheus/storage"
@@ -94,7 +95,7 @@ func (s *foldSet) fill() bool {
 	}
 	for s.in.Next() {
 		ser := s.in.At()
-		if len(batch) > 0 && ser.Labels().Get(labels.MetricName) != batch[0].Labels().Get(labels.MetricName) {
+		if len(batch) > 0 && ser.Labels().Get(model.MetricNameLabel) != batch[0].Labels().Get(model.MetricNameLabel) {
 			s.pending = ser
 			break
 		}
@@ -103,7 +104,7 @@ func (s *foldSet) fill() bool {
 	if len(batch) == 0 {
 		return false
 	}
-	if !s.f.Metrics[batch[0].Labels().Get(labels.MetricName)] {
+	if !s.f.Metrics[batch[0].Labels().Get(model.MetricNameLabel)] {
 		s.out = batch
 		return true
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/storage"
@@ -21,7 +22,7 @@ func writeGaugeHistograms(t *testing.T, dir string, seed uint64, mint, maxt int6
 	return writeBlock(t, dir, func(app storage.Appender) {
 		for g := range 3 {
 			rng := rand.New(rand.NewPCG(seed, uint64(g)))
-			lset := labels.FromStrings(labels.MetricName, "gpu_kernel_occupancy", "gpu", string(rune('0'+g)))
+			lset := labels.FromStrings(model.MetricNameLabel, "gpu_kernel_occupancy", "gpu", string(rune('0'+g)))
 			buckets := []float64{10, 20, 30, 5}
 			var ref storage.SeriesRef
 			for ts := t0 - 10*60_000 + int64(g)*1_234; ts < t0+span+10*60_000; ts += interval {

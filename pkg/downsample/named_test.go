@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/storage"
 )
@@ -41,7 +42,7 @@ func TestLabelsNamed(t *testing.T) {
 func TestNamesFolded(t *testing.T) {
 	pod := []string{"pod"}
 	m := func(n string) []*labels.Matcher {
-		return []*labels.Matcher{labels.MustNewMatcher(labels.MatchEqual, labels.MetricName, "DCGM_FI_DEV_GPU_UTIL"), labels.MustNewMatcher(labels.MatchRegexp, n, ".+")}
+		return []*labels.Matcher{labels.MustNewMatcher(labels.MatchEqual, model.MetricNameLabel, "DCGM_FI_DEV_GPU_UTIL"), labels.MustNewMatcher(labels.MatchRegexp, n, ".+")}
 	}
 	ctx := context.Background()
 	for _, c := range []struct {

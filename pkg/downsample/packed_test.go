@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/value"
@@ -86,7 +87,7 @@ func checkPacked(t *testing.T, what string, got, want []packedPoint) {
 func TestPackedAggregatesRoundTrip(t *testing.T) {
 	const m = int64(60_000)
 	nan, inf, stale := math.NaN(), math.Inf(1), math.Float64frombits(value.StaleNaN)
-	edge := rawSeries{lset: labels.FromStrings(labels.MetricName, "edge_gauge", "gpu", "0")}
+	edge := rawSeries{lset: labels.FromStrings(model.MetricNameLabel, "edge_gauge", "gpu", "0")}
 	for i, v := range []float64{
 		-3, -7.5, nan, 2, -1, // (0, 5m]
 		-1, -2, -3, -4, -5, // (5m, 10m]
@@ -99,12 +100,12 @@ func TestPackedAggregatesRoundTrip(t *testing.T) {
 	// It comes back: (25m, 30m], then ends with a marker alone in (30m, 35m].
 	edge.ts = append(edge.ts, t0+26*m, t0+27*m, t0+32*m)
 	edge.vs = append(edge.vs, 5, 6.5, stale)
-	neg := rawSeries{lset: labels.FromStrings(labels.MetricName, "neg_gauge", "gpu", "0")}
+	neg := rawSeries{lset: labels.FromStrings(model.MetricNameLabel, "neg_gauge", "gpu", "0")}
 	for i := int64(1); i <= 24; i++ {
 		neg.ts = append(neg.ts, t0+i*m)
 		neg.vs = append(neg.vs, -float64(i)/4)
 	}
-	ctr := rawSeries{lset: labels.FromStrings(labels.MetricName, "some_total", "gpu", "0"), counter: true,
+	ctr := rawSeries{lset: labels.FromStrings(model.MetricNameLabel, "some_total", "gpu", "0"), counter: true,
 		ts: []int64{t0 + m, t0 + 2*m, t0 + 7*m}, vs: []float64{1, 2, 3}}
 
 	dir := t.TempDir()
@@ -197,7 +198,7 @@ func oldLayout(t *testing.T, dir string, b tsdb.BlockReader, mint, maxt int64) *
 		t.Fatal(err)
 	}
 	defer q.Close()
-	ss := q.Select(context.Background(), true, nil, labels.MustNewMatcher(labels.MatchRegexp, labels.MetricName, ".+"))
+	ss := q.Select(context.Background(), true, nil, labels.MustNewMatcher(labels.MatchRegexp, model.MetricNameLabel, ".+"))
 	var it chunkenc.Iterator
 	for ss.Next() {
 		s := ss.At()

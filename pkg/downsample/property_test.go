@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/value"
 	"github.com/prometheus/prometheus/promql"
@@ -48,7 +49,7 @@ func genSeries(rng *rand.Rand, n int) []rawSeries {
 		if counter {
 			name = "counter_metric_total"
 		}
-		s := rawSeries{lset: labels.FromStrings(labels.MetricName, name, "id", strconv.Itoa(i)), counter: counter}
+		s := rawSeries{lset: labels.FromStrings(model.MetricNameLabel, name, "id", strconv.Itoa(i)), counter: counter}
 		// Half the series are scraped exactly on multiples of 15s (so
 		// samples sit on window ends), half with a phase and jitter.
 		aligned := i%2 == 0
@@ -492,7 +493,7 @@ func dropName(p points) points {
 		if err != nil {
 			panic(err)
 		}
-		out[labels.NewBuilder(ls).Set(labels.MetricName, "gauge_metric").Labels().String()] = v
+		out[labels.NewBuilder(ls).Set(model.MetricNameLabel, "gauge_metric").Labels().String()] = v
 	}
 	return out
 }

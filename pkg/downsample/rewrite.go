@@ -1,6 +1,7 @@
 package downsample
 
 import (
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/prometheus/prometheus/promql/parser/posrange"
@@ -127,7 +128,7 @@ func LabelsNamed(expr parser.Expr) []string {
 	var out []string
 	add := func(names ...string) {
 		for _, n := range names {
-			if n != labels.MetricName && n != AggrLabel && !seen[n] {
+			if n != model.MetricNameLabel && n != AggrLabel && !seen[n] {
 				seen[n] = true
 				out = append(out, n)
 			}

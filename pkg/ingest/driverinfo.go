@@ -3,9 +3,8 @@ package ingest
 import (
 	"sync"
 
-	"github.com/prometheus/prometheus/model/labels"
-
 	"github.com/gpustore/gpustore/pkg/relabel"
+	"github.com/prometheus/common/model"
 )
 
 // The dcgm preset drops DCGM_FI_DRIVER_VERSION from every metric, so that a
@@ -159,7 +158,7 @@ func (w *writeRequest) appendDriverInfo(s *decodedSeries) error {
 // name.
 func dcgmUnitScale(pairs []labelPair) (mul, div float64) {
 	for _, p := range pairs {
-		if yoloString(p.name) == labels.MetricName {
+		if yoloString(p.name) == model.MetricNameLabel {
 			if mul, div, ok := relabel.DCGMUnitScale(yoloString(p.value)); ok {
 				return mul, div
 			}

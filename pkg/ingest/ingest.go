@@ -719,7 +719,6 @@ func parseContentType(ct string) (v2 bool, err error) {
 }
 
 type metrics struct {
-	reg             prometheus.Registerer
 	inflightRefused prometheus.Counter
 	requests        *prometheus.CounterVec
 	duration        *prometheus.HistogramVec

@@ -123,7 +123,7 @@ func (ac *appendCtx) seriesLabels(pairs []labelPair, lim *limits.Limits, rules *
 // checkLabelSet is checkLabels for built labels: those a tenant's relabel
 // rules returned.
 func checkLabelSet(ls labels.Labels, lim *limits.Limits) (reason string, err error) {
-	if ls.Get(labels.MetricName) == "" {
+	if ls.Get(model.MetricNameLabel) == "" {
 		return reasonInvalidLabels, fmt.Errorf("series %s has no metric name (__name__)", ls)
 	}
 	if n := ls.Len(); n > lim.MaxLabelNamesPerSeries {
@@ -149,7 +149,7 @@ func checkLabelSet(ls labels.Labels, lim *limits.Limits) (reason string, err err
 	return reason, err
 }
 
-var nameLabel = []byte(labels.MetricName)
+var nameLabel = []byte(model.MetricNameLabel)
 
 // describe renders wire labels for an error message: {__name__="x", a="b"}.
 func describe(pairs []labelPair) string {

@@ -116,15 +116,12 @@ func TestOTLPShapeCoversDecoding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	json, err := pmetricotlp.NewExportRequest().MarshalJSON()
-	if err != nil {
-		t.Fatal(err)
-	}
 	req := pmetricotlp.NewExportRequest()
 	if err := req.UnmarshalProto(proto); err != nil {
 		t.Fatal(err)
 	}
-	if json, err = req.MarshalJSON(); err != nil {
+	json, err := req.MarshalJSON()
+	if err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {

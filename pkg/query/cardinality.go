@@ -56,7 +56,7 @@ func (a *API) parseCardinality(r *http.Request) (cardinalityRequest, error) {
 		return cardinalityRequest{}, fmt.Errorf("error parsing form values: %w", err)
 	}
 	c := cardinalityRequest{limit: cardinalityDefaultLimit, start: math.MinInt64, end: math.MaxInt64}
-	c.matchers = []*labels.Matcher{labels.MustNewMatcher(labels.MatchRegexp, labels.MetricName, ".+")}
+	c.matchers = []*labels.Matcher{labels.MustNewMatcher(labels.MatchRegexp, model.MetricNameLabel, ".+")}
 	if s := r.Form.Get("selector"); s != "" {
 		if err := checkExprBounds(s, a.opts.Config.MaxExpressionBytes, a.opts.Config.MaxExpressionDepth); err != nil {
 			return c, err
@@ -245,7 +245,7 @@ func (a *API) cardinalityLabelValues(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	for _, n := range names {
-		if !model.LabelName(n).IsValid() {
+		if !model.UTF8Validation.IsValidLabelName(n) {
 			writeError(w, http.StatusBadRequest, "bad_data", fmt.Errorf("invalid label name %q", n))
 			return
 		}

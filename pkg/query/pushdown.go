@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/value"
@@ -195,7 +196,7 @@ func inSubquery(path []parser.Node) bool {
 // results, which lose it, never collide (the engine would refuse them).
 func namesOneMetric(ms []*labels.Matcher) bool {
 	for _, m := range ms {
-		if m.Name == labels.MetricName && m.Type == labels.MatchEqual {
+		if m.Name == model.MetricNameLabel && m.Type == labels.MatchEqual {
 			return true
 		}
 	}
@@ -419,7 +420,7 @@ func (e *pushEval) noteCounterName(lset labels.Labels) {
 	if e.call.name != "rate" && e.call.name != "increase" {
 		return
 	}
-	name := lset.Get(labels.MetricName)
+	name := lset.Get(model.MetricNameLabel)
 	if name == "" || strings.HasSuffix(name, "_total") || strings.HasSuffix(name, "_sum") ||
 		strings.HasSuffix(name, "_count") || strings.HasSuffix(name, "_bucket") {
 		return

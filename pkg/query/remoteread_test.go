@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/util/annotations"
@@ -44,7 +45,7 @@ type stallingQuerier struct{ s *stallingSource }
 
 func (q stallingQuerier) stall(ctx context.Context, ms []*labels.Matcher) {
 	for _, m := range ms {
-		if m.Name == labels.MetricName && m.Matches("stall") && !m.Matches("") {
+		if m.Name == model.MetricNameLabel && m.Matches("stall") && !m.Matches("") {
 			q.s.started <- struct{}{}
 			done := ctx.Done()
 			if q.s.ignoreCancel {

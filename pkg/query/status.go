@@ -7,7 +7,7 @@ import (
 	"strconv"
 
 	"github.com/grafana/dskit/tenant"
-	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/tsdb"
 	v1 "github.com/prometheus/prometheus/web/api/v1"
 
@@ -38,7 +38,7 @@ func (a *API) tsdbStatus(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, v1.Response{Status: "success", Data: v1.TSDBStatus{}})
 		return
 	}
-	s := db.Head().Stats(labels.MetricName, limit)
+	s := db.Head().Stats(model.MetricNameLabel, limit)
 	writeJSON(w, http.StatusOK, v1.Response{Status: "success", Data: v1.TSDBStatus{
 		HeadStats: v1.HeadStats{
 			NumSeries: s.NumSeries, MinTime: s.MinTime, MaxTime: s.MaxTime,

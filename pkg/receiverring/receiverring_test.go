@@ -43,7 +43,9 @@ func TestReplicaLimits(t *testing.T) {
 		t.Errorf("without a receiver count: %d, want the whole limit", got)
 	}
 
-	cfg.RemoteTimeout.Set("20s")
+	if err := cfg.RemoteTimeout.Set("20s"); err != nil {
+		t.Fatal(err)
+	}
 	l := cfg.ReplicaLimits(fixedLimits{window: 5 * time.Second}, nil)
 	if got := l.OutOfOrderWindow("t"); got != 20*time.Second {
 		t.Errorf("out-of-order window %s, want the remote timeout 20s", got)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/grafana/dskit/user"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
@@ -35,7 +36,7 @@ func BenchmarkRingSelect(b *testing.B) {
 	}{{"identical", 0}, {"differing", 0.01}} {
 		dbs, src, mint, maxt := benchRing(b, tc.miss)
 		ctx := user.InjectOrgID(context.Background(), "t")
-		m := labels.MustNewMatcher(labels.MatchEqual, labels.MetricName, "DCGM_FI_DEV_GPU_UTIL")
+		m := labels.MustNewMatcher(labels.MatchEqual, model.MetricNameLabel, "DCGM_FI_DEV_GPU_UTIL")
 		hints := &storage.SelectHints{Start: mint, End: maxt}
 		b.Run(tc.name+"/ring", func(b *testing.B) {
 			for b.Loop() {
@@ -109,7 +110,7 @@ func benchRing(b testing.TB, miss float64) ([]*tenantdb.Manager, *Source, int64,
 	var series []labels.Labels
 	for n := range 32 {
 		for g := range 8 {
-			series = append(series, labels.FromStrings(labels.MetricName, "DCGM_FI_DEV_GPU_UTIL", "gpu", fmt.Sprint(g),
+			series = append(series, labels.FromStrings(model.MetricNameLabel, "DCGM_FI_DEV_GPU_UTIL", "gpu", fmt.Sprint(g),
 				"UUID", fmt.Sprintf("GPU-%08x", n*8+g), "Hostname", fmt.Sprintf("gpu-node-%03d", n), "modelName", "NVIDIA H100 80GB HBM3"))
 		}
 	}
@@ -170,7 +171,7 @@ func BenchmarkRingDecode(b *testing.B) {
 		ctx := user.InjectOrgID(context.Background(), "t")
 		q := src.Querier("t", mint, maxt, nil)
 		ss := q.Select(ctx, false, &storage.SelectHints{Start: mint, End: maxt},
-			labels.MustNewMatcher(labels.MatchEqual, labels.MetricName, "DCGM_FI_DEV_GPU_UTIL"))
+			labels.MustNewMatcher(labels.MatchEqual, model.MetricNameLabel, "DCGM_FI_DEV_GPU_UTIL"))
 		var series []storage.Series
 		for ss.Next() {
 			series = append(series, ss.At())

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/grafana/dskit/user"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
@@ -31,7 +32,7 @@ func TestRingSeriesAppendFloats(t *testing.T) {
 			qmaxt := maxt - rng.Int64N(maxt-mint)/2 + 30_000
 			q := src.Querier("t", qmint, qmaxt, nil)
 			ss := q.Select(ctx, false, &storage.SelectHints{Start: qmint, End: qmaxt},
-				labels.MustNewMatcher(labels.MatchEqual, labels.MetricName, "DCGM_FI_DEV_GPU_UTIL"))
+				labels.MustNewMatcher(labels.MatchEqual, model.MetricNameLabel, "DCGM_FI_DEV_GPU_UTIL"))
 			n := 0
 			for ss.Next() {
 				s := ss.At()

@@ -135,7 +135,7 @@ func parseSeries(s string) (labels.Labels, error) {
 	// Only what the tests use: name{a="x",b="y"}.
 	name, rest, _ := strings.Cut(s, "{")
 	b := labels.NewBuilder(labels.EmptyLabels())
-	b.Set(labels.MetricName, name)
+	b.Set(model.MetricNameLabel, name)
 	for _, kv := range strings.Split(strings.TrimSuffix(rest, "}"), ",") {
 		if kv == "" {
 			continue
@@ -274,7 +274,7 @@ func newSource(t *testing.T, r ring.ReadRing, self string) (*Source, *prometheus
 	return src, reg
 }
 
-var all = labels.MustNewMatcher(labels.MatchRegexp, labels.MetricName, "gpu_.*")
+var all = labels.MustNewMatcher(labels.MatchRegexp, model.MetricNameLabel, "gpu_.*")
 
 // dump selects from a querier of the source (tenant in the context as the
 // query path puts it) and prints each series with its samples.

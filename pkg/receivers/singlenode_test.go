@@ -145,14 +145,13 @@ func TestRingAnswersLikeSingleNode(t *testing.T) {
 		r := model.Duration(time.Duration(1+rng.IntN(20)) * time.Minute).String()
 		q := randomQuery{expr: strings.ReplaceAll(queryShapes[rng.IntN(len(queryShapes))], "$r", r), stepMilli: 15_000}
 		q.start, q.end = w.t0+rng.Int64N(10*60_000), end-rng.Int64N(10*60_000) // at least 120 steps: sliced
-		asked := testutil.ToFloat64(src.requests.WithLabelValues("ok"))
 		got, want := frontAPI.rangeQuery(t, q), refAPI.rangeQuery(t, q)
 		if got != want {
 			t.Fatalf("query API: %s differs from the single node's\nring:\n%s\nsingle node:\n%s", q, got, want)
 		}
 		if i == 0 {
 			q.expr = `avg(DCGM_FI_DEV_GPU_UTIL)`
-			asked = testutil.ToFloat64(src.requests.WithLabelValues("ok"))
+			asked := testutil.ToFloat64(src.requests.WithLabelValues("ok"))
 			frontAPI.rangeQuery(t, q)
 			if n := testutil.ToFloat64(src.requests.WithLabelValues("ok")) - asked; n != 3 {
 				t.Errorf("a sliced query with one selector asked %v receivers, want one read quorum (3)", n)
@@ -169,7 +168,7 @@ func TestRingAnswersLikeSingleNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ss := q.Select(qctx, false, nil, labels.MustNewMatcher(labels.MatchRegexp, labels.MetricName, "DCGM_.+"))
+	ss := q.Select(qctx, false, nil, labels.MustNewMatcher(labels.MatchRegexp, model.MetricNameLabel, "DCGM_.+"))
 	for ss.Next() {
 	}
 	if err := ss.Err(); err != nil {
@@ -279,7 +278,7 @@ func dcgmSeries() []simSeries {
 			base := []string{"gpu", strconv.Itoa(g), "UUID", fmt.Sprintf("GPU-%04x-%d", h*16+g, g), "device", "nvidia" + strconv.Itoa(g),
 				"modelName", "NVIDIA H100 80GB HBM3", "Hostname", host, "pci_bus_id", fmt.Sprintf("00000000:%02X:00.0", 0x18+g)}
 			ls := func(name string, extra ...string) labels.Labels {
-				return labels.FromStrings(append(append([]string{labels.MetricName, name}, base...), extra...)...)
+				return labels.FromStrings(append(append([]string{model.MetricNameLabel, name}, base...), extra...)...)
 			}
 			k := float64(h*4 + g)
 			add(ls("DCGM_FI_DEV_GPU_UTIL"), func(s int) (float64, bool) { return float64((s*7 + int(k)*13) % 101), true })
@@ -558,7 +557,7 @@ func rawChunks(t *testing.T, ctx context.Context, qa storage.ChunkQueryable, min
 		t.Fatal(err)
 	}
 	defer cq.Close()
-	ss := storage.NewSeriesSetFromChunkSeriesSet(cq.Select(ctx, true, nil, labels.MustNewMatcher(labels.MatchRegexp, labels.MetricName, ".+")))
+	ss := storage.NewSeriesSetFromChunkSeriesSet(cq.Select(ctx, true, nil, labels.MustNewMatcher(labels.MatchRegexp, model.MetricNameLabel, ".+")))
 	var b strings.Builder
 	var it chunkenc.Iterator
 	for ss.Next() {

@@ -18,7 +18,6 @@ package rewrite
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -148,9 +147,6 @@ func Block(ctx context.Context, logger *slog.Logger, src, dst string, o Options)
 	res.Meta, res.Dir = nm, dir
 	return res, nil
 }
-
-// NewULID returns a ULID with the given time and random entropy.
-func NewULID(ms uint64) ulid.ULID { return ulid.MustNew(ms, rand.Reader) }
 
 // filteredBlock is a block whose index leaves out the dropped series (its
 // postings skip them) and the symbols only they use.

@@ -2,6 +2,7 @@ package rewrite
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"log/slog"
 	"math"
@@ -221,3 +222,6 @@ func TestDropEverything(t *testing.T) {
 		t.Fatalf("result %+v, want no block and 8 series dropped", res)
 	}
 }
+
+// NewULID returns a ULID with the given time and random entropy.
+func NewULID(ms uint64) ulid.ULID { return ulid.MustNew(ms, rand.Reader) }

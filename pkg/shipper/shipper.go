@@ -38,7 +38,6 @@ import (
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
-	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/thanos-io/objstore"
 
@@ -383,7 +382,7 @@ func (s *Shipper) types(ctx context.Context, tenant string, b *tsdb.Block) (bloc
 		return nil, fmt.Errorf("open index of block %s: %w", b.Meta().ULID, err)
 	}
 	defer ir.Close()
-	names, err := ir.SortedLabelValues(ctx, labels.MetricName, nil)
+	names, err := ir.SortedLabelValues(ctx, model.MetricNameLabel, nil)
 	if err != nil {
 		return nil, fmt.Errorf("metric names of block %s: %w", b.Meta().ULID, err)
 	}

@@ -208,11 +208,11 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				if m.GetGauge() != nil {
-					return m.GetGauge().GetValue()
+			if ms := mf.GetMetric(); len(ms) > 0 {
+				if ms[0].GetGauge() != nil {
+					return ms[0].GetGauge().GetValue()
 				}
-				return m.GetCounter().GetValue()
+				return ms[0].GetCounter().GetValue()
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/prometheus/prometheus/tsdb/chunks"
@@ -60,7 +61,7 @@ func (s *seriesLimiter) PreCreation(lset labels.Labels) error {
 	if perMetric <= 0 && perDay <= 0 {
 		return nil
 	}
-	name := lset.Get(labels.MetricName)
+	name := lset.Get(model.MetricNameLabel)
 	s.mtx.Lock()
 	defer s.mtx.Unlock()
 	if perMetric > 0 && s.perMetric[name] >= perMetric {
@@ -83,7 +84,7 @@ func (s *seriesLimiter) createdToday() int {
 func (s *seriesLimiter) PostCreation(lset labels.Labels) {
 	replay := s.head() == nil
 	s.mtx.Lock()
-	s.perMetric[lset.Get(labels.MetricName)]++
+	s.perMetric[lset.Get(model.MetricNameLabel)]++
 	if !replay {
 		s.createdToday()
 		s.today++
@@ -97,7 +98,7 @@ func (s *seriesLimiter) PostDeletion(deleted map[chunks.HeadSeriesRef]labels.Lab
 	}
 	s.mtx.Lock()
 	for _, lset := range deleted {
-		name := lset.Get(labels.MetricName)
+		name := lset.Get(model.MetricNameLabel)
 		if s.perMetric[name]--; s.perMetric[name] <= 0 {
 			delete(s.perMetric, name)
 		}

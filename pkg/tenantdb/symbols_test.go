@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 )
 
@@ -34,7 +35,7 @@ func TestSymbolsRebuiltAfterChurn(t *testing.T) {
 		var out []string
 		for i := range n {
 			b.Reset()
-			b.Add(labels.MetricName, "DCGM_FI_DEV_GPU_UTIL")
+			b.Add(model.MetricNameLabel, "DCGM_FI_DEV_GPU_UTIL")
 			b.Add("gpu", fmt.Sprint(i%8))
 			b.Add("pod", fmt.Sprintf("%s-%d", pod, i))
 			b.Sort()
@@ -55,7 +56,7 @@ func TestSymbolsRebuiltAfterChurn(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer q.Close()
-		ss := q.Select(ctx, true, nil, labels.MustNewMatcher(labels.MatchEqual, labels.MetricName, "DCGM_FI_DEV_GPU_UTIL"))
+		ss := q.Select(ctx, true, nil, labels.MustNewMatcher(labels.MatchEqual, model.MetricNameLabel, "DCGM_FI_DEV_GPU_UTIL"))
 		var out []string
 		for ss.Next() {
 			out = append(out, ss.At().Labels().String())

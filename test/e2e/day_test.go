@@ -686,7 +686,9 @@ func TestSimulatedDayNotifications(t *testing.T) {
 			continue
 		}
 		var idx int
-		fmt.Sscan(f.Node, &idx)
+		if _, err := fmt.Sscan(f.Node, &idx); err != nil {
+			t.Fatalf("fault %s: node %q: %v", cl.Fault, f.Node, err)
+		}
 		for _, e := range cl.Notify {
 			l := map[string]string{"alertname": e.Alertname, "xid": e.Xid, "reason": e.Reason, "counter": e.Counter, "cluster": clusterOf[cl.Fault]}
 			switch e.Scope {

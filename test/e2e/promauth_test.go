@@ -138,7 +138,9 @@ remote_write:
 			return 0, code, body
 		}
 		var v float64
-		fmt.Sscan(fmt.Sprint(r.Data.Result[0].Value[1]), &v)
+		if _, err := fmt.Sscan(fmt.Sprint(r.Data.Result[0].Value[1]), &v); err != nil {
+			t.Fatalf("count: %v in %s", err, body)
+		}
 		return v, code, body
 	}
 	waitFor(t, time.Minute, "Prometheus' samples in tenant gpu-prod", func() error {
@@ -174,7 +176,9 @@ remote_write:
 			return 0
 		}
 		var n float64
-		fmt.Sscan(fmt.Sprint(r.Data.Result[0].Value[1]), &n)
+		if _, err := fmt.Sscan(fmt.Sprint(r.Data.Result[0].Value[1]), &n); err != nil {
+			t.Fatalf("%v in %s", err, body)
+		}
 		return n
 	}
 	before := samples()

@@ -49,7 +49,6 @@ func makeHistory(end time.Time) history {
 	h.start = h.end - 30*3600_000
 	r := rand.New(rand.NewPCG(7, 40))
 	var b bytes.Buffer
-	type series struct{ labels string }
 	var gpus []string
 	for i := range 4 {
 		gpus = append(gpus, fmt.Sprintf(`gpu="%d",UUID="GPU-%08x",Hostname="node-%d",modelName="NVIDIA H100 80GB HBM3",pod="train-%d"`, i%2*4, r.Uint32(), i/2, i%3))

@@ -39,10 +39,13 @@ Usage:
 Run "loadgen <command> -h" for the flags of a command.
 `
 
-func main() {
+func main() { os.Exit(exitCode()) }
+
+// exitCode is main's body: it returns the exit code, so the deferred stop runs.
+func exitCode() int {
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
-		os.Exit(2)
+		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -57,15 +60,16 @@ func main() {
 		fmt.Print(usage)
 	default:
 		fmt.Fprintf(os.Stderr, "loadgen: unknown command %q\n\n%s", cmd, usage)
-		os.Exit(2)
+		return 2
 	}
 	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(0)
+		return 0
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "loadgen: %v\n", err)
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
 
 type multiFlag []string

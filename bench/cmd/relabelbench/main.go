@@ -205,7 +205,7 @@ func activeSeries(a *app.App, end time.Time) (int64, error) {
 		return 0, err
 	}
 	defer q.Close()
-	ss := q.Select(context.Background(), false, nil, labels.MustNewMatcher(labels.MatchRegexp, labels.MetricName, ".+"))
+	ss := q.Select(context.Background(), false, nil, labels.MustNewMatcher(labels.MatchRegexp, model.MetricNameLabel, ".+"))
 	var n int64
 	for ss.Next() {
 		n++

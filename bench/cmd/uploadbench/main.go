@@ -132,7 +132,7 @@ func run(nodes int, days float64, interval time.Duration, dir, objstoreFile stri
 	if err := a.Start(ctx); err != nil {
 		return err
 	}
-	defer a.Stop()
+	defer func() { _ = a.Stop() }() // the run's figures are out; a failed stop changes none
 	base := "http://" + a.Server.Addr().String()
 	for _, at := range []time.Time{start.Add(time.Hour), end.Add(-time.Minute)} {
 		for {

@@ -32,14 +32,21 @@ func main() {
 	cfg.GpustoreArgs = flag.Args()
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 
+	if err := run(cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "devstack: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// run starts the stack and stops it on Ctrl-C or SIGTERM.
+func run(cfg devstack.Config) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	s, err := devstack.Start(startCtx, cfg)
 	cancel()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "devstack: %v\n", err)
-		os.Exit(1)
+		return err
 	}
 	fmt.Printf(`
 gpustore dev stack is up (logs and data in %s):
@@ -51,8 +58,5 @@ gpustore dev stack is up (logs and data in %s):
 Ctrl-C stops everything.
 `, cfg.Dir, s.URL("gpustore"), s.URL("prometheus-0"), s.URL("prometheus-1"), s.URL("alertmanager"), s.URL("gpusim"), s.URL("minio"), s.Bucket)
 	<-ctx.Done()
-	if err := s.Stop(); err != nil {
-		fmt.Fprintf(os.Stderr, "devstack: %v\n", err)
-		os.Exit(1)
-	}
+	return s.Stop()
 }
