@@ -166,7 +166,8 @@ func TestPagesNameRealPaths(t *testing.T) {
 				continue
 			}
 			if dir, last := filepath.Split(p); strings.Contains(last, ".") && !strings.HasSuffix(last, ".go") && !exists(p) {
-				p = dir + last[:strings.Index(last, ".")] // pkg/block.Upload: the package
+				pkg, _, _ := strings.Cut(last, ".")
+				p = dir + pkg // pkg/block.Upload: the package
 			}
 			checked++
 			if !exists(p) {

@@ -13,6 +13,7 @@ import (
 	"github.com/grafana/dskit/ring"
 	"github.com/grafana/dskit/services"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/model"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -28,7 +29,7 @@ func TestZonePlacement(t *testing.T) {
 	ctx := context.Background()
 	cfg := DefaultConfig()
 	cfg.Enabled, cfg.KVStore, cfg.ReplicationFactor, cfg.ZoneAwarenessEnabled = true, "inmemory", 3, true
-	cfg.HeartbeatPeriod.Set("1s")
+	cfg.HeartbeatPeriod = model.Duration(time.Second)
 	zoneOf := map[string]string{}
 	var zoneC []*ring.BasicLifecycler
 	for i, zone := range []string{"zone-a", "zone-a", "zone-b", "zone-b", "zone-c", "zone-c"} {
