@@ -426,7 +426,13 @@ func TestRingReceiverKilled(t *testing.T) {
 				return
 			case <-tick.C:
 			}
-			ts := max(last+100, time.Now().UnixMilli()/100*100)
+			// Never ahead of the clock (a late tick skips a slot rather
+			// than writing a future sample that a query "now" would not
+			// select).
+			ts := time.Now().UnixMilli() / 100 * 100
+			if ts <= last {
+				continue
+			}
 			last = ts
 			w.send([]int64{ts})
 		}
