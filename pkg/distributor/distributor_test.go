@@ -10,7 +10,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -54,9 +56,16 @@ type cluster struct {
 	front     *httptest.Server
 	dist      *Distributor
 	ingester  *ingest.Ingester
+	ring      *ring.Ring
 }
 
 func newCluster(t *testing.T, n, rf int, ha *hatracker.Tracker) *cluster {
+	t.Helper()
+	return newShardedCluster(t, n, rf, ha, nil)
+}
+
+// newShardedCluster is newCluster with tenants' shuffle shards.
+func newShardedCluster(t *testing.T, n, rf int, ha *hatracker.Tracker, shard ShardSize) *cluster {
 	t.Helper()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	lim, err := limits.New(limits.DefaultConfig(), logger, prometheus.NewRegistry())
@@ -108,7 +117,8 @@ func newCluster(t *testing.T, n, rf int, ha *hatracker.Tracker) *cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), rg) })
-	c.dist, err = New(rcfg, rg, logger, prometheus.NewRegistry())
+	c.ring = rg
+	c.dist, err = New(rcfg, rg, shard, logger, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -481,5 +491,100 @@ func TestReceiverTransportFaultsAreRetried(t *testing.T) {
 			}
 			t.Logf("%d %s", code, msg)
 		})
+	}
+}
+
+// TestShuffleShardWrites: a tenant with a shuffle shard has its series
+// written to the receivers of its shard alone (dskit's ShuffleShard of the
+// ring), each on RF of them; a tenant of size 0 spreads over every
+// receiver; a size below RF is raised to RF; a size changed at run time
+// applies to the next write.
+func TestShuffleShardWrites(t *testing.T) {
+	sizes := map[string]int{"noisy": 3, "wide": 4, "tiny": 1, "all": 0}
+	var mtx sync.Mutex
+	c := newShardedCluster(t, 8, 3, nil, func(tenant string) int {
+		mtx.Lock()
+		defer mtx.Unlock()
+		return sizes[tenant]
+	})
+	const n = 120
+	write := func(tenant string, ts int64) {
+		t.Helper()
+		var series []prompb.TimeSeries
+		for i := range n {
+			series = append(series, gpuSeries(i, prompb.Sample{Timestamp: ts, Value: float64(i)}))
+		}
+		if code, msg := c.write(t, tenant, series...); code != http.StatusNoContent {
+			t.Fatalf("write %s: %d %s", tenant, code, msg)
+		}
+	}
+	// holders are the receivers holding any of the tenant's series; every
+	// series is on RF of them (at least, when written to two shards).
+	holders := func(tenant string) []string {
+		t.Helper()
+		var ids []string
+		copies := map[string]int{}
+		for _, r := range c.receivers {
+			got := r.stored(t, tenant)
+			if len(got) > 0 {
+				ids = append(ids, r.id)
+			}
+			for ls := range got {
+				copies[ls]++
+			}
+		}
+		if len(copies) != n {
+			t.Fatalf("%s: %d series stored, want %d", tenant, len(copies), n)
+		}
+		for ls, k := range copies {
+			if k != 3 && (k < 3 || tenant != "noisy") {
+				t.Fatalf("%s: series %s on %d receivers, want 3", tenant, ls, k)
+			}
+		}
+		slices.Sort(ids)
+		return ids
+	}
+	shard := func(tenant string, size int) []string {
+		rs, err := c.ring.ShuffleShard(tenant, size).GetAllHealthy(ring.Write)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := make([]string, 0, len(rs.Instances))
+		for _, in := range rs.Instances {
+			ids = append(ids, in.Id)
+		}
+		slices.Sort(ids)
+		return ids
+	}
+	for _, tenant := range []string{"noisy", "wide", "tiny", "all"} {
+		write(tenant, 1000)
+	}
+	for _, c := range []struct {
+		tenant string
+		want   []string
+	}{
+		{"noisy", shard("noisy", 3)},
+		{"wide", shard("wide", 4)},
+		{"tiny", shard("tiny", 3)},
+		{"all", []string{"r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7"}},
+	} {
+		if got := holders(c.tenant); !slices.Equal(got, c.want) {
+			t.Errorf("%s's series are on %v, want its shard %v", c.tenant, got, c.want)
+		}
+	}
+	// Grown at run time: the next write goes to the larger shard, which
+	// holds the smaller one.
+	mtx.Lock()
+	sizes["noisy"] = 6
+	mtx.Unlock()
+	write("noisy", 2000)
+	got, want := holders("noisy"), shard("noisy", 6)
+	if len(got) < 5 || !slices.Equal(got, slices.DeleteFunc(slices.Clone(want), func(id string) bool { return !slices.Contains(got, id) })) {
+		t.Errorf("noisy grown to 6: its series are on %v, want %v", got, want)
+	}
+	for _, id := range shard("noisy", 3) {
+		if !slices.Contains(want, id) {
+			t.Errorf("noisy's shard of 6 %v lacks %s of its shard of 3", want, id)
+		}
 	}
 }
