@@ -190,7 +190,7 @@ func TestRingShuffleSharding(t *testing.T) {
 
 	// Its shard grows to 5, then shrinks back to 3 at run time: what it
 	// wrote on 5 receivers stays readable.
-	grow := &shuffleWriter{url: front, tenant: noisy, metric: "noisy_on_five", series: 40}
+	grow := &shuffleWriter{url: front, tenant: noisy, metric: "noisy_on_five", series: 200}
 	sizes[noisy] = 5
 	setShards(sizes)
 	waitShard(t, c, noisy, 5)
