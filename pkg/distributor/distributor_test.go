@@ -588,3 +588,58 @@ func TestShuffleShardWrites(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkRingOf is what shuffle sharding adds to every commit: finding
+// the tenant's shard in a ring of 60 receivers of 128 tokens (dskit caches
+// the shard until the ring changes), against the whole ring.
+func BenchmarkRingOf(b *testing.B) {
+	logger := slog.New(slog.DiscardHandler)
+	store, closer := consul.NewInMemoryClient(ring.GetCodec(), logging.GoKit(logger), nil)
+	b.Cleanup(func() { _ = closer.Close() })
+	desc := ring.NewDesc()
+	gen := ring.NewRandomTokenGenerator()
+	for i := range 60 {
+		id := fmt.Sprintf("r%d", i)
+		desc.AddIngester(id, id+":9201", "", gen.GenerateTokens(128, desc.GetTokens()), ring.ACTIVE, time.Now(), false, time.Time{}, nil)
+	}
+	if err := store.CAS(context.Background(), receiverring.Key, func(any) (any, bool, error) { return desc, true, nil }); err != nil {
+		b.Fatal(err)
+	}
+	rg, err := ring.NewWithStoreClientAndStrategy(ring.Config{HeartbeatTimeout: time.Hour, ReplicationFactor: 3},
+		receiverring.Name, receiverring.Key, store, ring.NewDefaultReplicationStrategy(), prometheus.NewRegistry(), logging.GoKit(logger))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := services.StartAndAwaitRunning(context.Background(), rg); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), rg) })
+	for rg.InstancesCount() != 60 {
+		time.Sleep(time.Millisecond)
+	}
+	for _, size := range []int{0, 3, 12} {
+		b.Run(fmt.Sprintf("shard=%d", size), func(b *testing.B) {
+			d, err := New(receiverring.DefaultConfig(), rg, func(string) int { return size }, logger, prometheus.NewRegistry())
+			if err != nil {
+				b.Fatal(err)
+			}
+			keys := make([]uint32, 1000)
+			for i := range keys {
+				keys[i] = uint32(i) * 4_294_967
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				// Commit's ring work: the tenant's ring, then the replicas
+				// of a request's 1000 series, as DoBatch finds them.
+				r := d.ringOf("gpu-prod")
+				var bufD []ring.InstanceDesc
+				var bufH, bufZ []string
+				for _, k := range keys {
+					if _, err := r.Get(k, ring.Write, bufD, bufH, bufZ); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}
