@@ -11,6 +11,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/grafana/dskit/modules"
 	"github.com/grafana/dskit/ring"
+	shardutil "github.com/grafana/dskit/ring/shard"
 	"github.com/grafana/dskit/services"
 	"github.com/prometheus/prometheus/storage"
 
@@ -154,7 +155,7 @@ func (a *App) initDistributor() (services.Service, error) {
 	}
 	reg := wrapStage(a.Registry, "distributor")
 	logger := a.Logger.With("component", "distributor")
-	d, err := distributor.New(a.Cfg.Ring, a.Ring, logger, reg)
+	d, err := distributor.New(a.Cfg.Ring, a.Ring, a.Limits.IngestionShardSize, logger, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -231,20 +232,32 @@ func leaveRing(peers *ring.Ring, self *ring.BasicLifecycler) error {
 
 // storageLimits are the limits the tenants' TSDBs apply; a receiver in the
 // ring widens the out-of-order window and takes its share of each tenant's
-// max_active_series (receiverring.ReplicaLimits).
+// max_active_series (receiverring.ReplicaLimits): the tenant's series are
+// spread over its shuffle shard, or the whole ring.
 func (a *App) storageLimits() tenantdb.TenantLimits {
 	if !a.Cfg.Ring.Enabled {
 		return a.Limits
 	}
 	// The ring client starts after the storage: a.Ring is read per call.
-	return a.Cfg.Ring.ReplicaLimits(a.Limits, func() int {
+	return a.Cfg.Ring.ReplicaLimits(a.Limits, func(tenant string) int {
 		if a.Ring == nil {
 			return 0
 		}
 		if a.Cfg.Ring.ZoneAwarenessEnabled {
-			return a.Ring.InstancesWithTokensInZoneCount(a.Cfg.Ring.InstanceZone)
+			// One copy in each zone, over the zone's receivers, or over
+			// its part of the tenant's shard (dskit takes as many
+			// receivers from each zone).
+			n := a.Ring.InstancesWithTokensInZoneCount(a.Cfg.Ring.InstanceZone)
+			if shard := a.Limits.IngestionShardSize(tenant); shard > 0 {
+				n = min(n, shardutil.ShuffleShardExpectedInstancesPerZone(max(shard, a.Cfg.Ring.ReplicationFactor), max(1, a.Ring.ZonesCount())))
+			}
+			return n
 		}
-		return a.Ring.InstancesWithTokensCount()
+		n := a.Ring.InstancesWithTokensCount()
+		if shard := a.Limits.IngestionShardSize(tenant); shard > 0 {
+			n = min(n, max(shard, a.Cfg.Ring.ReplicationFactor))
+		}
+		return n
 	})
 }
 
@@ -351,7 +364,7 @@ func (a *App) ringAppendable() (func(string) (storage.AppendableV2, error), erro
 	if a.Ring == nil {
 		return nil, nil
 	}
-	d, err := distributor.New(a.Cfg.Ring, a.Ring, a.Logger.With("component", "rules"), wrapStage(a.Registry, "rules"))
+	d, err := distributor.New(a.Cfg.Ring, a.Ring, a.Limits.IngestionShardSize, a.Logger.With("component", "rules"), wrapStage(a.Registry, "rules"))
 	if err != nil {
 		return nil, err
 	}
@@ -390,6 +403,11 @@ func (a *App) receiversSource() (query.Source, error) {
 	cfg := receivers.SourceConfig{
 		Client: a.Cfg.Ring.Client, Scheme: a.Cfg.Ring.Scheme, Timeout: time.Duration(a.Cfg.Query.Timeout),
 	}
+	if a.Limits != nil {
+		// Each tenant is read from its shuffle shard and the receivers
+		// the shard had within the lookback (ingestion_shard_size).
+		cfg.ShardSize, cfg.ShardLookback = a.Limits.IngestionShardSizeSince, a.shardLookback()
+	}
 	if a.runs(Ingest) {
 		id, err := a.Cfg.Ring.ID()
 		if err != nil {
@@ -398,6 +416,22 @@ func (a *App) receiversSource() (query.Source, error) {
 		cfg.Self = id
 	}
 	return receivers.NewSource(cfg, a.Ring, a.Logger.With("component", "receivers"), a.Registry)
+}
+
+// shardLookback is ring.shuffle_sharding_lookback, by default what the
+// receivers may hold (receiversLookback). Shorter than their heads' span
+// (1.5 blocks), a shard that shrank or a receiver that joined would leave
+// acknowledged samples unread until they are shipped: warned about.
+func (a *App) shardLookback() time.Duration {
+	l := time.Duration(a.Cfg.Ring.ShuffleShardingLookback)
+	if l == 0 {
+		return a.receiversLookback()
+	}
+	if head := 3 * time.Duration(a.Cfg.TSDB.BlockDuration) / 2; l < head {
+		a.Logger.Warn("ring.shuffle_sharding_lookback is shorter than the receivers' heads: after a shuffle shard shrinks or a receiver joins, samples still in a head outside the shard are not read until shipped",
+			"lookback", l, "heads", head)
+	}
+	return l
 }
 
 // receiversLookback is how far back the receivers hold data: their local

@@ -47,14 +47,21 @@ import (
 	"github.com/gpustore/gpustore/pkg/receiverring"
 )
 
-// Ring is what the distributor needs of dskit's ring.
+// Ring is what the distributor needs of dskit's ring: batches of keys to
+// their replicas, and tenants' shuffle shards.
 type Ring interface {
 	ring.DoBatchRing
+	ShuffleShard(identifier string, size int) ring.ReadRing
 }
+
+// ShardSize is a tenant's shuffle shard size now (limits'
+// ingestion_shard_size): 0 is every receiver.
+type ShardSize func(tenant string) int
 
 // Distributor shards, replicates and forwards the writes of every tenant.
 type Distributor struct {
 	ring    Ring
+	shard   ShardSize // nil: every tenant on the whole ring
 	client  *http.Client
 	scheme  string
 	timeout time.Duration
@@ -69,14 +76,16 @@ type Distributor struct {
 	tenants map[string]*tenant
 }
 
-// New returns a distributor writing to the receivers of r.
-func New(cfg receiverring.Config, r Ring, logger *slog.Logger, reg prometheus.Registerer) (*Distributor, error) {
+// New returns a distributor writing to the receivers of r, each tenant to
+// its shuffle shard of shard(tenant) receivers (shard nil: every tenant to
+// the whole ring).
+func New(cfg receiverring.Config, r Ring, shard ShardSize, logger *slog.Logger, reg prometheus.Registerer) (*Distributor, error) {
 	client, err := config_util.NewClientFromConfig(cfg.Client, "distributor")
 	if err != nil {
 		return nil, fmt.Errorf("ring.client: %w", err)
 	}
 	return &Distributor{
-		ring: r, client: client, scheme: cfg.Scheme, timeout: time.Duration(cfg.RemoteTimeout),
+		ring: r, shard: shard, client: client, scheme: cfg.Scheme, timeout: time.Duration(cfg.RemoteTimeout),
 		logger: logger, metrics: newMetrics(reg), tenants: map[string]*tenant{},
 	}, nil
 }
@@ -363,7 +372,7 @@ func (a *appender) Commit() error {
 	sendCtx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), d.timeout)
 	d.inflight.Add(1)
 	done := func() { cancel(); d.inflight.Add(-1) } // once every send has finished
-	err := ring.DoBatchWithOptions(a.ctx, ring.Write, d.ring, keys, func(inst ring.InstanceDesc, idx []int) error {
+	err := ring.DoBatchWithOptions(a.ctx, ring.Write, d.ringOf(a.t.id), keys, func(inst ring.InstanceDesc, idx []int) error {
 		return a.send(sendCtx, inst, idx)
 	}, ring.DoBatchOptions{Cleanup: done, IsClientError: isClientError})
 	if err == nil {
@@ -377,6 +386,22 @@ func (a *appender) Commit() error {
 	}
 	d.metrics.writes.WithLabelValues(writeNoQuorum).Inc()
 	return &statusError{status: http.StatusServiceUnavailable, msg: "too few receivers took the write: " + err.Error()}
+}
+
+// ringOf is the part of the ring a tenant's series go to: its shuffle
+// shard (dskit's ring.ShuffleShard, cached by the ring until it changes;
+// with zones it takes receivers from each zone), or the whole ring. A shard
+// smaller than the replication factor is raised to it: each series needs
+// that many receivers.
+func (d *Distributor) ringOf(tenant string) ring.DoBatchRing {
+	if d.shard == nil {
+		return d.ring
+	}
+	n := d.shard(tenant)
+	if n <= 0 {
+		return d.ring
+	}
+	return d.ring.ShuffleShard(tenant, max(n, d.ring.ReplicationFactor()))
 }
 
 // send writes the series at idx to one receiver (see request).

@@ -10,7 +10,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -54,9 +56,16 @@ type cluster struct {
 	front     *httptest.Server
 	dist      *Distributor
 	ingester  *ingest.Ingester
+	ring      *ring.Ring
 }
 
 func newCluster(t *testing.T, n, rf int, ha *hatracker.Tracker) *cluster {
+	t.Helper()
+	return newShardedCluster(t, n, rf, ha, nil)
+}
+
+// newShardedCluster is newCluster with tenants' shuffle shards.
+func newShardedCluster(t *testing.T, n, rf int, ha *hatracker.Tracker, shard ShardSize) *cluster {
 	t.Helper()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	lim, err := limits.New(limits.DefaultConfig(), logger, prometheus.NewRegistry())
@@ -108,7 +117,8 @@ func newCluster(t *testing.T, n, rf int, ha *hatracker.Tracker) *cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), rg) })
-	c.dist, err = New(rcfg, rg, logger, prometheus.NewRegistry())
+	c.ring = rg
+	c.dist, err = New(rcfg, rg, shard, logger, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -480,6 +490,156 @@ func TestReceiverTransportFaultsAreRetried(t *testing.T) {
 				t.Errorf("%d %s, want 503", code, msg)
 			}
 			t.Logf("%d %s", code, msg)
+		})
+	}
+}
+
+// TestShuffleShardWrites: a tenant with a shuffle shard has its series
+// written to the receivers of its shard alone (dskit's ShuffleShard of the
+// ring), each on RF of them; a tenant of size 0 spreads over every
+// receiver; a size below RF is raised to RF; a size changed at run time
+// applies to the next write.
+func TestShuffleShardWrites(t *testing.T) {
+	sizes := map[string]int{"noisy": 3, "wide": 4, "tiny": 1, "all": 0}
+	var mtx sync.Mutex
+	c := newShardedCluster(t, 8, 3, nil, func(tenant string) int {
+		mtx.Lock()
+		defer mtx.Unlock()
+		return sizes[tenant]
+	})
+	const n = 120
+	write := func(tenant string, ts int64) {
+		t.Helper()
+		var series []prompb.TimeSeries
+		for i := range n {
+			series = append(series, gpuSeries(i, prompb.Sample{Timestamp: ts, Value: float64(i)}))
+		}
+		if code, msg := c.write(t, tenant, series...); code != http.StatusNoContent {
+			t.Fatalf("write %s: %d %s", tenant, code, msg)
+		}
+	}
+	// holders are the receivers holding any of the tenant's series; every
+	// series is on RF of them (at least, when written to two shards).
+	holders := func(tenant string) []string {
+		t.Helper()
+		var ids []string
+		copies := map[string]int{}
+		for _, r := range c.receivers {
+			got := r.stored(t, tenant)
+			if len(got) > 0 {
+				ids = append(ids, r.id)
+			}
+			for ls := range got {
+				copies[ls]++
+			}
+		}
+		if len(copies) != n {
+			t.Fatalf("%s: %d series stored, want %d", tenant, len(copies), n)
+		}
+		for ls, k := range copies {
+			if k != 3 && (k < 3 || tenant != "noisy") {
+				t.Fatalf("%s: series %s on %d receivers, want 3", tenant, ls, k)
+			}
+		}
+		slices.Sort(ids)
+		return ids
+	}
+	shard := func(tenant string, size int) []string {
+		rs, err := c.ring.ShuffleShard(tenant, size).GetAllHealthy(ring.Write)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := make([]string, 0, len(rs.Instances))
+		for _, in := range rs.Instances {
+			ids = append(ids, in.Id)
+		}
+		slices.Sort(ids)
+		return ids
+	}
+	for _, tenant := range []string{"noisy", "wide", "tiny", "all"} {
+		write(tenant, 1000)
+	}
+	for _, c := range []struct {
+		tenant string
+		want   []string
+	}{
+		{"noisy", shard("noisy", 3)},
+		{"wide", shard("wide", 4)},
+		{"tiny", shard("tiny", 3)},
+		{"all", []string{"r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7"}},
+	} {
+		if got := holders(c.tenant); !slices.Equal(got, c.want) {
+			t.Errorf("%s's series are on %v, want its shard %v", c.tenant, got, c.want)
+		}
+	}
+	// Grown at run time: the next write goes to the larger shard, which
+	// holds the smaller one.
+	mtx.Lock()
+	sizes["noisy"] = 6
+	mtx.Unlock()
+	write("noisy", 2000)
+	got, want := holders("noisy"), shard("noisy", 6)
+	if len(got) < 5 || !slices.Equal(got, slices.DeleteFunc(slices.Clone(want), func(id string) bool { return !slices.Contains(got, id) })) {
+		t.Errorf("noisy grown to 6: its series are on %v, want %v", got, want)
+	}
+	for _, id := range shard("noisy", 3) {
+		if !slices.Contains(want, id) {
+			t.Errorf("noisy's shard of 6 %v lacks %s of its shard of 3", want, id)
+		}
+	}
+}
+
+// BenchmarkRingOf is what shuffle sharding adds to every commit: finding
+// the tenant's shard in a ring of 60 receivers of 128 tokens (dskit caches
+// the shard until the ring changes), against the whole ring.
+func BenchmarkRingOf(b *testing.B) {
+	logger := slog.New(slog.DiscardHandler)
+	store, closer := consul.NewInMemoryClient(ring.GetCodec(), logging.GoKit(logger), nil)
+	b.Cleanup(func() { _ = closer.Close() })
+	desc := ring.NewDesc()
+	gen := ring.NewRandomTokenGenerator()
+	for i := range 60 {
+		id := fmt.Sprintf("r%d", i)
+		desc.AddIngester(id, id+":9201", "", gen.GenerateTokens(128, desc.GetTokens()), ring.ACTIVE, time.Now(), false, time.Time{}, nil)
+	}
+	if err := store.CAS(context.Background(), receiverring.Key, func(any) (any, bool, error) { return desc, true, nil }); err != nil {
+		b.Fatal(err)
+	}
+	rg, err := ring.NewWithStoreClientAndStrategy(ring.Config{HeartbeatTimeout: time.Hour, ReplicationFactor: 3},
+		receiverring.Name, receiverring.Key, store, ring.NewDefaultReplicationStrategy(), prometheus.NewRegistry(), logging.GoKit(logger))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := services.StartAndAwaitRunning(context.Background(), rg); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), rg) })
+	for rg.InstancesCount() != 60 {
+		time.Sleep(time.Millisecond)
+	}
+	for _, size := range []int{0, 3, 12} {
+		b.Run(fmt.Sprintf("shard=%d", size), func(b *testing.B) {
+			d, err := New(receiverring.DefaultConfig(), rg, func(string) int { return size }, logger, prometheus.NewRegistry())
+			if err != nil {
+				b.Fatal(err)
+			}
+			keys := make([]uint32, 1000)
+			for i := range keys {
+				keys[i] = uint32(i) * 4_294_967
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				// Commit's ring work: the tenant's ring, then the replicas
+				// of a request's 1000 series, as DoBatch finds them.
+				r := d.ringOf("gpu-prod")
+				var bufD []ring.InstanceDesc
+				var bufH, bufZ []string
+				for _, k := range keys {
+					if _, err := r.Get(k, ring.Write, bufD, bufH, bufZ); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
 		})
 	}
 }

@@ -120,6 +120,13 @@ type Limits struct {
 	MaxSamplesPerQuery           int            `yaml:"max_samples_per_query"`
 	QueryTimeout                 model.Duration `yaml:"query_timeout"`
 	MaxConcurrentQueries         int            `yaml:"max_concurrent_queries"`
+	// IngestionShardSize is how many of the ring's receivers hold the
+	// tenant's series (shuffle sharding, dskit's ring.ShuffleShard, as
+	// Mimir's ingestion_shard_size): distributors write the tenant only to
+	// them, queriers and rulers read only them (and those that held the
+	// tenant within the lookback). 0: every receiver. Below the replication
+	// factor it is raised to it.
+	IngestionShardSize int `yaml:"ingestion_shard_size"`
 	// relabel is compiled from the three fields above by compileRelabel
 	// (Load, New); nil: no rules.
 	relabel *relabel.Rules
@@ -183,6 +190,7 @@ func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&l.MaxSamplesPerQuery, "limits.max-samples-per-query", l.MaxSamplesPerQuery, "Samples one query may hold in memory at once, as query.max-samples (0: query.max-samples); past it the query is answered 422.")
 	fs.Var(&l.QueryTimeout, "limits.query-timeout", "How long one query of a tenant may run (0: query.timeout, which also bounds it); past it the query is answered 503.")
 	fs.IntVar(&l.MaxConcurrentQueries, "limits.max-concurrent-queries", l.MaxConcurrentQueries, "Queries of one tenant that run at once; more wait for a slot within their timeout (0: only query.max-concurrency bounds them).")
+	fs.IntVar(&l.IngestionShardSize, "limits.ingestion-shard-size", l.IngestionShardSize, "Default per-tenant shuffle shard: receivers of the ring that hold a tenant's series, chosen per tenant by dskit's ShuffleShard (0: every receiver; below ring.replication-factor: the replication factor).")
 	fs.StringVar(&l.HAClusterLabel, "limits.ha-cluster-label", l.HAClusterLabel, "Label naming a Prometheus HA pair's cluster.")
 	fs.StringVar(&l.HAReplicaLabel, "limits.ha-replica-label", l.HAReplicaLabel, "Label naming the replica of an HA pair; removed before storage.")
 	fs.BoolVar(&l.CreatedTimestampZeroIngestion, "limits.created-timestamp-zero-ingestion", l.CreatedTimestampZeroIngestion, "Store a zero sample at the start (created) timestamp that remote-write 2.0 samples carry, as Prometheus' created-timestamp-zero-ingestion does (per tenant: created_timestamp_zero_ingestion in the overrides file).")
@@ -192,7 +200,7 @@ func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
 func (l Limits) Validate() error {
 	var errs []error
 	if l.IngestionRate < 0 || l.IngestionBurstSize < 0 || l.MaxActiveSeries < 0 || l.MaxSeriesPerRequest < 0 || l.MaxMetadataFamilies < 0 ||
-		l.MaxSeriesPerMetric < 0 || l.MaxNewSeriesPerDay < 0 {
+		l.MaxSeriesPerMetric < 0 || l.MaxNewSeriesPerDay < 0 || l.IngestionShardSize < 0 {
 		errs = append(errs, errors.New("limits must not be negative"))
 	}
 	if l.MaxFetchedSeriesPerQuery < 0 || l.MaxFetchedChunkBytesPerQuery < 0 || l.MaxSamplesPerQuery < 0 || l.QueryTimeout < 0 || l.MaxConcurrentQueries < 0 {
@@ -280,6 +288,7 @@ type Overrides struct {
 	defaults   Limits
 	maxTenants int
 	manager    *runtimeconfig.Manager // nil without an overrides file
+	shards     shardHistory
 }
 
 // New returns the overrides; with an overrides file it is a service that
@@ -300,7 +309,13 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Overrides
 	rcfg := runtimeconfig.Config{
 		ReloadPeriod: time.Duration(cfg.ReloadPeriod),
 		LoadPath:     flagext.StringSliceCSV{cfg.OverridesFile},
-		Loader:       func(r io.Reader) (any, error) { return Load(r, defaults) },
+		Loader: func(r io.Reader) (any, error) {
+			f, err := Load(r, defaults)
+			if err == nil {
+				o.shards.loaded(f, defaults, time.Now())
+			}
+			return f, err
+		},
 	}
 	m, err := runtimeconfig.New(rcfg, "limits-overrides", reg, logging.GoKit(logger))
 	if err != nil {

@@ -97,6 +97,11 @@ type Config struct {
 	// InstanceZone is this receiver's availability zone (required on
 	// receivers with zone awareness).
 	InstanceZone string `yaml:"instance_zone"`
+	// ShuffleShardingLookback is how long queriers and rulers keep reading
+	// the receivers a tenant's shuffle shard (limits' ingestion_shard_size)
+	// had before a receiver joined or the size changed; 0: the receivers'
+	// local retention and a block, what they may hold.
+	ShuffleShardingLookback model.Duration `yaml:"shuffle_sharding_lookback"`
 }
 
 // DefaultConfig is off, with the settings scale-out starts from.
@@ -122,6 +127,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&c.PeerIdentities, "ring.peer-identities", "Comma-separated identities of the web config (basic-auth users, client-certificate common names) gpustore's processes call each other as (ring.client); only they may use the receivers' internal routes /receiver/* (default: identities allowed \"*\" in tenants.auth).")
 	fs.BoolVar(&c.ZoneAwarenessEnabled, "ring.zone-awareness-enabled", c.ZoneAwarenessEnabled, "Replicate each series to receivers in replication-factor different zones (-ring.instance-zone), so losing a whole zone loses no write quorum and no read; set it on every process of the ring, and run receivers in at least replication-factor zones.")
 	fs.StringVar(&c.InstanceZone, "ring.instance-zone", c.InstanceZone, "This receiver's availability zone (required on receivers with -ring.zone-awareness-enabled).")
+	fs.Var(&c.ShuffleShardingLookback, "ring.shuffle-sharding-lookback", "How long reads of a shuffle-sharded tenant (limits' ingestion_shard_size) still ask the receivers its shard had before a receiver joined or the size changed; at least the heads' span (1.5 block durations) and the shipping delay (0: storage.tsdb.retention.time plus a block duration).")
 	fs.BoolVar(&c.FlushOnShutdown, "ring.flush-on-shutdown", c.FlushOnShutdown, "A stopping receiver stops taking writes, flushes its heads into blocks and ships them before it leaves the ring (so scale-in leaves nothing in a WAL).")
 }
 
@@ -142,6 +148,9 @@ func (c Config) Validate() error {
 	}
 	if c.HeartbeatPeriod <= 0 || c.HeartbeatTimeout <= c.HeartbeatPeriod {
 		errs = append(errs, errors.New("ring.heartbeat_timeout must exceed a positive ring.heartbeat_period"))
+	}
+	if c.ShuffleShardingLookback < 0 {
+		errs = append(errs, errors.New("ring.shuffle_sharding_lookback must not be negative (0: the receivers' retention and a block)"))
 	}
 	if c.Scheme != "http" && c.Scheme != "https" {
 		errs = append(errs, fmt.Errorf("ring.scheme %q: want http or https", c.Scheme))
@@ -257,16 +266,17 @@ func (c Config) identity(listenAddr string, logger *slog.Logger) (id, addr strin
 // way; without the window that replica would reject the earlier sample as
 // out of order and hold less than the others.
 //
-// A tenant's max_active_series is the whole ring's: with receivers (the
-// receivers holding tokens; nil or 0: not known yet) above the replication
-// factor, each holds about RF/receivers of the tenant's series and gets that
-// share of the limit, as Mimir's ingesters do (token ownership is not
-// perfectly even, so a tenant at its limit may see one receiver refuse a
-// little early). With zone awareness every zone holds one copy of each
-// series, spread over the zone's receivers: receivers then counts those of
-// this receiver's zone, and each holds about 1/receivers of the series
-// (the zones need not be the same size).
-func (c Config) ReplicaLimits(l tenantdb.TenantLimits, receivers func() int) tenantdb.TenantLimits {
+// A tenant's max_active_series is the whole ring's: with receivers(tenant)
+// (the receivers holding tokens, or of the tenant's shuffle shard if fewer;
+// nil or 0: not known yet) above the replication factor, each holds about
+// RF/receivers of the tenant's series and gets that share of the limit, as
+// Mimir's ingesters do (token ownership is not perfectly even, so a tenant
+// at its limit may see one receiver refuse a little early). With zone
+// awareness every zone holds one copy of each series, spread over the
+// zone's receivers (or the tenant's shard's part of them): receivers then
+// counts those of this receiver's zone, and each holds about 1/receivers of
+// the series (the zones need not be the same size).
+func (c Config) ReplicaLimits(l tenantdb.TenantLimits, receivers func(tenant string) int) tenantdb.TenantLimits {
 	rf := c.ReplicationFactor
 	if c.ZoneAwarenessEnabled {
 		rf = 1
@@ -278,7 +288,7 @@ type replicaLimits struct {
 	tenantdb.TenantLimits
 	minWindow time.Duration
 	rf        int
-	receivers func() int
+	receivers func(tenant string) int
 }
 
 func (r replicaLimits) OutOfOrderWindow(tenant string) time.Duration {
@@ -290,7 +300,7 @@ func (r replicaLimits) MaxActiveSeries(tenant string) int {
 	if limit <= 0 || r.receivers == nil {
 		return limit
 	}
-	n := r.receivers()
+	n := r.receivers(tenant)
 	if n <= r.rf {
 		return limit // every receiver holds every series
 	}

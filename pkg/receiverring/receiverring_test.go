@@ -34,7 +34,7 @@ func TestReplicaLimits(t *testing.T) {
 		{10, 100, 1}, // rounded up, never 0 (0 would mean unlimited)
 		{0, 5, 0},    // unlimited stays unlimited
 	} {
-		l := cfg.ReplicaLimits(fixedLimits{series: c.limit}, func() int { return c.receivers })
+		l := cfg.ReplicaLimits(fixedLimits{series: c.limit}, func(string) int { return c.receivers })
 		if got := l.MaxActiveSeries("t"); got != c.want {
 			t.Errorf("limit %d over %d receivers: %d per receiver, want %d", c.limit, c.receivers, got, c.want)
 		}

@@ -198,7 +198,7 @@ func TestReplicaLimitsByZone(t *testing.T) {
 	for _, c := range []struct{ limit, inZone, want int }{
 		{900, 0, 900}, {900, 1, 900}, {900, 2, 450}, {900, 4, 225}, {10, 3, 4},
 	} {
-		if got := cfg.ReplicaLimits(fixedLimits{series: c.limit}, func() int { return c.inZone }).MaxActiveSeries("t"); got != c.want {
+		if got := cfg.ReplicaLimits(fixedLimits{series: c.limit}, func(string) int { return c.inZone }).MaxActiveSeries("t"); got != c.want {
 			t.Errorf("limit %d, %d receivers in the zone: %d per receiver, want %d", c.limit, c.inZone, got, c.want)
 		}
 	}

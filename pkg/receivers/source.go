@@ -51,6 +51,17 @@ type SourceConfig struct {
 	// before now-MaxLookback: receivers hold only recent data, older data
 	// is in the bucket.
 	MaxLookback time.Duration
+	// ShardSize, when set, is the shuffle shard a read of the tenant must
+	// cover to find what was written since (limits.Overrides'
+	// IngestionShardSizeSince: the largest shard size in force since; 0:
+	// every receiver). Nil: every tenant is read from the whole ring.
+	ShardSize func(tenant string, since time.Time) int
+	// ShardLookback is how far back the receivers a tenant's shard held
+	// are still read: those the shard had before a receiver joined the
+	// ring (dskit's ShuffleShardWithLookback) or before its size changed.
+	// It must cover what receivers hold that the bucket may not yet: their
+	// heads (1.5 block durations) and the blocks not yet shipped.
+	ShardLookback time.Duration
 }
 
 // Source reads a tenant's recent data from the ring's receivers, over
@@ -113,6 +124,9 @@ func NewSource(cfg SourceConfig, r ring.ReadRing, logger *slog.Logger, reg prome
 	}
 	if cfg.MaxLookback < 0 {
 		return nil, fmt.Errorf("receivers: negative max lookback %s", cfg.MaxLookback)
+	}
+	if cfg.ShardSize != nil && cfg.ShardLookback <= 0 {
+		return nil, fmt.Errorf("receivers: shuffle sharding needs a positive lookback, not %s", cfg.ShardLookback)
 	}
 	if err := cfg.Client.Validate(); err != nil {
 		return nil, fmt.Errorf("receivers: http client: %w", err)
@@ -402,7 +416,7 @@ type readResult struct {
 // Self, whose data the caller reads from disk, and returns their answers,
 // or an error when more of them failed than the replication tolerates.
 func (s *Source) read(ctx context.Context, tenant string, pq *prompb.Query, seriesOnly bool, syms *labels.SymbolTable) (readResult, error) {
-	rs, err := s.ring.GetReplicationSetForOperation(ring.Read)
+	rs, err := s.ringOf(tenant).GetReplicationSetForOperation(ring.Read)
 	if err != nil {
 		return readResult{}, fmt.Errorf("receivers: ring: %w (%w)", err, query.ErrUnavailable)
 	}
@@ -471,6 +485,25 @@ func (s *Source) read(ctx context.Context, tenant string, pq *prompb.Query, seri
 		res.warnings.Add(fmt.Errorf("receiver %s (%s) unavailable: %w", f.inst.Id, f.inst.Addr, f.err))
 	}
 	return res, nil
+}
+
+// ringOf is the part of the ring that can hold the tenant's recent data:
+// with shuffle sharding, the receivers of its shard now and those it had
+// within the lookback (dskit's ShuffleShardWithLookback over the widest
+// shard size in force since; a receiver that joined within the lookback is
+// read beside the one it took the tenant's series from), else the whole
+// ring. A read quorum of that set finds every acknowledged sample: each was
+// written to a write quorum of its replicas, all of them in the set.
+func (s *Source) ringOf(tenant string) ring.ReadRing {
+	if s.cfg.ShardSize == nil {
+		return s.ring
+	}
+	now := time.Now()
+	n := s.cfg.ShardSize(tenant, now.Add(-s.cfg.ShardLookback))
+	if n <= 0 {
+		return s.ring
+	}
+	return s.ring.ShuffleShardWithLookback(tenant, max(n, s.ring.ReplicationFactor()), s.cfg.ShardLookback, now)
 }
 
 // remember keeps the local blocks a receiver reported for a tenant, for

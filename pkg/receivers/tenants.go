@@ -61,14 +61,19 @@ func (s *Source) Tenants(ctx context.Context) ([]string, error) {
 // errNoAnswer is askEach's error when no receiver answered.
 var errNoAnswer = errors.New("no receiver answered")
 
-// askEach GETs path from every healthy receiver of the ring but Self,
+// askEach GETs path from every healthy receiver of the ring (of the
+// tenant's shard, when tenant is not "": see ringOf) but Self,
 // concurrently (as tenant when tenant is not ""), decodes each JSON answer
 // as a T and hands it to merge, one at a time. Failed receivers are
 // reported in the error, which wraps errNoAnswer when none answered: what
 // is asked for is on replication-factor receivers, so the others' answers
 // usually hold it all.
 func askEach[T any](ctx context.Context, s *Source, path, tenant, what string, merge func(T)) error {
-	rs, err := s.ring.GetAllHealthy(ring.Read)
+	r := s.ring
+	if tenant != "" {
+		r = s.ringOf(tenant)
+	}
+	rs, err := r.GetAllHealthy(ring.Read)
 	if err != nil {
 		return fmt.Errorf("receivers: %s: ring: %w: %w", what, errNoAnswer, err)
 	}
