@@ -5,11 +5,17 @@
 //	server, overrides ◀── storage ◀── shipper ◀── ingest ──▶ ha-tracker ──▶ memberlist-kv
 //	bucket ◀── shipper, bucket-store;  bucket-store, storage ◀── query ◀── rules
 //	all = ingest + query + rules + compact    (objstore.go adds the bucket modules, compact.go the compactor)
+//	with the ring (ring.go): ingest, query, distributor ──▶ ring-client;  rules ──▶ rulers-ring;  all += distributor
 //
 // server listens first so /-/healthy answers during a long WAL replay;
 // storage opens the tenants' TSDBs (replaying their WALs) and on shutdown
 // drains the HTTP server before closing them, so no acknowledged write races
-// the close. Later roles (downsample) join the graph here.
+// the close. Downsampling is the compactor's (compact.go), not a role.
+//
+// The query and rules roles read through one query.TenantQueryable each,
+// over the tenants' TSDBs, the sources (querySources: the bucket store) and
+// the ring's receivers; each request's read options are parsed where the
+// request is (the query API, rule evaluation: rules.go), never here.
 package app
 
 import (
@@ -115,7 +121,7 @@ type App struct {
 	Ring        *ring.Ring
 	Lifecycler  *ring.BasicLifecycler
 	Distributor *ingest.Ingester
-	Receivers   query.Source // what the query role reads of the ring's receivers
+	Receivers   query.Source // what the query role reads of the ring's receivers; nil without the ring
 	API         *query.API
 	Ruler       *rules.Ruler
 	Rulers      *ring.Ring // the rulers' ring, sharing the rule groups out

@@ -8,6 +8,7 @@ import (
 	v1 "github.com/prometheus/prometheus/web/api/v1"
 
 	"github.com/gpustore/gpustore/pkg/query"
+	"github.com/gpustore/gpustore/pkg/readopts"
 	"github.com/gpustore/gpustore/pkg/rules"
 )
 
@@ -28,17 +29,17 @@ func (a *App) initRules() (services.Service, error) {
 		Engine:  a.API.Engine(),
 		Parser:  a.API.Parser(),
 		// Rules read what queries read: the tenant's TSDB merged with the
-		// query sources (bucket blocks), deduplicated by replica labels as
-		// the API does by default.
+		// query sources (bucket blocks) and the ring's receivers.
 		Queryable: query.TenantQueryable{
 			DBs: a.DBs, Sources: a.querySources(),
 			Receivers: a.Receivers, ReceiversLookback: a.receiversLookback(),
 		},
+		// A rule's read options: deduplicated as the API's default, each
+		// select at the resolution its step and range choose.
 		EvalContext: func(ctx context.Context) context.Context {
-			if len(replicaLabels) == 0 {
-				return ctx
-			}
-			return query.WithDedup(ctx, replicaLabels)
+			o := readopts.Default()
+			o.ReplicaLabels = replicaLabels
+			return readopts.NewContext(ctx, o)
 		},
 		Owns:          owns,
 		Ownership:     ownership,

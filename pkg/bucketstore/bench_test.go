@@ -175,15 +175,6 @@ func runRange(b *testing.B, engine *promql.Engine, q storage.Queryable, expr str
 	return n
 }
 
-func storeQueryable(s *Store) storage.Queryable {
-	return storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
-		if q := s.Querier(benchTenant, mint, maxt, nil); q != nil {
-			return q, nil
-		}
-		return storage.NoopQuerier(), nil
-	})
-}
-
 // BenchmarkSevenDayQuery runs dashboard range queries over 7 days (step 5m)
 // against the same 84 blocks on local disk (the TSDB's own reader, mmap, OS
 // page cache warm), in a FILESYSTEM bucket and, when versitygw is installed,
@@ -253,7 +244,7 @@ func BenchmarkSevenDayQuery(b *testing.B) {
 						b.Fatal(err)
 					}
 					b.StartTimer()
-					runRange(b, engine, storeQueryable(s), bq.q)
+					runRange(b, engine, storeQueryable(s, benchTenant, nil), bq.q)
 					st := s.CacheStats()
 					fetched += st.FetchedBytes
 					reqs += st.Requests
@@ -270,10 +261,10 @@ func BenchmarkSevenDayQuery(b *testing.B) {
 				if err := s.Sync(context.Background()); err != nil {
 					b.Fatal(err)
 				}
-				runRange(b, engine, storeQueryable(s), bq.q)
+				runRange(b, engine, storeQueryable(s, benchTenant, nil), bq.q)
 				before := s.CacheStats()
 				for b.Loop() {
-					runRange(b, engine, storeQueryable(s), bq.q)
+					runRange(b, engine, storeQueryable(s, benchTenant, nil), bq.q)
 				}
 				st := s.CacheStats()
 				b.ReportMetric(float64(st.FetchedBytes-before.FetchedBytes)/float64(b.N), "fetched-B/op")

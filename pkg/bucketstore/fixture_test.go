@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 
 	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/downsample"
+	"github.com/gpustore/gpustore/pkg/readopts"
 )
 
 const hour = 60 * minute
@@ -46,7 +48,7 @@ type dsBucket struct {
 	local  map[ulid.ULID]string
 	metas  map[ulid.ULID]block.Meta
 	// localFrom, when set, is where queries say the receiver's local TSDB
-	// serves raw data from (downsample.WithLocalFrom).
+	// serves raw data from (readopts.ReadOptions.LocalFrom).
 	localFrom int64
 	// types is the tenant's metric metadata the downsampler classifies by.
 	types downsample.TypeLookup
@@ -248,34 +250,32 @@ var testEngine = promql.NewEngine(promql.EngineOpts{MaxSamples: 50_000_000, Time
 
 // query runs a range query (step > 0) or an instant query (step 0, at end)
 // over the tenant's blocks as the query API runs it: max_source_resolution
-// res in the context, the query prepared (downsample.Prepare: rewritten,
-// its labels and whether its selects are evaluated at the steps only).
+// res in the read's options, the query prepared (downsample.Prepare:
+// rewritten, its labels and whether its selects are evaluated at the steps
+// only).
 func (d *dsBucket) query(s *Store, res int64, q string, start, end, step int64) answer {
 	d.t.Helper()
-	qb := storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
-		if q := s.Querier(d.tenant, mint, maxt, nil); q != nil {
-			return q, nil
+	qb := storeQueryable(s, d.tenant, func(o *readopts.ReadOptions) {
+		if d.localFrom != 0 {
+			o.LocalFrom = d.localFrom
 		}
-		return storage.NoopQuerier(), nil
 	})
 	return d.queryOn(context.Background(), qb, res, q, start, end, step)
 }
 
-// queryOn is query over any queryable.
+// queryOn is query over any queryable that takes the read's options from
+// the context (storeQueryable, query.TenantQueryable).
 func (d *dsBucket) queryOn(ctx context.Context, qb storage.Queryable, res int64, q string, start, end, step int64) answer {
 	d.t.Helper()
-	ctx = downsample.WithMaxSourceResolution(ctx, res)
 	pq, err := downsample.Prepare(q)
 	if err != nil {
 		d.t.Fatalf("%s: %v", q, err)
 	}
-	if pq.AtSteps && step > 0 {
-		ctx = downsample.WithSelectsAtSteps(ctx)
-	}
-	ctx = downsample.WithQueryLabels(ctx, pq.Labels)
-	if d.localFrom != 0 {
-		ctx = downsample.WithLocalFrom(ctx, d.localFrom)
-	}
+	o := readopts.Default()
+	o.MaxSourceResolution = res
+	o.AtSteps = pq.AtSteps && step > 0
+	o.QueryLabels = pq.Labels
+	ctx = readopts.NewContext(ctx, o)
 	var qry promql.Query
 	if step > 0 {
 		qry, err = testEngine.NewRangeQuery(ctx, qb, nil, pq.Query, time.UnixMilli(start), time.UnixMilli(end), time.Duration(step)*time.Millisecond)
@@ -436,4 +436,77 @@ func gpuSeries(host string, gpus int, from, to, interval int64) []rawData {
 		}
 	}
 	return out
+}
+
+// storeQueryable reads the tenant's blocks in s as the query path does
+// (query.TenantQueryable): each querier is opened on its first call, with
+// the read's options in that call's context (readopts.NewContext), as
+// local changes them (what the caller serves itself; nil: nothing).
+func storeQueryable(s *Store, tenant string, local func(*readopts.ReadOptions)) storage.Queryable {
+	return storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
+		return &lazyQuerier{open: func(ctx context.Context) (storage.Querier, error) {
+			o := readopts.FromContext(ctx)
+			if local != nil {
+				local(&o)
+			}
+			return s.Querier(tenant, mint, maxt, o)
+		}}, nil
+	})
+}
+
+type lazyQuerier struct {
+	open func(context.Context) (storage.Querier, error)
+	once sync.Once
+	q    storage.Querier
+	err  error
+}
+
+func (l *lazyQuerier) get(ctx context.Context) (storage.Querier, error) {
+	l.once.Do(func() { l.q, l.err = l.open(ctx) })
+	return l.q, l.err
+}
+
+func (l *lazyQuerier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
+	q, err := l.get(ctx)
+	if err != nil {
+		return storage.ErrSeriesSet(err)
+	}
+	return q.Select(ctx, sortSeries, hints, ms...)
+}
+
+func (l *lazyQuerier) LabelValues(ctx context.Context, name string, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	q, err := l.get(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return q.LabelValues(ctx, name, hints, ms...)
+}
+
+func (l *lazyQuerier) LabelNames(ctx context.Context, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	q, err := l.get(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return q.LabelNames(ctx, hints, ms...)
+}
+
+func (l *lazyQuerier) Close() error {
+	l.once.Do(func() { l.q = storage.NoopQuerier() }) // never opened
+	if l.q == nil {
+		return nil
+	}
+	return l.q.Close()
+}
+
+// mustQuerier is s.Querier with the default options and what the caller
+// serves itself (local, nil: nothing).
+func mustQuerier(t testing.TB, s *Store, tenant string, mint, maxt int64, local func(ulid.ULID) bool) storage.Querier {
+	t.Helper()
+	o := readopts.Default()
+	o.LocalBlocks = local
+	q, err := s.Querier(tenant, mint, maxt, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
 }

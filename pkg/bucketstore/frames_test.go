@@ -72,7 +72,7 @@ func TestColdSeriesReadDecodesItsSection(t *testing.T) {
 	m := uploadEncodedBlock(t, bkt, "t", dir, block.EncodingZstdNoCRC)
 	f, _ := m.File(block.IndexFilename)
 	s := newTestStore(t, bkt, 32<<10, 64<<20)
-	q := s.Querier("t", 0, 2*minute, nil)
+	q := mustQuerier(t, s, "t", 0, 2*minute, nil)
 	if q == nil {
 		t.Fatal("no querier")
 	}

@@ -291,8 +291,9 @@ func (r *indexReader) postingsForLabelMatching(ctx context.Context, name string,
 
 // SortedPostings returns p (series references of a block are in label
 // order). It is where a select learns which series it will read, and it runs
-// on the select's own goroutine (storage.NewMergeQuerier selects every block
-// at once): so it reads the first series entry and its first chunk in the
+// while the select is made, before the merge reads any series
+// (seriesset.NewMergeQuerier selects every block first): so it reads the
+// first series entry and its first chunk in the
 // query's range here, so that the serial iteration across blocks that
 // follows starts with every block's windows filled (and their next runs on
 // the way).

@@ -148,7 +148,7 @@ func TestSlowHeaderLoadStallsNothingElse(t *testing.T) {
 
 	slowDone := make(chan error, 1)
 	go func() {
-		q := s.Querier("t", 0, 59*minute, nil)
+		q := mustQuerier(t, s, "t", 0, 59*minute, nil)
 		defer q.Close()
 		ss := q.Select(ctx, true, nil, labels.MustNewMatcher(labels.MatchEqual, "__name__", "up"))
 		for ss.Next() {
@@ -186,7 +186,7 @@ func TestSlowHeaderLoadStallsNothingElse(t *testing.T) {
 		},
 		"sync": func() error { return s.Sync(ctx) },
 		"query of another block": func() error {
-			q := s.Querier("t", 120*minute, 179*minute, nil)
+			q := mustQuerier(t, s, "t", 120*minute, 179*minute, nil)
 			if q == nil {
 				return errors.New("no querier")
 			}

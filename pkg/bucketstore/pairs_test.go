@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/downsample"
+	"github.com/gpustore/gpustore/pkg/readopts"
 )
 
 // A downsampled counter's kept samples are stored two per point, at the
@@ -109,8 +110,11 @@ func TestDownsampledCounterPairsAtRangeEnds(t *testing.T) {
 		}
 		return out
 	}
-	at5m := downsample.WithMaxSourceResolution(ctx, downsample.Res5m)
-	sparse := downsample.WithSelectsAtSteps(at5m)
+	o := readopts.Default()
+	o.MaxSourceResolution = downsample.Res5m
+	at5m := readopts.NewContext(ctx, o)
+	o.AtSteps = true
+	sparse := readopts.NewContext(ctx, o)
 	for _, c := range []struct {
 		q          string
 		start, end int64

@@ -7,9 +7,11 @@ import (
 
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/storage"
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/readopts"
 )
 
 // A compacted block whose sources the caller partly serves itself (the
@@ -76,21 +78,23 @@ func TestCompactedBlockReadOnlyWhereItsSourcesAreNotLocal(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			upload(tc.ranges)
 			s := storeWith(t, bkt, nil, nil)
-			q := s.Querier("t", 0, 3*60*minute, localOf(tc.local...))
-			got := 0
-			if q != nil {
-				n, err := samples(q.Select(ctx, true, nil, labels.MustNewMatcher(labels.MatchRegexp, "__name__", ".+")))
-				if err != nil {
-					t.Fatal(err)
-				}
-				got = n
-				q.Close()
+			q := mustQuerier(t, s, "t", 0, 3*60*minute, localOf(tc.local...))
+			got, err := samples(q.Select(ctx, true, nil, labels.MustNewMatcher(labels.MatchRegexp, "__name__", ".+")))
+			if err != nil {
+				t.Fatal(err)
 			}
+			q.Close()
 			if got != tc.samples {
 				t.Errorf("read %d samples from the bucket, want %d", got, tc.samples)
 			}
-			if q := s.ChunkQuerier("t", 0, 3*60*minute, localOf(tc.local...)); (q == nil) != (tc.samples == 0) {
-				t.Errorf("chunk querier: %v, want one only when something is left to read", q)
+			o := readopts.Default()
+			o.LocalBlocks = localOf(tc.local...)
+			cq, err := s.ChunkQuerier("t", 0, 3*60*minute, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if noop := cq == storage.NoopChunkedQuerier(); noop != (tc.samples == 0) {
+				t.Errorf("chunk querier: %v, want a no-op one only when nothing is left to read", cq)
 			}
 		})
 	}

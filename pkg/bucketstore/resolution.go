@@ -60,15 +60,15 @@ type planner struct {
 	// fit says how the windows of a resolution sit in the select's ranges
 	// (downsample.WindowFit).
 	fit func(res int64) downsample.Fit
-	// forcedRaw is raw time read raw: the receiver's local TSDB serves it
-	// (downsample.WithLocalFrom).
+	// forcedRaw is raw time read raw: the caller serves it raw itself
+	// (readopts.ReadOptions.LocalFrom).
 	forcedRaw []span
 	hints     *storage.SelectHints
 }
 
-func newPlanner(ctx context.Context, h *storage.SelectHints, maxRes int64, forcedRaw []span) planner {
+func newPlanner(atSteps bool, h *storage.SelectHints, maxRes int64, forcedRaw []span) planner {
 	return planner{maxRes: maxRes, forcedRaw: forcedRaw, hints: h,
-		fit: func(res int64) downsample.Fit { return downsample.WindowFit(ctx, h, res) }}
+		fit: func(res int64) downsample.Fit { return downsample.WindowFit(atSteps, h, res) }}
 }
 
 // lead is how much earlier than the select's range a plan begins: a
@@ -465,7 +465,7 @@ func describeFolded(segs []segment, named []string) string {
 }
 
 // stepWindows are the times a range function's select reads when it is
-// evaluated at its hints' steps (downsample.WithSelectsAtSteps): the
+// evaluated at its hints' steps (readopts.ReadOptions.AtSteps): the
 // windows [start + k·step, start + k·step + rng] for k ≥ 0 while the window
 // starts before end (closed, and a millisecond wider at the start, for the
 // downsampled points stored a millisecond before the raw time they stand
@@ -476,8 +476,8 @@ type stepWindows struct{ start, end, step, rng int64 }
 // sparseWindows returns the windows of a select, or nil when it reads its
 // whole range (no step, no range, or steps no longer than the range); each
 // window begins lead earlier (a moved range: segment.shift).
-func sparseWindows(ctx context.Context, h *storage.SelectHints, lead int64) *stepWindows {
-	if h == nil || h.Range <= 0 || h.Step <= h.Range || !downsample.SelectsAtSteps(ctx) {
+func sparseWindows(atSteps bool, h *storage.SelectHints, lead int64) *stepWindows {
+	if h == nil || h.Range <= 0 || h.Step <= h.Range || !atSteps {
 		return nil
 	}
 	return &stepWindows{start: h.Start - 1 - lead, end: h.End, step: h.Step, rng: h.Range + 1 + lead}

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/prometheus/storage"
 	"github.com/thanos-io/objstore"
 
-	"github.com/gpustore/gpustore/pkg/downsample"
+	"github.com/gpustore/gpustore/pkg/readopts"
 )
 
 // stepWindows.overlaps against a brute force over every window.
@@ -69,7 +69,7 @@ func TestSparseReadsAnswerAlike(t *testing.T) {
 	} {
 		s := newTestStore(t, bkt, 4<<10, 64<<20)
 		want := run(s, context.Background(), c.q, c.step)
-		got := run(s, downsample.WithSelectsAtSteps(context.Background()), c.q, c.step)
+		got := run(s, atSteps(context.Background()), c.q, c.step)
 		if want == "" {
 			t.Fatalf("%s: no answer", c.q)
 		}
@@ -81,7 +81,10 @@ func TestSparseReadsAnswerAlike(t *testing.T) {
 	s := newTestStore(t, bkt, 4<<10, 64<<20)
 	h := &storage.SelectHints{Start: 20*60_000 - 5*60_000, End: 11 * time.Hour.Milliseconds(), Step: 2 * time.Hour.Milliseconds(), Range: 5 * 60_000}
 	read := func(ctx context.Context) int {
-		q := s.Querier("team-a", h.Start, h.End, nil)
+		q, err := s.Querier("team-a", h.Start, h.End, readopts.FromContext(ctx))
+		if err != nil {
+			t.Fatal(err)
+		}
 		defer q.Close()
 		n, err := samples(q.Select(ctx, true, h, labels.MustNewMatcher(labels.MatchEqual, model.MetricNameLabel, "DCGM_FI_DEV_GPU_UTIL")))
 		if err != nil {
@@ -89,19 +92,26 @@ func TestSparseReadsAnswerAlike(t *testing.T) {
 		}
 		return n
 	}
-	all, some := read(context.Background()), read(downsample.WithSelectsAtSteps(context.Background()))
+	all, some := read(context.Background()), read(atSteps(context.Background()))
 	t.Logf("rate(x[5m]) at a 2h step over 30-minute chunks: %d samples read from every chunk, %d from the windows' chunks", all, some)
 	if some == 0 || some*3 > all {
 		t.Errorf("sparse select read %d samples of %d: want at most a third", some, all)
 	}
 }
 
-// rangeMatrix runs a range query over team-a's blocks in s.
+// atSteps is ctx with read options that say the selects are evaluated at
+// their steps only (as the API says of a range query without subqueries).
+func atSteps(ctx context.Context) context.Context {
+	o := readopts.Default()
+	o.AtSteps = true
+	return readopts.NewContext(ctx, o)
+}
+
+// rangeMatrix runs a range query over team-a's blocks in s, with the read's
+// options in ctx.
 func rangeMatrix(t *testing.T, engine *promql.Engine, s *Store, ctx context.Context, q string, start, end, step int64) promql.Matrix {
 	t.Helper()
-	qry, err := engine.NewRangeQuery(ctx, storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
-		return s.Querier("team-a", mint, maxt, nil), nil
-	}), nil, q, time.UnixMilli(start), time.UnixMilli(end), time.Duration(step)*time.Millisecond)
+	qry, err := engine.NewRangeQuery(ctx, storeQueryable(s, "team-a", nil), nil, q, time.UnixMilli(start), time.UnixMilli(end), time.Duration(step)*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,6 +41,7 @@ import (
 	"github.com/gpustore/gpustore/pkg/blockquery"
 	"github.com/gpustore/gpustore/pkg/deletion"
 	"github.com/gpustore/gpustore/pkg/downsample"
+	"github.com/gpustore/gpustore/pkg/readopts"
 	"github.com/gpustore/gpustore/pkg/seriesset"
 )
 
@@ -393,27 +394,29 @@ func readSpan(m *block.Meta, local func(ulid.ULID) bool) (_ span, ok bool) {
 }
 
 // Querier returns a querier over the tenant's bucket blocks overlapping
-// [mint, maxt], leaving out what local reports the caller serves itself
-// (blocks still on local disk, see readSpan). It returns nil when nothing is
-// left.
-func (s *Store) Querier(tenantID string, mint, maxt int64, local func(ulid.ULID) bool) storage.Querier {
-	bs, parts := s.blocksFor(tenantID, mint, maxt, local)
+// [mint, maxt], leaving out what the caller serves itself
+// (opts.LocalBlocks: blocks still on local disk, see readSpan); its selects
+// read each time range at the resolution opts allow (plan). It is a no-op
+// querier when nothing is left to read.
+func (s *Store) Querier(tenantID string, mint, maxt int64, opts readopts.ReadOptions) (storage.Querier, error) {
+	bs, parts := s.blocksFor(tenantID, mint, maxt, opts.LocalBlocks)
 	if len(bs) == 0 {
-		return nil
+		return storage.NoopQuerier(), nil
 	}
-	return &querier{base: base{s: s, blocks: bs, parts: parts, mint: mint, maxt: maxt, dels: s.dels.over(tenantID, mint, maxt)}}
+	return &querier{base: base{s: s, blocks: bs, parts: parts, mint: mint, maxt: maxt, dels: s.dels.over(tenantID, mint, maxt)}, opts: opts}, nil
 }
 
-// ChunkQuerier is Querier for chunk queries (remote read): raw blocks only.
-func (s *Store) ChunkQuerier(tenantID string, mint, maxt int64, local func(ulid.ULID) bool) storage.ChunkQuerier {
-	bs, parts := s.blocksFor(tenantID, mint, maxt, local)
+// ChunkQuerier is Querier for chunk queries (remote read): raw blocks
+// only, read whole (of opts, only LocalBlocks matters).
+func (s *Store) ChunkQuerier(tenantID string, mint, maxt int64, opts readopts.ReadOptions) (storage.ChunkQuerier, error) {
+	bs, parts := s.blocksFor(tenantID, mint, maxt, opts.LocalBlocks)
 	bs = slices.DeleteFunc(bs, func(b *bucketBlock) bool {
 		return b.meta.GPUStore.Downsample.Resolution != block.ResolutionRaw
 	})
 	if len(bs) == 0 {
-		return nil
+		return storage.NoopChunkedQuerier(), nil
 	}
-	return &chunkQuerier{base: base{s: s, blocks: bs, parts: parts, mint: mint, maxt: maxt, dels: s.dels.over(tenantID, mint, maxt)}}
+	return &chunkQuerier{base: base{s: s, blocks: bs, parts: parts, mint: mint, maxt: maxt, dels: s.dels.over(tenantID, mint, maxt)}}, nil
 }
 
 type base struct {
@@ -497,9 +500,12 @@ func hintRange(mint, maxt int64, hints *storage.SelectHints) (int64, int64) {
 }
 
 // querier reads each time range of a Select at the resolution its hints
-// allow (resolution.go): raw blocks as they are, downsampled blocks through
-// pkg/downsample's views.
-type querier struct{ base }
+// and the read's options allow (resolution.go): raw blocks as they are,
+// downsampled blocks through pkg/downsample's views.
+type querier struct {
+	base
+	opts readopts.ReadOptions
+}
 
 // viewOpts is how open reads downsampled blocks (downsample.Blocks): plain
 // selectors' points in [from, to] (the blocks are read a window beyond,
@@ -551,7 +557,7 @@ func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt in
 		}
 		v := views[res]
 		if v == nil {
-			v = &downsample.Blocks{Resolution: res, From: o.from, To: o.to, Approximate: o.approx, Hints: o.hints, Elsewhere: o.elsewhere}
+			v = &downsample.Blocks{Resolution: res, From: o.from, To: o.to, Approximate: o.approx, Hints: o.hints, Elsewhere: o.elsewhere, AtSteps: q.opts.AtSteps}
 			views[res] = v
 			order = append(order, res)
 		}
@@ -576,35 +582,35 @@ func (q *querier) open(ctx context.Context, blocks []*bucketBlock, mint, maxt in
 // plan is the segments a select reads (planner.plan), and the folded
 // labels it names (a matcher, its grouping, the query: then it reads raw
 // data where there is any).
-func (q *querier) plan(ctx context.Context, hints *storage.SelectHints, ms []*labels.Matcher) (segs []segment, named []string) {
+func (q *querier) plan(hints *storage.SelectHints, ms []*labels.Matcher) (segs []segment, named []string) {
 	mint, maxt := hintRange(q.mint, q.maxt, hints)
 	var forcedRaw []span
-	if from, ok := downsample.LocalFrom(ctx); ok { // the local TSDB serves it raw
+	if from := q.opts.LocalFrom; from != readopts.NoLocalFrom { // the caller serves it raw
 		forcedRaw = []span{{from, math.MaxInt64}}
 	}
-	maxRes := downsample.MaxResolution(ctx, hints)
+	maxRes := downsample.MaxResolution(q.opts.MaxSourceResolution, hints)
 	for _, l := range foldedLabels(q.blocks, mint, maxt) {
-		if downsample.NamesFolded(ctx, []string{l}, hints, ms) {
+		if downsample.NamesFolded(q.opts.QueryLabels, []string{l}, hints, ms) {
 			named = append(named, l)
 		}
 	}
 	if len(named) > 0 {
 		maxRes = block.ResolutionRaw // where raw has expired, the folded data still answers
 	}
-	return newPlanner(ctx, hints, maxRes, forcedRaw).plan(q.blocks, mint, maxt), named
+	return newPlanner(q.opts.AtSteps, hints, maxRes, forcedRaw).plan(q.blocks, mint, maxt), named
 }
 
 // Select reads each segment of the hinted range (plan) from its blocks and
 // merges them.
 func (q *querier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
-	segs, named := q.plan(ctx, hints, ms)
+	segs, named := q.plan(hints, ms)
 	lead := int64(0) // moved ranges begin up to a window earlier
 	for _, sg := range segs {
 		if sg.shift != nil {
 			lead = max(lead, sg.res)
 		}
 	}
-	ctx = withNeededWindows(ctx, sparseWindows(ctx, hints, lead))
+	ctx = withNeededWindows(ctx, sparseWindows(q.opts.AtSteps, hints, lead))
 	sets := make([]storage.SeriesSet, 0, len(segs))
 	for _, sg := range segs {
 		for _, res := range resolutionsOf(sg.blocks) {
@@ -645,7 +651,7 @@ func (q *querier) Folding(ctx context.Context, hints *storage.SelectHints, ms ..
 	if len(foldedLabels(q.blocks, mint, maxt)) == 0 {
 		return f, nil
 	}
-	segs, named := q.plan(ctx, hints, ms)
+	segs, named := q.plan(hints, ms)
 	if len(named) > 0 {
 		return f, nil
 	}

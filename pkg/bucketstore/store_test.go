@@ -22,6 +22,7 @@ import (
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/readopts"
 )
 
 const minute = int64(60_000)
@@ -145,12 +146,15 @@ func queriesMatchTheLocalBlock(t *testing.T, encoding string) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				bq := s.Querier("team-a", r[0], r[1], nil)
-				if bq == nil {
+				bq := mustQuerier(t, s, "team-a", r[0], r[1], nil)
+				if bq == storage.NoopQuerier() {
 					t.Fatalf("range %v: no bucket querier", r)
 				}
 				lcq, _ := tsdb.NewBlockChunkQuerier(local, r[0], r[1])
-				bcq := s.ChunkQuerier("team-a", r[0], r[1], nil)
+				bcq, err := s.ChunkQuerier("team-a", r[0], r[1], readopts.Default())
+				if err != nil {
+					t.Fatal(err)
+				}
 				for i, ms := range matcherSets {
 					want := dump(t, lq.Select(ctx, true, nil, ms...))
 					got := dump(t, bq.Select(ctx, true, nil, ms...))
@@ -247,7 +251,7 @@ func TestManyBlocksQueryStaysWithinTheCache(t *testing.T) {
 			time.Sleep(100 * time.Microsecond)
 		}
 	}()
-	q := s.Querier("team-a", 0, nBlocks*blockMs, nil)
+	q := mustQuerier(t, s, "team-a", 0, nBlocks*blockMs, nil)
 	out := dump(t, q.Select(ctx, true, nil,
 		labels.MustNewMatcher(labels.MatchEqual, "__name__", "DCGM_FI_DEV_GPU_TEMP"),
 		labels.MustNewMatcher(labels.MatchEqual, "Hostname", "node-001")))
@@ -300,7 +304,7 @@ func TestBucketErrorsAreQueryErrors(t *testing.T) {
 	s := newTestStore(t, bkt, 1<<10, 1<<20)
 	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 1e6, Timeout: time.Minute})
 	queryable := storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
-		return s.Querier("team-a", mint, maxt, nil), nil
+		return s.Querier("team-a", mint, maxt, readopts.Default())
 	})
 	run := func() (string, error) {
 		q, err := engine.NewRangeQuery(ctx, queryable, nil, `sum by (Hostname) (DCGM_FI_DEV_GPU_UTIL)`, time.UnixMilli(0), time.UnixMilli(29*minute), time.Minute)
@@ -335,7 +339,7 @@ func TestBucketErrorsAreQueryErrors(t *testing.T) {
 		t.Fatalf("warm-header query with the bucket down: err %v, want a storage error", err)
 	}
 	for _, ms := range matcherSets[:4] {
-		q := s.Querier("team-a", 0, 30*minute, nil)
+		q := mustQuerier(t, s, "team-a", 0, 30*minute, nil)
 		ss := q.Select(ctx, true, nil, ms...)
 		// The series a warm select resolved may come from the cache
 		// (pkg/blockquery): then the chunks' reads fail.
@@ -393,13 +397,13 @@ func TestSyncSeesNewAndDeletedBlocksAndSkipsPartialOnes(t *testing.T) {
 	if got := s.Blocks("team-b"); len(got) != 1 || got[0].ULID != b.ULID {
 		t.Fatalf("team-b blocks: %v", got)
 	}
-	q := s.Querier("team-a", 0, 20*minute, nil)
+	q := mustQuerier(t, s, "team-a", 0, 20*minute, nil)
 	if out := dump(t, q.Select(ctx, true, nil, labels.MustNewMatcher(labels.MatchEqual, "__name__", "up"))); countSamples(out) != 2*40 {
 		t.Fatalf("query over a partial block: %q", out)
 	}
 	q.Close()
 	// skip leaves out blocks read elsewhere.
-	if q := s.Querier("team-a", 0, 20*minute, func(id ulid.ULID) bool { return id == a.ULID }); q != nil {
+	if q := mustQuerier(t, s, "team-a", 0, 20*minute, func(id ulid.ULID) bool { return id == a.ULID }); q != storage.NoopQuerier() {
 		t.Fatal("querier over a skipped block")
 	}
 

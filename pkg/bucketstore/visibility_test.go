@@ -145,11 +145,11 @@ func countOverTime(t *testing.T, s *Store, tenant string) (float64, int) {
 	t.Helper()
 	var read int
 	q := storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
-		if q := s.Querier(tenant, mint, maxt, nil); q != nil {
-			read = len(q.(*querier).blocks)
-			return q, nil
+		q := mustQuerier(t, s, tenant, mint, maxt, nil)
+		if bq, ok := q.(*querier); ok {
+			read = len(bq.blocks)
 		}
-		return storage.NoopQuerier(), nil
+		return q, nil
 	})
 	// Names kept until the end: the test series differ in nothing else.
 	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 10_000_000, Timeout: time.Minute, EnableDelayedNameRemoval: true})
@@ -319,7 +319,7 @@ func TestBlockDeletedUnderQueryFailsIt(t *testing.T) {
 	matcher := labels.MustNewMatcher(labels.MatchEqual, "__name__", "DCGM_FI_DEV_GPU_TEMP")
 
 	// The index header is loaded (label names), then the chunks go.
-	q := s.Querier("t", 0, 120*minute, nil)
+	q := mustQuerier(t, s, "t", 0, 120*minute, nil)
 	if names, _, err := q.LabelNames(ctx, nil); err != nil || len(names) == 0 {
 		t.Fatalf("label names %v %v", names, err)
 	}
@@ -332,7 +332,7 @@ func TestBlockDeletedUnderQueryFailsIt(t *testing.T) {
 	q.Close()
 
 	// A querier opened before the block went: everything is gone.
-	q2 := storeWith(t, bkt, nil, nil).Querier("t", 0, 120*minute, nil)
+	q2 := mustQuerier(t, storeWith(t, bkt, nil, nil), "t", 0, 120*minute, nil)
 	if q2 == nil {
 		t.Fatal("no querier")
 	}

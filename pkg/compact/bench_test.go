@@ -26,6 +26,7 @@ import (
 	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/downsample"
+	"github.com/gpustore/gpustore/pkg/readopts"
 )
 
 // benchWeek is the week slice of TestWeekCompactedQueriesUnchanged, built
@@ -168,10 +169,7 @@ func BenchmarkDashboardQueries(b *testing.B) {
 			b.Fatal(err)
 		}
 		q := storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
-			if q := s.Querier("bench", mint, maxt, nil); q != nil {
-				return q, nil
-			}
-			return storage.NoopQuerier(), nil
+			return s.Querier("bench", mint, maxt, readopts.Default())
 		})
 		for _, w := range []struct {
 			name string
@@ -265,7 +263,9 @@ func BenchmarkLongRangeOverview(b *testing.B) {
 			downsample.ResolutionName(r), len(metas[r]), time.Duration(span)*time.Millisecond, bytes[r], 100*float64(index)/float64(max(bytes[r], 1)),
 			series, chunks, samples, float64(bytes[r])/float64(max(samples, 1)))
 	}
-	// openStore opens a store over the bucket with an empty page cache.
+	// openStore opens a store over the bucket with an empty page cache,
+	// read with opts (set per resolution below).
+	opts := readopts.Default()
 	var store *bucketstore.Store
 	openStore := func(b *testing.B) storage.Queryable {
 		s, err := bucketstore.New(bucketstore.DefaultConfig(), bkt, quiet(), nil)
@@ -277,10 +277,7 @@ func BenchmarkLongRangeOverview(b *testing.B) {
 		}
 		store = s
 		return storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
-			if q := s.Querier("bench", mint, maxt, nil); q != nil {
-				return q, nil
-			}
-			return storage.NoopQuerier(), nil
+			return s.Querier("bench", mint, maxt, opts)
 		})
 	}
 	q := openStore(b)
@@ -296,7 +293,8 @@ func BenchmarkLongRangeOverview(b *testing.B) {
 	for _, res := range []string{"raw", "auto"} {
 		r, _ := downsample.ParseMaxSourceResolution(res)
 		// As the query API sets them for a range query without subqueries.
-		ctx := downsample.WithSelectsAtSteps(downsample.WithMaxSourceResolution(context.Background(), r))
+		opts.MaxSourceResolution, opts.AtSteps = r, true
+		ctx := context.Background()
 		took := make([]time.Duration, len(overview)) // per panel, over the timed rounds
 		run := func(b *testing.B, q storage.Queryable) {
 			for i, dq := range overview {

@@ -1,7 +1,6 @@
 package downsample
 
 import (
-	"context"
 	"math"
 	"slices"
 	"sort"
@@ -74,13 +73,13 @@ func extrapolates(fn string) bool {
 // engine made them, not narrowed to a segment) over data of resolution
 // res, when it is a rate, increase or delta whose ranges are whole windows
 // at known times (WindowFit's Fits).
-func evaluationsOf(ctx context.Context, h *storage.SelectHints, res int64) *evaluations {
-	if h == nil || h.Range <= 0 || res <= 0 || !extrapolates(h.Func) || WindowFit(ctx, h, res) != Fits {
+func evaluationsOf(atSteps bool, h *storage.SelectHints, res int64) *evaluations {
+	if h == nil || h.Range <= 0 || res <= 0 || !extrapolates(h.Func) || WindowFit(atSteps, h, res) != Fits {
 		return nil
 	}
 	e := &evaluations{fn: h.Func, first: h.Start + h.Range - 1, rng: h.Range, counter: h.Func != "delta"}
 	e.last = e.first
-	if h.Step > 0 && SelectsAtSteps(ctx) {
+	if h.Step > 0 && atSteps {
 		e.step, e.last = h.Step, h.End
 	}
 	return e

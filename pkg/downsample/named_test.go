@@ -1,7 +1,6 @@
 package downsample
 
 import (
-	"context"
 	"slices"
 	"testing"
 
@@ -44,23 +43,22 @@ func TestNamesFolded(t *testing.T) {
 	m := func(n string) []*labels.Matcher {
 		return []*labels.Matcher{labels.MustNewMatcher(labels.MatchEqual, model.MetricNameLabel, "DCGM_FI_DEV_GPU_UTIL"), labels.MustNewMatcher(labels.MatchRegexp, n, ".+")}
 	}
-	ctx := context.Background()
 	for _, c := range []struct {
 		what   string
-		ctx    context.Context
+		query  []string // the labels the select's query names
 		folded []string
 		h      *storage.SelectHints
 		ms     []*labels.Matcher
 		want   bool
 	}{
-		{"nothing folded", ctx, nil, nil, m("pod"), false},
-		{"matcher on pod", ctx, pod, nil, m("pod"), true},
-		{"matcher on gpu", ctx, pod, nil, m("gpu"), false},
-		{"by (pod)", ctx, pod, &storage.SelectHints{By: true, Grouping: pod}, m("gpu"), true},
-		{"without (pod)", ctx, pod, &storage.SelectHints{By: false, Grouping: pod}, m("gpu"), false},
-		{"query names pod", WithQueryLabels(ctx, []string{"UUID", "pod"}), pod, nil, m("gpu"), true},
+		{"nothing folded", nil, nil, nil, m("pod"), false},
+		{"matcher on pod", nil, pod, nil, m("pod"), true},
+		{"matcher on gpu", nil, pod, nil, m("gpu"), false},
+		{"by (pod)", nil, pod, &storage.SelectHints{By: true, Grouping: pod}, m("gpu"), true},
+		{"without (pod)", nil, pod, &storage.SelectHints{By: false, Grouping: pod}, m("gpu"), false},
+		{"query names pod", []string{"UUID", "pod"}, pod, nil, m("gpu"), true},
 	} {
-		if got := NamesFolded(c.ctx, c.folded, c.h, c.ms); got != c.want {
+		if got := NamesFolded(c.query, c.folded, c.h, c.ms); got != c.want {
 			t.Errorf("%s: %v, want %v", c.what, got, c.want)
 		}
 	}

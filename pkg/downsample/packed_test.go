@@ -418,7 +418,7 @@ func TestPlainSelectorFillReadsPackedAsOld(t *testing.T) {
 			if err != nil {
 				return nil, err
 			}
-			return NewQuerier(Blocks{Parts: []Part{{Querier: q, Lo: mint, Hi: maxt}}, Resolution: Res1h, From: mint, To: math.MaxInt64}), nil
+			return NewQuerier(Blocks{Parts: []Part{{Querier: q, Lo: mint, Hi: maxt}}, Resolution: Res1h, From: mint, To: math.MaxInt64, AtSteps: true}), nil
 		})
 	}
 	for _, qs := range []string{"avg(gauge_metric)", "gauge_metric"} {

@@ -191,7 +191,9 @@ func blocksQueryable(blocks ...tsdb.BlockReader) storage.Queryable {
 
 // viewQueryable reads downsampled blocks of resolution res as the bucket
 // store does: one view over the blocks, each read over the part of the
-// querier's range it holds (its pairs a window further), merged.
+// querier's range it holds (its pairs a window further), merged. Its
+// selects are evaluated at their steps (Blocks.AtSteps), as those of the
+// query API's range queries without subqueries are (rangeQuery).
 func viewQueryable(res int64, blocks ...tsdb.BlockReader) storage.Queryable {
 	return storage.QueryableFunc(func(mint, maxt int64) (storage.Querier, error) {
 		var parts []Part
@@ -225,7 +227,7 @@ func viewQueryable(res int64, blocks ...tsdb.BlockReader) storage.Queryable {
 			parts = append(parts, p)
 		}
 		sort.Slice(parts, func(i, j int) bool { return parts[i].Lo < parts[j].Lo })
-		return NewQuerier(Blocks{Parts: parts, Resolution: res, From: mint, To: maxt}), nil
+		return NewQuerier(Blocks{Parts: parts, Resolution: res, From: mint, To: maxt, AtSteps: true}), nil
 	})
 }
 
@@ -317,7 +319,8 @@ var testEngine = promql.NewEngine(promql.EngineOpts{MaxSamples: 50_000_000, Time
 type points map[string]map[int64]float64
 
 // rangeQuery runs a range query as the query API runs one without
-// subqueries: its selects are evaluated at the steps (WithSelectsAtSteps).
+// subqueries (the queryables here read their selects as evaluated at the
+// steps: Blocks.AtSteps).
 func rangeQuery(t testing.TB, q storage.Queryable, qs string, lookback time.Duration, start, end int64, step int64) points {
 	t.Helper()
 	p, _ := rangeQueryInfos(t, q, qs, lookback, start, end, step)
@@ -327,7 +330,7 @@ func rangeQuery(t testing.TB, q storage.Queryable, qs string, lookback time.Dura
 // rangeQueryInfos is rangeQuery with the answer's annotations.
 func rangeQueryInfos(t testing.TB, q storage.Queryable, qs string, lookback time.Duration, start, end int64, step int64) (points, []string) {
 	t.Helper()
-	ctx := WithSelectsAtSteps(context.Background())
+	ctx := context.Background()
 	qry, err := testEngine.NewRangeQuery(ctx, q, promql.NewPrometheusQueryOpts(false, lookback, nil), qs,
 		time.UnixMilli(start), time.UnixMilli(end), time.Duration(step)*time.Millisecond)
 	if err != nil {

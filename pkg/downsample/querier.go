@@ -126,6 +126,7 @@ type querier struct {
 	hints      *storage.SelectHints
 	seen       []Span
 	keptCounts bool
+	atSteps    bool // Blocks.AtSteps
 }
 
 func (q *querier) Close() error {
@@ -187,7 +188,7 @@ func (q *querier) Select(ctx context.Context, _ bool, hints *storage.SelectHints
 		if h == nil {
 			h = hints
 		}
-		if j.evals = evaluationsOf(ctx, h, q.res); j.evals != nil {
+		if j.evals = evaluationsOf(q.atSteps, h, q.res); j.evals != nil {
 			j.res, j.keptCounts, j.seen = q.res, q.keptCounts, q.seen
 			if j.seen == nil {
 				j.seen = []Span{{lo + 1, hi + 1}}
@@ -635,6 +636,10 @@ type Blocks struct {
 	// blocks beside these (finer ones these do not hold): a range over it
 	// has samples this view does not see.
 	Elsewhere []Span
+	// AtSteps says that the selects are evaluated at their hints' steps
+	// only (readopts.ReadOptions.AtSteps): rate, increase and delta then
+	// know every evaluation time, not only a single one.
+	AtSteps bool
 }
 
 // Span is an inclusive range of time (raw time where it is said).
@@ -662,7 +667,7 @@ type Part struct {
 // not, which is right where the parts meet on a window's edge (blocks begin
 // and end on the 2 h grid).
 func NewQuerier(b Blocks) storage.Querier {
-	q := &querier{res: b.Resolution, from: b.From, to: b.To, approx: b.Approximate, hints: b.Hints, keptCounts: true}
+	q := &querier{res: b.Resolution, from: b.From, to: b.To, approx: b.Approximate, hints: b.Hints, keptCounts: true, atSteps: b.AtSteps}
 	if len(b.Parts) == 0 {
 		q.Querier, q.lo, q.hi = storage.NoopQuerier(), b.From, b.To
 		return q

@@ -1,17 +1,18 @@
 package downsample
 
 import (
-	"context"
 	"fmt"
 	"slices"
 
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/storage"
+
+	"github.com/gpustore/gpustore/pkg/readopts"
 )
 
 // Auto is the max source resolution that lets each Select pick its own from
 // its hints (MaxResolution).
-const Auto int64 = -1
+const Auto = readopts.AutoResolution
 
 // ParseMaxSourceResolution parses a max_source_resolution value: raw, 5m,
 // 1h or auto (Thanos' parameter).
@@ -26,25 +27,9 @@ func ParseMaxSourceResolution(s string) (int64, error) {
 	return r, nil
 }
 
-type maxResKey struct{}
-
-// WithMaxSourceResolution records a request's max_source_resolution for
-// the Selects of its queries.
-func WithMaxSourceResolution(ctx context.Context, res int64) context.Context {
-	return context.WithValue(ctx, maxResKey{}, res)
-}
-
-// MaxSourceResolution is the request's max_source_resolution (Auto when
-// none was set).
-func MaxSourceResolution(ctx context.Context) int64 {
-	if r, ok := ctx.Value(maxResKey{}).(int64); ok {
-		return r
-	}
-	return Auto
-}
-
 // MaxResolution is the coarsest resolution a Select may read. An explicit
-// max_source_resolution wins. Auto picks, for a range function, the
+// max_source_resolution (maxSource, the request's
+// readopts.ReadOptions.MaxSourceResolution) wins. Auto picks, for a range function, the
 // coarsest resolution that is at most a fifth of the query's step (as Thanos
 // does: several windows per step, so that downsampled data is read only
 // where it saves most of the points) and no coarser than the function's
@@ -62,9 +47,9 @@ func MaxSourceResolution(ctx context.Context) int64 {
 // that resolution covers a time range, finer data answers, and where only
 // coarser data is left (raw past its retention) coarser data does, so an
 // answer is never empty where any data exists.
-func MaxResolution(ctx context.Context, h *storage.SelectHints) int64 {
-	if r := MaxSourceResolution(ctx); r != Auto {
-		return r
+func MaxResolution(maxSource int64, h *storage.SelectHints) int64 {
+	if maxSource != Auto {
+		return maxSource
 	}
 	if h == nil || h.Step <= 0 {
 		return ResRaw
@@ -120,9 +105,10 @@ const MinNearlyWindows = 4
 // select with hints h. The engine evaluates a range function's select at
 // Start + Range - 1 + k·Step (k ≥ 0, up to End; Start and End already less
 // the offset), over the left-open range of Range before each time; at the
-// steps only when the query says so (WithSelectsAtSteps), otherwise only a
-// select with a single evaluation time (an instant query, @) is known.
-func WindowFit(ctx context.Context, h *storage.SelectHints, res int64) Fit {
+// steps only when the query says so (atSteps: readopts.ReadOptions.AtSteps),
+// otherwise only a select with a single evaluation time (an instant query,
+// @) is known.
+func WindowFit(atSteps bool, h *storage.SelectHints, res int64) Fit {
 	if res == ResRaw || h == nil || h.Range == 0 {
 		return Fits
 	}
@@ -130,7 +116,7 @@ func WindowFit(ctx context.Context, h *storage.SelectHints, res int64) Fit {
 	// A range query's select is judged by its step even when it has one
 	// evaluation (a query frontend's piece), so that every piece of a split
 	// query reads its steps as the whole query does.
-	steps := h.Step > 0 && SelectsAtSteps(ctx)
+	steps := h.Step > 0 && atSteps
 	if !steps && first != h.End {
 		return FitsNot
 	}
@@ -199,42 +185,11 @@ func floorMod(a, b int64) int64 {
 	return m
 }
 
-type localFromKey struct{}
-
-// WithLocalFrom says that from time t on the query's raw data is also
-// served by another source (the receiver's local TSDB: its blocks and head).
-// The bucket store reads that range raw: downsampled points beside the same
-// samples raw would be counted twice by count_over_time and mixed into plain
-// selectors.
-func WithLocalFrom(ctx context.Context, t int64) context.Context {
-	return context.WithValue(ctx, localFromKey{}, t)
-}
-
-// LocalFrom is WithLocalFrom's time, if any.
-func LocalFrom(ctx context.Context) (int64, bool) {
-	t, ok := ctx.Value(localFromKey{}).(int64)
-	return t, ok
-}
-
-type queryLabelsKey struct{}
-
-// WithQueryLabels records the label names the request's query uses
-// (LabelsNamed) for the bucket store's selects.
-func WithQueryLabels(ctx context.Context, names []string) context.Context {
-	return context.WithValue(ctx, queryLabelsKey{}, names)
-}
-
-// QueryLabels is WithQueryLabels' names.
-func QueryLabels(ctx context.Context) []string {
-	n, _ := ctx.Value(queryLabelsKey{}).([]string)
-	return n
-}
-
 // NamesFolded says whether a select (its matchers and hints, and the
-// query's labels recorded in ctx) uses any of the folded labels: then
-// downsampled data folded over them cannot tell its series apart, and the
-// select reads finer data where it exists.
-func NamesFolded(ctx context.Context, folded []string, h *storage.SelectHints, ms []*labels.Matcher) bool {
+// labels its query names: readopts.ReadOptions.QueryLabels) uses any of
+// the folded labels: then downsampled data folded over them cannot tell
+// its series apart, and the select reads finer data where it exists.
+func NamesFolded(queryLabels, folded []string, h *storage.SelectHints, ms []*labels.Matcher) bool {
 	if len(folded) == 0 {
 		return false
 	}
@@ -250,28 +205,10 @@ func NamesFolded(ctx context.Context, folded []string, h *storage.SelectHints, m
 			}
 		}
 	}
-	for _, n := range QueryLabels(ctx) {
+	for _, n := range queryLabels {
 		if slices.Contains(folded, n) {
 			return true
 		}
 	}
 	return false
-}
-
-type atStepsKey struct{}
-
-// WithSelectsAtSteps says that the request's selects are evaluated at their
-// hints' steps only: a range function's select with hints Start, End, Step
-// and Range reads the windows (Start + k·Step, Start + k·Step + Range], k ≥ 0,
-// up to End (a range query without subqueries or @; Prepare's AtSteps). The
-// bucket store then skips chunks between the windows: a year-long panel's
-// rate(x[5m]) at a 35 h step reads one chunk in seven.
-func WithSelectsAtSteps(ctx context.Context) context.Context {
-	return context.WithValue(ctx, atStepsKey{}, true)
-}
-
-// SelectsAtSteps is WithSelectsAtSteps' flag.
-func SelectsAtSteps(ctx context.Context) bool {
-	ok, _ := ctx.Value(atStepsKey{}).(bool)
-	return ok
 }

@@ -1,7 +1,6 @@
 package downsample
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -14,29 +13,29 @@ func TestMaxResolution(t *testing.T) {
 	const day = 24 * time.Hour
 	for _, tc := range []struct {
 		name  string
-		ctx   context.Context
+		max   int64 // the request's max_source_resolution
 		hints *storage.SelectHints
 		want  int64
 	}{
-		{"instant query", context.Background(), &storage.SelectHints{}, ResRaw},
-		{"no hints", context.Background(), nil, ResRaw},
-		{"explicit raw wins", WithMaxSourceResolution(context.Background(), ResRaw), &storage.SelectHints{Step: step(365 * day)}, ResRaw},
-		{"explicit 1h wins", WithMaxSourceResolution(context.Background(), Res1h), &storage.SelectHints{Step: 1000, Range: 300_000}, Res1h},
-		{"24h plain", context.Background(), &storage.SelectHints{Step: step(day)}, ResRaw},
-		{"24h rate[5m]", context.Background(), &storage.SelectHints{Step: step(day), Range: 300_000}, ResRaw},
-		{"2d plain", context.Background(), &storage.SelectHints{Step: step(2 * day)}, Res5m},
-		{"2d rate[5m]", context.Background(), &storage.SelectHints{Step: step(2 * day), Range: 300_000}, ResRaw},
-		{"7d plain", context.Background(), &storage.SelectHints{Step: step(7 * day)}, Res5m},
-		{"7d rate[5m]", context.Background(), &storage.SelectHints{Step: step(7 * day), Range: 300_000}, Res5m},
-		{"30d plain", context.Background(), &storage.SelectHints{Step: step(30 * day)}, Res1h},
-		{"30d rate[5m]", context.Background(), &storage.SelectHints{Step: step(30 * day), Range: 300_000}, Res5m},
-		{"30d avg_over_time[1h]: a fifth of the step", context.Background(), &storage.SelectHints{Step: step(30 * day), Range: 3_600_000}, Res5m},
-		{"365d rate[5m]", context.Background(), &storage.SelectHints{Step: step(365 * day), Range: 300_000}, Res5m},
-		{"365d rate[1d]", context.Background(), &storage.SelectHints{Step: step(365 * day), Range: 86_400_000}, Res1h},
-		{"plain at a 1h step", context.Background(), &storage.SelectHints{Step: 3_600_000}, Res5m},
-		{"plain at a 2h step", context.Background(), &storage.SelectHints{Step: 7_200_000}, Res1h},
+		{"instant query", Auto, &storage.SelectHints{}, ResRaw},
+		{"no hints", Auto, nil, ResRaw},
+		{"explicit raw wins", ResRaw, &storage.SelectHints{Step: step(365 * day)}, ResRaw},
+		{"explicit 1h wins", Res1h, &storage.SelectHints{Step: 1000, Range: 300_000}, Res1h},
+		{"24h plain", Auto, &storage.SelectHints{Step: step(day)}, ResRaw},
+		{"24h rate[5m]", Auto, &storage.SelectHints{Step: step(day), Range: 300_000}, ResRaw},
+		{"2d plain", Auto, &storage.SelectHints{Step: step(2 * day)}, Res5m},
+		{"2d rate[5m]", Auto, &storage.SelectHints{Step: step(2 * day), Range: 300_000}, ResRaw},
+		{"7d plain", Auto, &storage.SelectHints{Step: step(7 * day)}, Res5m},
+		{"7d rate[5m]", Auto, &storage.SelectHints{Step: step(7 * day), Range: 300_000}, Res5m},
+		{"30d plain", Auto, &storage.SelectHints{Step: step(30 * day)}, Res1h},
+		{"30d rate[5m]", Auto, &storage.SelectHints{Step: step(30 * day), Range: 300_000}, Res5m},
+		{"30d avg_over_time[1h]: a fifth of the step", Auto, &storage.SelectHints{Step: step(30 * day), Range: 3_600_000}, Res5m},
+		{"365d rate[5m]", Auto, &storage.SelectHints{Step: step(365 * day), Range: 300_000}, Res5m},
+		{"365d rate[1d]", Auto, &storage.SelectHints{Step: step(365 * day), Range: 86_400_000}, Res1h},
+		{"plain at a 1h step", Auto, &storage.SelectHints{Step: 3_600_000}, Res5m},
+		{"plain at a 2h step", Auto, &storage.SelectHints{Step: 7_200_000}, Res1h},
 	} {
-		if got := MaxResolution(tc.ctx, tc.hints); got != tc.want {
+		if got := MaxResolution(tc.max, tc.hints); got != tc.want {
 			t.Errorf("%s: %s, want %s", tc.name, ResolutionName(got), ResolutionName(tc.want))
 		}
 	}
@@ -82,17 +81,17 @@ func TestStepShift(t *testing.T) {
 // WindowFit classes, from the hints the engine gives a range function's
 // select (Start = first evaluation - range + 1 - offset).
 func TestWindowFit(t *testing.T) {
-	at := WithSelectsAtSteps(context.Background())
+	const at = true              // the selects are evaluated at their steps
 	const t0 = 1_767_225_600_000 // a multiple of 1h
 	h := func(first, rng, step, n int64) *storage.SelectHints {
 		return &storage.SelectHints{Start: first - rng + 1, End: first + n*step, Step: step, Range: rng}
 	}
 	for _, c := range []struct {
-		name string
-		ctx  context.Context
-		h    *storage.SelectHints
-		res  int64
-		want Fit
+		name    string
+		atSteps bool
+		h       *storage.SelectHints
+		res     int64
+		want    Fit
 	}{
 		{"on the grid", at, h(t0, Res5m, 30*60_000, 10), Res5m, Fits},
 		{"plain selector", at, &storage.SelectHints{Start: t0, End: t0 + Res1h, Step: 27 * 60_000}, Res1h, Fits},
@@ -101,12 +100,12 @@ func TestWindowFit(t *testing.T) {
 		{"27m step", at, h(t0, Res5m, 27*60_000, 10), Res5m, FitsShifted},
 		{"start +2m30s", at, h(t0+150_000, Res5m, 30*60_000, 10), Res5m, FitsShifted},
 		{"steps too close to move", at, h(t0+150_000, Res5m, 7*60_000, 10), Res5m, FitsNot},
-		{"one evaluation off the grid", context.Background(), h(t0+1, Res1h, 0, 0), Res1h, FitsShifted},
+		{"one evaluation off the grid", false, h(t0+1, Res1h, 0, 0), Res1h, FitsShifted},
 		{"a range query's one step, judged by its step", at, h(t0, 30*60_000, 27*60_000, 0), Res5m, FitsNot},
-		{"times unknown (subquery)", context.Background(), h(t0, Res5m, 30*60_000, 10), Res5m, FitsNot},
+		{"times unknown (subquery)", false, h(t0, Res5m, 30*60_000, 10), Res5m, FitsNot},
 		{"raw", at, h(t0+1, 7_000, 13_000, 10), ResRaw, Fits},
 	} {
-		if got := WindowFit(c.ctx, c.h, c.res); got != c.want {
+		if got := WindowFit(c.atSteps, c.h, c.res); got != c.want {
 			t.Errorf("%s: %d, want %d", c.name, got, c.want)
 		}
 	}

@@ -90,7 +90,7 @@ type Prepared struct {
 	Labels []string
 	// AtSteps: every selector is evaluated at the request's steps only (no
 	// subquery, no @ modifier), so a select's hints say which times it reads
-	// (see WithSelectsAtSteps).
+	// (see readopts.ReadOptions.AtSteps).
 	AtSteps bool
 }
 

@@ -45,6 +45,7 @@ import (
 
 	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/limits/querylimit"
+	"github.com/gpustore/gpustore/pkg/readopts"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
@@ -367,7 +368,7 @@ const noStepSubqueryInterval = time.Minute
 // The write endpoints registered by pkg/ingest are more specific patterns and
 // take precedence.
 func (a *API) RegisterRoutes(mux *http.ServeMux) {
-	api := a.hideRuleFiles(a.dedup(a.resolution(a.router)))
+	api := a.hideRuleFiles(a.readOptions(a.router))
 	if a.opts.Frontend != nil {
 		api = a.opts.Frontend(api)
 	}
@@ -410,10 +411,24 @@ func (a *API) tenant(next http.Handler) http.Handler {
 	})
 }
 
-// dedup turns query-time deduplication on for the request unless it asks
-// dedup=false (Thanos' parameter).
-func (a *API) dedup(next http.Handler) http.Handler {
+// readOptions parses the request's read options (readopts.ReadOptions),
+// here and nowhere else, into its context, whence the query path takes
+// them when it opens the tenant's querier:
+//   - deduplication by the configured replica labels, unless the request
+//     asks dedup=false (Thanos' parameter);
+//   - its max_source_resolution, or the configured default;
+//   - for a PromQL query, parsed once (downsample.Prepare): whether its
+//     selects are evaluated at the request's steps only (the bucket store
+//     then reads only the chunks the steps' windows need) and, for a
+//     tenant with downsampled blocks, the labels it names (a select that
+//     names a label folded in downsampled data reads finer data). For such
+//     a tenant it also rewrites count_over_time and avg_over_time into sums
+//     of explicit aggregates (downsample.Rewrite), which read downsampled
+//     and raw data alike.
+func (a *API) readOptions(next http.Handler) http.Handler {
+	def, _ := downsample.ParseMaxSourceResolution(a.opts.Config.MaxSourceResolution) // validated
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		o := readopts.Default()
 		if len(a.opts.Config.ReplicaLabels) > 0 {
 			on := true
 			if v := r.FormValue("dedup"); v != "" {
@@ -425,55 +440,31 @@ func (a *API) dedup(next http.Handler) http.Handler {
 				on = b
 			}
 			if on {
-				r = r.WithContext(WithDedup(r.Context(), a.opts.Config.ReplicaLabels))
+				o.ReplicaLabels = a.opts.Config.ReplicaLabels
 			}
 		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-// resolution puts the request's max_source_resolution (or the configured
-// default) into its context for the bucket store's selects, and parses a
-// PromQL query once (downsample.Prepare) to record whether its selects are
-// evaluated at the request's steps only (the bucket store then reads only
-// the chunks the steps' windows need) and, for a tenant with downsampled
-// blocks, the labels it names (a select that names a label folded in
-// downsampled data reads finer data); for such a tenant it also rewrites
-// count_over_time and avg_over_time into sums of explicit aggregates
-// (downsample.Rewrite), which read downsampled and raw data alike.
-func (a *API) resolution(next http.Handler) http.Handler {
-	def, _ := downsample.ParseMaxSourceResolution(a.opts.Config.MaxSourceResolution) // validated
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		res := def
+		o.MaxSourceResolution = def
 		if v := r.FormValue("max_source_resolution"); v != "" {
 			var err error
-			if res, err = downsample.ParseMaxSourceResolution(v); err != nil {
+			if o.MaxSourceResolution, err = downsample.ParseMaxSourceResolution(v); err != nil {
 				writeError(w, http.StatusBadRequest, "bad_data", err)
 				return
 			}
 		}
-		ctx := downsample.WithMaxSourceResolution(r.Context(), res)
 		p := r.URL.Path
 		if strings.HasSuffix(p, "/query") || strings.HasSuffix(p, "/query_range") {
 			if pq, err := downsample.Prepare(r.FormValue("query")); err == nil {
-				if pq.AtSteps && strings.HasSuffix(p, "/query_range") {
-					ctx = downsample.WithSelectsAtSteps(ctx)
-				}
-				if a.downsampled(ctx) {
-					ctx = downsample.WithQueryLabels(ctx, pq.Labels)
+				o.AtSteps = pq.AtSteps && strings.HasSuffix(p, "/query_range")
+				if a.downsampled(r.Context()) {
+					o.QueryLabels = pq.Labels
 					if pq.Rewritten {
 						r.Form.Set("query", pq.Query) // FormValue parsed the form; the API reads r.Form
 					}
 				}
 			}
 		}
-		next.ServeHTTP(w, r.WithContext(ctx))
+		next.ServeHTTP(w, r.WithContext(readopts.NewContext(r.Context(), o)))
 	})
-}
-
-// downsampledSource is a Source that may hold downsampled blocks.
-type downsampledSource interface {
-	HasDownsampled(tenant string) bool
 }
 
 // downsampled reports whether any source holds downsampled blocks of the
@@ -484,7 +475,7 @@ func (a *API) downsampled(ctx context.Context) bool {
 		return false
 	}
 	for _, s := range a.opts.Sources {
-		if d, ok := s.(downsampledSource); ok && d.HasDownsampled(id) {
+		if s.HasDownsampled(id) {
 			return true
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/downsample"
+	"github.com/gpustore/gpustore/pkg/readopts"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
@@ -91,7 +92,9 @@ func TestLocalBlocksBesideTheirCompactedCopy(t *testing.T) {
 	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 1e6, Timeout: time.Minute, LookbackDelta: 5 * time.Minute})
 	for _, res := range []string{"raw", "5m"} {
 		r, _ := downsample.ParseMaxSourceResolution(res)
-		qctx := downsample.WithMaxSourceResolution(user.InjectOrgID(ctx, "t"), r)
+		o := readopts.Default()
+		o.MaxSourceResolution = r
+		qctx := readopts.NewContext(user.InjectOrgID(ctx, "t"), o)
 		// The plain count_over_time and its rewritten form, as the API runs
 		// it for tenants with downsampled blocks.
 		for _, qs := range []string{`sum(count_over_time(DCGM_FI_DEV_GPU_UTIL[25m]))`,

@@ -18,6 +18,7 @@ import (
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/readopts"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
@@ -108,7 +109,7 @@ func TestBucketThenLocalReadInOrder(t *testing.T) {
 		t.Helper()
 		// The merge underneath the query path's decoding (which would
 		// hide the iterator that reads the parts).
-		qr, err := q.openQuerier("t", t0, t0+120*minute)
+		qr, err := q.openQuerier("t", t0, t0+120*minute, readopts.Default())
 		if err != nil {
 			t.Fatal(err)
 		}

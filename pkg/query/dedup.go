@@ -1,7 +1,6 @@
 package query
 
 import (
-	"context"
 	"slices"
 
 	"github.com/prometheus/prometheus/model/histogram"
@@ -22,20 +21,9 @@ import (
 //
 // Each replica series is the merge of the head, local blocks and bucket
 // blocks (openQuerier) before it gets here, so block boundaries are
-// invisible to the rule.
-
-type dedupKey struct{}
-
-// WithDedup marks ctx for deduplication by the given replica labels
-// (none: off). The API middleware sets it from the `dedup` parameter.
-func WithDedup(ctx context.Context, replicaLabels []string) context.Context {
-	return context.WithValue(ctx, dedupKey{}, replicaLabels)
-}
-
-func dedupLabels(ctx context.Context) []string {
-	l, _ := ctx.Value(dedupKey{}).([]string)
-	return l
-}
+// invisible to the rule. Which labels name the replicas, if any, is the
+// read's option (readopts.ReadOptions.ReplicaLabels): the API sets them
+// unless the request asks dedup=false, rules always.
 
 // counterFuncs are the PromQL functions whose input is a counter.
 var counterFuncs = map[string]bool{"rate": true, "increase": true, "irate": true, "resets": true, "xrate": true, "xincrease": true}

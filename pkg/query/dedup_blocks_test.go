@@ -126,7 +126,7 @@ func TestDedupAcrossHeadLocalAndBucketBlocks(t *testing.T) {
 	}
 
 	q := TenantQueryable{DBs: dbs, Sources: []Source{store}}
-	dctx := WithDedup(user.InjectOrgID(ctx, "t"), []string{"__replica__"})
+	dctx := withDedup(user.InjectOrgID(ctx, "t"), []string{"__replica__"})
 	temp := labels.MustNewMatcher(labels.MatchEqual, "__name__", "DCGM_FI_DEV_GPU_TEMP")
 	querier, err := q.Querier(t0, t0+12*minute)
 	if err != nil {

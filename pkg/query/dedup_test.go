@@ -80,7 +80,7 @@ func TestQueryTimeDedup(t *testing.T) {
 		return m
 	}
 	plain := user.InjectOrgID(context.Background(), "t")
-	dedup := WithDedup(plain, []string{"__replica__"})
+	dedup := withDedup(plain, []string{"__replica__"})
 
 	if m := run(plain, `sum(gpu_temp)`); m[0].Floats[0].F != 140 {
 		t.Fatalf("without dedup both replicas count: %v", m[0].Floats[0].F)
@@ -409,7 +409,7 @@ func TestDedupTieIndependentOfSelectOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 1e7, Timeout: time.Minute, LookbackDelta: 5 * time.Minute})
-	ctx := WithDedup(user.InjectOrgID(context.Background(), "t"), []string{"__replica__"})
+	ctx := withDedup(user.InjectOrgID(context.Background(), "t"), []string{"__replica__"})
 	qry, err := engine.NewRangeQuery(ctx, TenantQueryable{DBs: dbs}, nil, "x", time.UnixMilli(start), time.UnixMilli(start+19*15000), 15*time.Second)
 	if err != nil {
 		t.Fatal(err)

@@ -9,13 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/util/annotations"
 
 	"github.com/gpustore/gpustore/internal/abuse"
+	"github.com/gpustore/gpustore/pkg/readopts"
 )
 
 // stallingSource is a Source whose selects of the metric "stall" hold
@@ -33,13 +33,15 @@ func newStallingSource() *stallingSource {
 	return &stallingSource{release: make(chan struct{}), started: make(chan struct{}, 1000)}
 }
 
-func (s *stallingSource) Querier(string, int64, int64, func(ulid.ULID) bool) storage.Querier {
-	return stallingQuerier{s}
+func (s *stallingSource) Querier(string, int64, int64, readopts.ReadOptions) (storage.Querier, error) {
+	return stallingQuerier{s}, nil
 }
 
-func (s *stallingSource) ChunkQuerier(string, int64, int64, func(ulid.ULID) bool) storage.ChunkQuerier {
-	return stallingChunkQuerier{stallingQuerier{s}}
+func (s *stallingSource) ChunkQuerier(string, int64, int64, readopts.ReadOptions) (storage.ChunkQuerier, error) {
+	return stallingChunkQuerier{stallingQuerier{s}}, nil
 }
+
+func (s *stallingSource) HasDownsampled(string) bool { return false }
 
 type stallingQuerier struct{ s *stallingSource }
 

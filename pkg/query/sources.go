@@ -14,23 +14,27 @@ import (
 	"github.com/prometheus/prometheus/util/annotations"
 
 	"github.com/gpustore/gpustore/pkg/downsample"
+	"github.com/gpustore/gpustore/pkg/readopts"
 	"github.com/gpustore/gpustore/pkg/seriesset"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
 // Source is a place other than the tenant's local TSDB that holds its data:
-// the bucket's blocks (pkg/bucketstore) today; downsampled blocks and the
-// other receivers of a cluster later. All sources of a query are merged here,
-// in one place (openQuerier/openChunkQuerier), with the head and local
-// blocks.
+// the bucket's blocks (pkg/bucketstore) and the ring's receivers
+// (pkg/receivers). All sources of a query are merged here, in one place
+// (openQuerier/openChunkQuerier), with the head and local blocks.
 //
-// local reports the blocks the local TSDB serves to this query: a block that
-// was just uploaded and is still on local disk (it stays until it is past
-// the local retention) is read from disk, and the source leaves it out. The
-// source returns nil when it has nothing for the range.
+// opts are the read's (readopts.ReadOptions): the request's, and what the
+// caller serves itself, which the source leaves out or reads raw. A source
+// with nothing for the range returns a no-op querier (storage.NoopQuerier,
+// which the merges leave out), never nil.
 type Source interface {
-	Querier(tenant string, mint, maxt int64, local func(ulid.ULID) bool) storage.Querier
-	ChunkQuerier(tenant string, mint, maxt int64, local func(ulid.ULID) bool) storage.ChunkQuerier
+	Querier(tenant string, mint, maxt int64, opts readopts.ReadOptions) (storage.Querier, error)
+	ChunkQuerier(tenant string, mint, maxt int64, opts readopts.ReadOptions) (storage.ChunkQuerier, error)
+	// HasDownsampled reports whether the source holds downsampled blocks
+	// of the tenant: the API then rewrites the queries that need it
+	// (downsample.Rewrite) and records the labels they name.
+	HasDownsampled(tenant string) bool
 }
 
 // localBlocks lists the blocks of db. It is called after db's querier is
@@ -51,8 +55,6 @@ func localBlocks(db *tenantdb.DB) func(ulid.ULID) bool {
 	}
 	return func(id ulid.ULID) bool { _, ok := ids[id]; return ok }
 }
-
-func noLocalBlocks(ulid.ULID) bool { return false }
 
 // localMinTime is the oldest time the local TSDB holds data for (its oldest
 // block or its head), math.MaxInt64 when it holds none.
@@ -81,34 +83,6 @@ func localDataFrom(db *tenantdb.DB) int64 {
 		from = min(from, h.MinOOOTime())
 	}
 	return from
-}
-
-// localFromQuerier tells a source's selects from when the local TSDB serves
-// the tenant's raw data (downsample.WithLocalFrom): the bucket store reads
-// that range raw, never downsampled beside the same samples.
-type localFromQuerier struct {
-	storage.Querier
-	from int64
-}
-
-func (q localFromQuerier) Select(ctx context.Context, sortSeries bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
-	if q.from != math.MaxInt64 {
-		ctx = downsample.WithLocalFrom(ctx, q.from)
-	}
-	return q.Querier.Select(ctx, sortSeries, hints, ms...)
-}
-
-// Folding is the inner querier's (downsample.FoldingQuerier), with the
-// same local range as its selects.
-func (q localFromQuerier) Folding(ctx context.Context, hints *storage.SelectHints, ms ...*labels.Matcher) (downsample.Folding, error) {
-	fq, ok := q.Querier.(downsample.FoldingQuerier)
-	if !ok {
-		return downsample.Folding{}, nil
-	}
-	if q.from != math.MaxInt64 {
-		ctx = downsample.WithLocalFrom(ctx, q.from)
-	}
-	return fq.Folding(ctx, hints, ms...)
 }
 
 // foldingQuerier folds the raw series a select reads (the local TSDB's,
@@ -153,6 +127,11 @@ func (q TenantQueryable) receiversFrom() int64 {
 // silently answering without its data. (The receivers source tolerates its
 // replicas' failures itself, with a warning.)
 //
+// The sources are told what the caller serves itself (opts.LocalBlocks,
+// opts.LocalFrom): the local TSDB's blocks, which the bucket leaves out,
+// and from when the local TSDB or the receivers hold raw data, which the
+// bucket reads raw there.
+//
 // The receivers are read over the whole range: what they hold is there
 // (backfilled or late samples older than their lookback; a block shipped
 // but not yet seen by the bucket store), and a query must not hide it. The
@@ -161,10 +140,9 @@ func (q TenantQueryable) receiversFrom() int64 {
 // data older than that, still on a receiver and already downsampled in the
 // bucket, could meet its own aggregates; the compactor downsamples only
 // what has been in the bucket for longer than receivers keep blocks.)
-func (q TenantQueryable) openQuerier(tenantID string, mint, maxt int64) (storage.Querier, error) {
+func (q TenantQueryable) openQuerier(tenantID string, mint, maxt int64, opts readopts.ReadOptions) (storage.Querier, error) {
 	var qs []storage.Querier
-	local := noLocalBlocks
-	localFrom := int64(math.MaxInt64)
+	src := opts // what the sources are told: nothing local yet
 	if db := q.DBs.Existing(tenantID); db != nil {
 		before := localDataFrom(db)
 		dq, err := db.Querier(mint, maxt)
@@ -172,51 +150,54 @@ func (q TenantQueryable) openQuerier(tenantID string, mint, maxt int64) (storage
 			return nil, fmt.Errorf("open querier of tenant %q: %w", tenantID, err)
 		}
 		// Raw data answers the explicit aggregates of rewritten queries
-		// (see API.resolution) as downsampled data does. Its series say
+		// (see API.readOptions) as downsampled data does. Its series say
 		// the range they hold: beside the bucket's blocks that end before
 		// it, a series is read as the bucket's part, then the local one
 		// (seriesset.MergeSpans), not merged sample by sample.
 		from := min(max(mint, min(before, localDataFrom(db))), maxt)
 		qs = append(qs, seriesset.SpanQuerier(downsample.NewRawQuerier(dq), from, maxt))
-		local, localFrom = localBlocks(db), localMinTime(db)
+		src.LocalBlocks, src.LocalFrom = localBlocks(db), localMinTime(db)
 	}
-	var rq storage.Querier
-	if q.Receivers != nil {
-		if rq = q.Receivers.Querier(tenantID, mint, maxt, noLocalBlocks); rq != nil {
-			localFrom = min(localFrom, q.receiversFrom())
-		}
-	}
-	openSources := func(local func(ulid.ULID) bool) []storage.Querier {
-		var sqs []storage.Querier
-		for _, src := range q.Sources {
-			if sq := src.Querier(tenantID, mint, maxt, local); sq != nil {
-				sqs = append(sqs, localFromQuerier{Querier: sq, from: localFrom})
+	openSources := func(src readopts.ReadOptions) ([]storage.Querier, error) {
+		sqs := make([]storage.Querier, 0, len(q.Sources))
+		for _, s := range q.Sources {
+			sq, err := s.Querier(tenantID, mint, maxt, src)
+			if err != nil {
+				closeAll(sqs)
+				return nil, fmt.Errorf("open querier of tenant %q: %w", tenantID, err)
 			}
+			sqs = append(sqs, sq)
 		}
-		return sqs
+		return sqs, nil
 	}
 	var folders []downsample.FoldingQuerier
-	if rq != nil {
-		r := &ringQuerier{receivers: downsample.NewRawQuerier(rq), local: local, open: openSources}
+	if q.Receivers != nil {
+		openReceivers := func(o readopts.ReadOptions) (storage.Querier, error) {
+			rq, err := q.Receivers.Querier(tenantID, mint, maxt, o)
+			if err != nil {
+				return nil, fmt.Errorf("open querier of tenant %q: %w", tenantID, err)
+			}
+			return downsample.NewRawQuerier(rq), nil
+		}
+		rq, err := openReceivers(opts)
+		if err != nil {
+			closeAll(qs)
+			return nil, err
+		}
+		src.LocalFrom = min(src.LocalFrom, q.receiversFrom())
+		r := &ringQuerier{receivers: rq, receiverOpts: opts, openReceivers: openReceivers, opts: src, open: openSources}
 		qs = append(qs, r)
 		folders = append(folders, r)
 	} else {
-		for _, sq := range openSources(local) {
-			qs = append(qs, sq)
-			if folds(sq) {
-				folders = append(folders, sq.(downsample.FoldingQuerier))
-			}
+		sqs, err := openSources(src)
+		if err != nil {
+			closeAll(qs)
+			return nil, err
 		}
+		qs = append(qs, sqs...)
+		folders = append(folders, foldersOf(sqs)...)
 	}
-	var merged storage.Querier
-	switch len(qs) {
-	case 0:
-		return storage.NoopQuerier(), nil
-	case 1:
-		merged = qs[0]
-	default:
-		merged = seriesset.NewMergeQuerier(qs, seriesset.MergeSpans)
-	}
+	merged := seriesset.NewMergeQuerier(qs, seriesset.MergeSpans)
 	if len(folders) > 0 {
 		return foldingQuerier{Querier: merged, folders: folders}, nil
 	}
@@ -224,44 +205,58 @@ func (q TenantQueryable) openQuerier(tenantID string, mint, maxt int64) (storage
 }
 
 // openChunkQuerier is openQuerier for chunk queries.
-func (q TenantQueryable) openChunkQuerier(tenantID string, mint, maxt int64) (storage.ChunkQuerier, error) {
+func (q TenantQueryable) openChunkQuerier(tenantID string, mint, maxt int64, opts readopts.ReadOptions) (storage.ChunkQuerier, error) {
 	var qs []storage.ChunkQuerier
-	local := noLocalBlocks
+	fail := func(err error) (storage.ChunkQuerier, error) {
+		for _, cq := range qs {
+			_ = cq.Close()
+		}
+		return nil, fmt.Errorf("open chunk querier of tenant %q: %w", tenantID, err)
+	}
+	src := opts
 	if db := q.DBs.Existing(tenantID); db != nil {
 		dq, err := db.ChunkQuerier(mint, maxt)
 		if err != nil {
-			return nil, fmt.Errorf("open chunk querier of tenant %q: %w", tenantID, err)
+			return fail(err)
 		}
 		qs = append(qs, dq)
-		local = localBlocks(db)
+		src.LocalBlocks = localBlocks(db)
 	}
 	if q.Receivers != nil {
-		if rq := q.Receivers.ChunkQuerier(tenantID, mint, maxt, noLocalBlocks); rq != nil {
-			qs = append(qs, rq)
+		rq, err := q.Receivers.ChunkQuerier(tenantID, mint, maxt, opts)
+		if err != nil {
+			return fail(err)
 		}
+		qs = append(qs, rq)
 	}
-	for _, src := range q.Sources {
-		if sq := src.ChunkQuerier(tenantID, mint, maxt, local); sq != nil {
-			qs = append(qs, sq)
+	for _, s := range q.Sources {
+		sq, err := s.ChunkQuerier(tenantID, mint, maxt, src)
+		if err != nil {
+			return fail(err)
 		}
+		qs = append(qs, sq)
 	}
-	switch len(qs) {
-	case 0:
-		return storage.NoopChunkedQuerier(), nil
-	case 1:
-		return qs[0], nil
-	}
+	// The merge leaves out the no-op queriers of sources with nothing.
 	return storage.NewMergeChunkQuerier(qs, nil, storage.NewCompactingChunkSeriesMerger(storage.ChainedSeriesMerge)), nil
 }
 
-// folds says whether sq (a source's, as openQuerier wraps it) can say how
-// the downsampled data it reads was folded.
-func folds(sq storage.Querier) bool {
-	lq, ok := sq.(localFromQuerier)
-	if ok {
-		_, ok = lq.Querier.(downsample.FoldingQuerier)
+// foldersOf are the queriers of qs (the sources') that can say how the
+// downsampled data they read was folded (the bucket store's, which the
+// folding of the raw series beside them follows: foldingQuerier).
+func foldersOf(qs []storage.Querier) []downsample.FoldingQuerier {
+	var out []downsample.FoldingQuerier
+	for _, sq := range qs {
+		if fq, ok := sq.(downsample.FoldingQuerier); ok {
+			out = append(out, fq)
+		}
 	}
-	return ok
+	return out
+}
+
+func closeAll(qs []storage.Querier) {
+	for _, q := range qs {
+		_ = q.Close()
+	}
 }
 
 // ringQuerier reads the ring's receivers, then the sources (the bucket)
@@ -273,17 +268,23 @@ func folds(sq storage.Querier) bool {
 // merges them). Read beside the receivers' answers, every such copy is
 // merged again sample by sample. A receiver's streamed answer lists the
 // blocks it holds (receivers.LocalBlocksHeader), as of the moment its
-// querier opened, and the receivers' source reports them in the select's
-// context (ReportServedBlocks); the bucket's querier is opened after the
-// receivers answered, leaving them out as it leaves out the blocks of the
-// local TSDB. The receivers' select holds their answers whole before it
-// returns, so the report is complete by then; a wrapper that deferred it
-// would report nothing, and the bucket would read every block: more work,
-// never missing data.
+// querier opened, and the receivers' source reports them to the select's
+// own receivers querier (readopts.ReadOptions.ServedBlocks); the bucket's
+// querier is opened after the receivers answered, leaving them out as it
+// leaves out the blocks of the local TSDB. The receivers' select holds
+// their answers whole before it returns, so the report is complete by
+// then; a wrapper that deferred it would report nothing, and the bucket
+// would read every block: more work, never missing data.
 type ringQuerier struct {
-	receivers storage.Querier
-	local     func(ulid.ULID) bool
-	open      func(local func(ulid.ULID) bool) []storage.Querier
+	// receivers answers the label calls; each select opens its own
+	// (openReceivers), told where to report the blocks it served.
+	receivers     storage.Querier
+	receiverOpts  readopts.ReadOptions // the request's
+	openReceivers func(readopts.ReadOptions) (storage.Querier, error)
+	// opts are the sources' options: the request's, the local TSDB's
+	// blocks, and the raw time the local TSDB or the receivers hold.
+	opts readopts.ReadOptions
+	open func(readopts.ReadOptions) ([]storage.Querier, error)
 
 	mtx     sync.Mutex // the engine may select from several goroutines
 	opened  []storage.Querier
@@ -297,13 +298,13 @@ type ringQuerier struct {
 func (q *ringQuerier) Folding(ctx context.Context, hints *storage.SelectHints, ms ...*labels.Matcher) (downsample.Folding, error) {
 	q.mtx.Lock()
 	if q.folders == nil {
-		q.folders = []downsample.FoldingQuerier{}
-		for _, sq := range q.open(q.local) {
-			q.opened = append(q.opened, sq)
-			if folds(sq) {
-				q.folders = append(q.folders, sq.(downsample.FoldingQuerier))
-			}
+		sqs, err := q.open(q.opts)
+		if err != nil {
+			q.mtx.Unlock()
+			return downsample.Folding{}, err
 		}
+		q.opened = append(q.opened, sqs...)
+		q.folders = append([]downsample.FoldingQuerier{}, foldersOf(sqs)...)
 	}
 	folders := q.folders
 	q.mtx.Unlock()
@@ -320,33 +321,63 @@ func (q *ringQuerier) Folding(ctx context.Context, hints *storage.SelectHints, m
 
 func (q *ringQuerier) Select(ctx context.Context, _ bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
 	served := &servedBlocks{}
-	sets := []storage.SeriesSet{q.receivers.Select(context.WithValue(ctx, servedBlocksKey{}, served), true, hints, ms...)}
-	for _, sq := range q.sources(served.or(q.local)) {
+	ro := q.receiverOpts
+	ro.ServedBlocks = served.add
+	rq, err := q.openReceivers(ro)
+	if err != nil {
+		return storage.ErrSeriesSet(err)
+	}
+	q.mtx.Lock()
+	q.opened = append(q.opened, rq)
+	q.mtx.Unlock()
+	sets := []storage.SeriesSet{rq.Select(ctx, true, hints, ms...)}
+	opts := q.opts
+	opts.LocalBlocks = served.or(q.opts.LocalBlocks)
+	sqs, err := q.sources(opts)
+	if err != nil {
+		return storage.ErrSeriesSet(err)
+	}
+	for _, sq := range sqs {
 		sets = append(sets, sq.Select(ctx, true, hints, ms...))
 	}
 	return seriesset.NewMergeSeriesSet(sets, seriesset.ChainedSeriesMerge)
 }
 
 // sources opens the sources' queriers, to be closed with q.
-func (q *ringQuerier) sources(local func(ulid.ULID) bool) []storage.Querier {
-	qs := q.open(local)
+func (q *ringQuerier) sources(opts readopts.ReadOptions) ([]storage.Querier, error) {
+	qs, err := q.open(opts)
+	if err != nil {
+		return nil, err
+	}
 	q.mtx.Lock()
 	q.opened = append(q.opened, qs...)
 	q.mtx.Unlock()
-	return qs
+	return qs, nil
 }
 
 // all is the receivers beside every block of the sources (label calls).
-func (q *ringQuerier) all() storage.Querier {
-	return seriesset.NewMergeQuerier(append([]storage.Querier{q.receivers}, q.sources(q.local)...), seriesset.ChainedSeriesMerge)
+func (q *ringQuerier) all() (storage.Querier, error) {
+	sqs, err := q.sources(q.opts)
+	if err != nil {
+		return nil, err
+	}
+	return seriesset.NewMergeQuerier(append([]storage.Querier{q.receivers}, sqs...), seriesset.ChainedSeriesMerge), nil
 }
 
 func (q *ringQuerier) LabelValues(ctx context.Context, name string, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	return q.all().LabelValues(ctx, name, hints, ms...)
+	all, err := q.all()
+	if err != nil {
+		return nil, nil, err
+	}
+	return all.LabelValues(ctx, name, hints, ms...)
 }
 
 func (q *ringQuerier) LabelNames(ctx context.Context, hints *storage.LabelHints, ms ...*labels.Matcher) ([]string, annotations.Annotations, error) {
-	return q.all().LabelNames(ctx, hints, ms...)
+	all, err := q.all()
+	if err != nil {
+		return nil, nil, err
+	}
+	return all.LabelNames(ctx, hints, ms...)
 }
 
 func (q *ringQuerier) Close() error {
@@ -367,18 +398,9 @@ type servedBlocks struct {
 	ids map[ulid.ULID]struct{}
 }
 
-type servedBlocksKey struct{}
-
-// ReportServedBlocks tells the query path, during a select of the ring's
-// receivers, which bucket blocks their answer covers (see ringQuerier): the
-// blocks the receivers that answered hold on their disks, and those of
-// receivers left out of a read quorum, whose samples are on the receivers
-// read. It does nothing outside such a select.
-func ReportServedBlocks(ctx context.Context, ids []ulid.ULID) {
-	sb, ok := ctx.Value(servedBlocksKey{}).(*servedBlocks)
-	if !ok || len(ids) == 0 {
-		return
-	}
+// add records ids (readopts.ReadOptions.ServedBlocks of the select's
+// receivers querier).
+func (sb *servedBlocks) add(ids []ulid.ULID) {
 	sb.mtx.Lock()
 	defer sb.mtx.Unlock()
 	if sb.ids == nil {
@@ -389,7 +411,7 @@ func ReportServedBlocks(ctx context.Context, ids []ulid.ULID) {
 	}
 }
 
-// or is local extended by the served blocks.
+// or is local (nil: none) extended by the served blocks.
 func (sb *servedBlocks) or(local func(ulid.ULID) bool) func(ulid.ULID) bool {
 	sb.mtx.Lock()
 	ids := sb.ids
@@ -401,6 +423,6 @@ func (sb *servedBlocks) or(local func(ulid.ULID) bool) func(ulid.ULID) bool {
 		if _, ok := ids[id]; ok {
 			return true
 		}
-		return local(id)
+		return local != nil && local(id)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/grafana/dskit/user"
-	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
@@ -17,6 +16,7 @@ import (
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/bucketstore"
+	"github.com/gpustore/gpustore/pkg/readopts"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
@@ -26,14 +26,14 @@ type spySource struct {
 	skipped, asked int
 }
 
-func (s *spySource) Querier(tenant string, mint, maxt int64, local func(ulid.ULID) bool) storage.Querier {
+func (s *spySource) Querier(tenant string, mint, maxt int64, o readopts.ReadOptions) (storage.Querier, error) {
 	s.asked++
 	for _, m := range s.Blocks(tenant) {
-		if local(m.ULID) {
+		if o.Local(m.ULID) {
 			s.skipped++
 		}
 	}
-	return s.Store.Querier(tenant, mint, maxt, local)
+	return s.Store.Querier(tenant, mint, maxt, o)
 }
 
 func dumpAll(t *testing.T, ctx context.Context, q storage.Querier) (string, int) {

@@ -88,7 +88,7 @@ func TestTopKTiesAsPrometheus(t *testing.T) {
 	for _, dedup := range []bool{true, false} {
 		gctx := user.InjectOrgID(ctx, "t")
 		if dedup {
-			gctx = WithDedup(gctx, []string{"__replica__"})
+			gctx = withDedup(gctx, []string{"__replica__"})
 		}
 		for _, qs := range []string{
 			`topk(2, DCGM_FI_DEV_GPU_UTIL)`, `bottomk(3, DCGM_FI_DEV_GPU_UTIL)`,

@@ -40,7 +40,7 @@ func BenchmarkRingSelect(b *testing.B) {
 		hints := &storage.SelectHints{Start: mint, End: maxt}
 		b.Run(tc.name+"/ring", func(b *testing.B) {
 			for b.Loop() {
-				q := src.Querier("t", mint, maxt, nil)
+				q := mustQuerier(b, src, "t", mint, maxt)
 				benchIterate(b, q.Select(ctx, false, hints, m), 256*240)
 				_ = q.Close()
 			}
@@ -51,7 +51,7 @@ func BenchmarkRingSelect(b *testing.B) {
 			var ts []int64
 			var fs []float64
 			for b.Loop() {
-				q := src.Querier("t", mint, maxt, nil)
+				q := mustQuerier(b, src, "t", mint, maxt)
 				ss := q.Select(ctx, false, hints, m)
 				n := 0
 				for ss.Next() {
@@ -169,7 +169,7 @@ func BenchmarkRingDecode(b *testing.B) {
 	}{{"identical", 0}, {"differing", 0.01}} {
 		_, src, mint, maxt := benchRing(b, tc.miss)
 		ctx := user.InjectOrgID(context.Background(), "t")
-		q := src.Querier("t", mint, maxt, nil)
+		q := mustQuerier(b, src, "t", mint, maxt)
 		ss := q.Select(ctx, false, &storage.SelectHints{Start: mint, End: maxt},
 			labels.MustNewMatcher(labels.MatchEqual, model.MetricNameLabel, "DCGM_FI_DEV_GPU_UTIL"))
 		var series []storage.Series

@@ -30,7 +30,7 @@ func TestRingSeriesAppendFloats(t *testing.T) {
 		for range 20 {
 			qmint := mint + rng.Int64N(maxt-mint)/2 - 30_000
 			qmaxt := maxt - rng.Int64N(maxt-mint)/2 + 30_000
-			q := src.Querier("t", qmint, qmaxt, nil)
+			q := mustQuerier(t, src, "t", qmint, qmaxt)
 			ss := q.Select(ctx, false, &storage.SelectHints{Start: qmint, End: qmaxt},
 				labels.MustNewMatcher(labels.MatchEqual, model.MetricNameLabel, "DCGM_FI_DEV_GPU_UTIL"))
 			n := 0

@@ -64,7 +64,7 @@ func ReadHandler(dbs *tenantdb.Manager, tenants tenancy.Config, logger *slog.Log
 // compacted ones), comma-separated, as they were once its querier had
 // opened: the blocks it shipped to the bucket and still answers from
 // itself. The querying process does not read them from the bucket (see
-// query.ReportServedBlocks). A block deleted in between is not listed (the
+// readopts.ReadOptions.ServedBlocks). A block deleted in between is not listed (the
 // bucket is read for it: more work, nothing lost); one cut from the head
 // in between is listed and its samples were in the head the querier read.
 const LocalBlocksHeader = "X-Gpustore-Local-Blocks"

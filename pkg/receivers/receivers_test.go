@@ -40,6 +40,7 @@ import (
 	"github.com/gpustore/gpustore/internal/logging"
 	"github.com/gpustore/gpustore/pkg/limits/querylimit"
 	"github.com/gpustore/gpustore/pkg/query"
+	"github.com/gpustore/gpustore/pkg/readopts"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
@@ -279,7 +280,10 @@ var all = labels.MustNewMatcher(labels.MatchRegexp, model.MetricNameLabel, "gpu_
 // dump selects from a querier of the source (tenant in the context as the
 // query path puts it) and prints each series with its samples.
 func dump(ctx context.Context, src *Source, tenant string, ms ...*labels.Matcher) (string, annotations.Annotations, error) {
-	q := src.Querier(tenant, ts(0), ts(nSteps-1), nil)
+	q, err := src.Querier(tenant, ts(0), ts(nSteps-1), readopts.Default())
+	if err != nil {
+		return "", nil, err
+	}
 	defer q.Close()
 	return dumpSet(q.Select(user.InjectOrgID(ctx, tenant), false, nil, ms...))
 }
@@ -410,7 +414,7 @@ func TestSelectMergesReplicas(t *testing.T) {
 	}
 
 	// The chunk querier (remote read through this process) is the same.
-	cq := src.ChunkQuerier("team-a", ts(0), ts(nSteps-1), nil)
+	cq := mustChunkQuerier(t, src, "team-a", ts(0), ts(nSteps-1))
 	got, _, err := dumpSet(storage.NewSeriesSetFromChunkSeriesSet(cq.Select(user.InjectOrgID(ctx, "team-a"), true, nil, all)))
 	if err != nil || got != wantTeamA {
 		t.Errorf("chunk querier: %v\n%s\nwant:\n%s", err, got, wantTeamA)
@@ -505,7 +509,7 @@ func TestToleratesFailures(t *testing.T) {
 
 	// Label calls tolerate it the same way.
 	for range 5 {
-		names, ws, err := src.Querier("team-a", ts(0), ts(nSteps-1), nil).LabelNames(user.InjectOrgID(ctx, "team-a"), nil)
+		names, ws, err := mustQuerier(t, src, "team-a", ts(0), ts(nSteps-1)).LabelNames(user.InjectOrgID(ctx, "team-a"), nil)
 		if err != nil || !slices.Equal(names, []string{"__name__", "gpu", "host"}) || len(ws) > 1 {
 			t.Errorf("LabelNames with r0 down: %v %v %v", names, ws, err)
 		}
@@ -525,7 +529,7 @@ func TestToleratesFailures(t *testing.T) {
 	if !errors.Is(err, query.ErrUnavailable) {
 		t.Errorf("error %v: not a 503", err)
 	}
-	if _, _, err := src.Querier("team-a", ts(0), ts(nSteps-1), nil).LabelValues(user.InjectOrgID(ctx, "team-a"), "gpu", nil); err == nil {
+	if _, _, err := mustQuerier(t, src, "team-a", ts(0), ts(nSteps-1)).LabelValues(user.InjectOrgID(ctx, "team-a"), "gpu", nil); err == nil {
 		t.Error("LabelValues with r0 and r1 down: no error")
 	}
 }
@@ -534,7 +538,7 @@ func TestLabels(t *testing.T) {
 	ctx := context.Background()
 	c := newCluster(t)
 	src, _ := newSource(t, c.ring, "")
-	q := src.Querier("team-a", ts(0), ts(nSteps-1), nil)
+	q := mustQuerier(t, src, "team-a", ts(0), ts(nSteps-1))
 	actx := user.InjectOrgID(ctx, "team-a")
 
 	for _, tc := range []struct {
@@ -565,7 +569,7 @@ func TestLabels(t *testing.T) {
 	}
 
 	// Tenants see only their own labels.
-	qb := src.Querier("team-b", ts(0), ts(nSteps-1), nil)
+	qb := mustQuerier(t, src, "team-b", ts(0), ts(nSteps-1))
 	if got, _, err := qb.LabelValues(user.InjectOrgID(ctx, "team-b"), "gpu", nil); err != nil || !slices.Equal(got, []string{"9"}) {
 		t.Errorf("team-b gpu values: %v %v", got, err)
 	}
@@ -674,13 +678,13 @@ func TestMaxLookback(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	if q := src.Querier("team-a", now.Add(-3*time.Hour).UnixMilli(), now.Add(-2*time.Hour).UnixMilli(), nil); q != nil {
+	if q := mustQuerier(t, src, "team-a", now.Add(-3*time.Hour).UnixMilli(), now.Add(-2*time.Hour).UnixMilli()); q != storage.NoopQuerier() {
 		t.Error("querier for a range receivers no longer hold")
 	}
-	if q := src.ChunkQuerier("team-a", now.Add(-3*time.Hour).UnixMilli(), now.Add(-2*time.Hour).UnixMilli(), nil); q != nil {
+	if q := mustChunkQuerier(t, src, "team-a", now.Add(-3*time.Hour).UnixMilli(), now.Add(-2*time.Hour).UnixMilli()); q != storage.NoopChunkedQuerier() {
 		t.Error("chunk querier for a range receivers no longer hold")
 	}
-	if q := src.Querier("team-a", now.Add(-3*time.Hour).UnixMilli(), now.Add(-30*time.Minute).UnixMilli(), nil); q == nil {
+	if q := mustQuerier(t, src, "team-a", now.Add(-3*time.Hour).UnixMilli(), now.Add(-30*time.Minute).UnixMilli()); q == storage.NoopQuerier() {
 		t.Error("no querier for a recent range")
 	}
 }
@@ -954,4 +958,24 @@ func TestAbandonedReadsWhileSlotsAreTaken(t *testing.T) {
 			t.Errorf("a long read: %d, want 200", code)
 		}
 	}
+}
+
+// mustQuerier is src's querier with the default read options.
+func mustQuerier(t testing.TB, src *Source, tenant string, mint, maxt int64) storage.Querier {
+	t.Helper()
+	q, err := src.Querier(tenant, mint, maxt, readopts.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// mustChunkQuerier is src's chunk querier with the default read options.
+func mustChunkQuerier(t testing.TB, src *Source, tenant string, mint, maxt int64) storage.ChunkQuerier {
+	t.Helper()
+	q, err := src.ChunkQuerier(tenant, mint, maxt, readopts.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
 }

@@ -20,7 +20,6 @@ import (
 	"github.com/grafana/dskit/kv"
 	"github.com/grafana/dskit/ring"
 	"github.com/grafana/dskit/user"
-	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/model"
@@ -36,6 +35,7 @@ import (
 	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/query"
+	"github.com/gpustore/gpustore/pkg/readopts"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
@@ -429,17 +429,17 @@ type excludedBlocks struct {
 	last int
 }
 
-func (e *excludedBlocks) Querier(tenant string, mint, maxt int64, local func(ulid.ULID) bool) storage.Querier {
+func (e *excludedBlocks) Querier(tenant string, mint, maxt int64, o readopts.ReadOptions) (storage.Querier, error) {
 	n := 0
 	for _, m := range e.Blocks(tenant) {
-		if local(m.ULID) {
+		if o.Local(m.ULID) {
 			n++
 		}
 	}
 	e.mtx.Lock()
 	e.last = n
 	e.mtx.Unlock()
-	return e.Store.Querier(tenant, mint, maxt, local)
+	return e.Store.Querier(tenant, mint, maxt, o)
 }
 
 // randomQuery is a dashboard-shaped query over a random window.

@@ -27,6 +27,7 @@ import (
 
 	"github.com/gpustore/gpustore/pkg/limits/querylimit"
 	"github.com/gpustore/gpustore/pkg/query"
+	"github.com/gpustore/gpustore/pkg/readopts"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 )
 
@@ -180,24 +181,30 @@ func NewSource(cfg SourceConfig, r ring.ReadRing, logger *slog.Logger, reg prome
 	return s, nil
 }
 
-// Querier implements query.Source. local is about bucket blocks and means
-// nothing here. It returns nil when the range ends before MaxLookback.
-func (s *Source) Querier(tenant string, mint, maxt int64, _ func(ulid.ULID) bool) storage.Querier {
+// Querier implements query.Source. The receivers hold raw data of their
+// own: none of the request's options changes what they answer (the query
+// path deduplicates replicas and chooses resolutions above them); each
+// select tells opts.ServedBlocks which bucket blocks its answer covers. It
+// is a no-op querier when the range ends before MaxLookback.
+func (s *Source) Querier(tenant string, mint, maxt int64, opts readopts.ReadOptions) (storage.Querier, error) {
 	if s.tooOld(maxt) {
-		return nil
+		return storage.NoopQuerier(), nil
 	}
-	return &querier{s: s, tenant: tenant, mint: mint, maxt: maxt}
+	return &querier{s: s, tenant: tenant, mint: mint, maxt: maxt, served: opts.ServedBlocks}, nil
 }
 
 // ChunkQuerier implements query.Source: the series' chunks as the
 // receivers sent them, those that differed between replicas merged and
 // encoded again.
-func (s *Source) ChunkQuerier(tenant string, mint, maxt int64, _ func(ulid.ULID) bool) storage.ChunkQuerier {
+func (s *Source) ChunkQuerier(tenant string, mint, maxt int64, _ readopts.ReadOptions) (storage.ChunkQuerier, error) {
 	if s.tooOld(maxt) {
-		return nil
+		return storage.NoopChunkedQuerier(), nil
 	}
-	return chunkQuerier{&querier{s: s, tenant: tenant, mint: mint, maxt: maxt}}
+	return chunkQuerier{&querier{s: s, tenant: tenant, mint: mint, maxt: maxt}}, nil
 }
+
+// HasDownsampled implements query.Source: receivers hold raw data only.
+func (s *Source) HasDownsampled(string) bool { return false }
 
 func (s *Source) tooOld(maxt int64) bool {
 	return s.cfg.MaxLookback > 0 && maxt < time.Now().Add(-s.cfg.MaxLookback).UnixMilli()
@@ -207,13 +214,24 @@ type querier struct {
 	s          *Source
 	tenant     string
 	mint, maxt int64
+	served     func([]ulid.ULID) // readopts.ReadOptions.ServedBlocks (nil: none)
+}
+
+// report tells the query path which bucket blocks a select's answers
+// cover: the blocks the receivers that answered hold on their disks, and
+// those of receivers left out of a read quorum, whose samples are on the
+// receivers read.
+func (q *querier) report(ids []ulid.ULID) {
+	if q.served != nil && len(ids) > 0 {
+		q.served(ids)
+	}
 }
 
 // Select reads the matching series from a read quorum of the receivers
 // and merges them; the set is sorted whatever the caller asked. hints
 // Func "series" (Prometheus' series API) reads the series without their
-// samples. The bucket blocks the answers cover are reported to the query
-// path (query.ReportServedBlocks).
+// samples. The bucket blocks the answers cover are reported (report)
+// before it returns.
 func (q *querier) Select(ctx context.Context, _ bool, hints *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
 	set, err := q.selectSet(ctx, hints, ms)
 	if err != nil {
@@ -230,7 +248,7 @@ func (q *querier) selectSet(ctx context.Context, hints *storage.SelectHints, ms 
 	if err != nil {
 		return nil, err
 	}
-	query.ReportServedBlocks(ctx, res.served)
+	q.report(res.served)
 	return newReplicaSet(res.answers, newLabelDecoder(res.syms), q.mint, q.maxt, res.warnings, q.s.count), nil
 }
 
@@ -281,10 +299,10 @@ func (q *querier) sharedSelect(ctx context.Context, sl query.Slice, hints *stora
 		if err != nil {
 			return nil, err
 		}
-		query.ReportServedBlocks(ctx, res.served)
+		q.report(res.served)
 		return newReplicaSet(res.answers, newLabelDecoder(res.syms), q.mint, q.maxt, res.warnings, q.s.count), nil
 	}
-	query.ReportServedBlocks(ctx, m.served)
+	q.report(m.served)
 	return &sliceSet{m: m, i: -1, mint: q.mint, maxt: q.maxt}, nil
 }
 

@@ -34,9 +34,18 @@ import (
 )
 
 // NewMergeQuerier merges the selects of qs (all primary: an error of any
-// fails the select) with merge for series found in several.
+// fails the select) with merge for series found in several. No-op
+// queriers (storage.NoopQuerier: a source with nothing for the range) are
+// left out, as Prometheus' merge leaves them out, so that a source that has
+// nothing costs no merge.
 func NewMergeQuerier(qs []storage.Querier, merge storage.VerticalSeriesMergeFunc) storage.Querier {
-	if len(qs) == 1 {
+	if slices.Contains(qs, storage.NoopQuerier()) {
+		qs = slices.DeleteFunc(slices.Clone(qs), func(q storage.Querier) bool { return q == storage.NoopQuerier() })
+	}
+	switch len(qs) {
+	case 0:
+		return storage.NoopQuerier()
+	case 1:
 		return qs[0]
 	}
 	return &mergeQuerier{qs: qs, merge: merge}

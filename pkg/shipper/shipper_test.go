@@ -27,6 +27,7 @@ import (
 
 	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/bucketstore"
+	"github.com/gpustore/gpustore/pkg/readopts"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
@@ -305,7 +306,10 @@ func TestShipsEveryBlockAndDeletesOnlyShippedOnes(t *testing.T) {
 
 	// The bucket holds every sample the head cut into blocks, once.
 	s := bucketStore(t, bkt)
-	q := s.Querier(tenant, 0, 1<<62, nil)
+	q, err := s.Querier(tenant, 0, 1<<62, readopts.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer q.Close()
 	got := samples(t, q)
 	var maxt int64
@@ -378,7 +382,10 @@ func TestCrashDuringUploadIsUploadedWholeAfterRestart(t *testing.T) {
 	if n := len(s.Blocks(tenant)); n != len(e2.localBlocks()) {
 		t.Fatalf("bucket has %d complete blocks, want %d", n, len(e2.localBlocks()))
 	}
-	q := s.Querier(tenant, 0, 1<<62, nil)
+	q, err := s.Querier(tenant, 0, 1<<62, readopts.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer q.Close()
 	got := samples(t, q)
 	for k := range got {
