@@ -33,11 +33,19 @@ func main() {
 	bucketDir := flag.String("bucket", "", "Folder bucket (the directory holding the tenants).")
 	tenant := flag.String("tenant", "default", "Tenant.")
 	encodings := flag.String("encodings", "none,zstd,zstd-nocrc", "Encodings to measure.")
-	frames := flag.String("frame-bytes", "", "Comma-separated chunk-segment frame sizes to measure zstd-nocrc with (default: block.FrameBytes only).")
+	frames := flag.String("frame-bytes", "", "Comma-separated chunk-segment frame sizes to measure the encodings with, the first for -rewrite (default: block.FrameBytes).")
 	vmDir := flag.String("vm", "", "A VictoriaMetrics data directory holding the same data: its bytes per sample beside.")
 	vmSamples := flag.Int64("vm.samples", 0, "Samples written to VictoriaMetrics.")
 	rewrite := flag.String("rewrite", "", "Re-encode the tenant's raw blocks of level 2 and up in place in this encoding.")
+	transform := flag.String("transform", "", "A local TSDB block directory: estimate a reversible column transform of its chunks (transform.go) instead.")
 	flag.Parse()
+	if *transform != "" {
+		if err := transformEstimate(*transform); err != nil {
+			fmt.Fprintln(os.Stderr, "rawbytes:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(context.Background(), *bucketDir, *tenant, *encodings, *frames, *vmDir, *vmSamples, *rewrite); err != nil {
 		fmt.Fprintln(os.Stderr, "rawbytes:", err)
 		os.Exit(1)
@@ -61,7 +69,19 @@ func run(ctx context.Context, dir, tenant, encodings, frames, vmDir string, vmSa
 		return err
 	}
 	defer os.RemoveAll(tmp)
+	sizes := []int64{block.FrameBytes}
+	if frames != "" {
+		sizes = nil
+		for _, s := range strings.Split(frames, ",") {
+			v, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+			if err != nil {
+				return err
+			}
+			sizes = append(sizes, v)
+		}
+	}
 	if rewrite != "" {
+		block.FrameBytes = sizes[0]
 		return rewriteBlocks(ctx, bkt, tmp, tenant, metas, rewrite)
 	}
 
@@ -89,17 +109,6 @@ func run(ctx context.Context, dir, tenant, encodings, frames, vmDir string, vmSa
 	row(tw, "all raw", "1+", all, "as stored", "", idx, chk)
 	row(tw, "compacted raw", "2+", upper, "as stored", "", idx2, chk2)
 
-	sizes := []int64{block.FrameBytes}
-	if frames != "" {
-		sizes = nil
-		for _, s := range strings.Split(frames, ",") {
-			v, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-			if err != nil {
-				return err
-			}
-			sizes = append(sizes, v)
-		}
-	}
 	for _, enc := range strings.Split(encodings, ",") {
 		enc, err := block.ParseEncoding(strings.TrimSpace(enc))
 		if err != nil {
