@@ -253,7 +253,7 @@ func UploadEncoded(ctx context.Context, bkt objstore.Bucket, dir string, meta *M
 	}
 	for i, f := range files {
 		src := filepath.Join(dir, filepath.FromSlash(f.RelPath))
-		if encoding == EncodingNone {
+		if encoding == EncodingNone || f.SizeBytes > MaxEncodedFileBytes {
 			err = uploadFile(ctx, bkt, src, ObjectName(meta.GPUStore.Tenant, meta.ULID, f.RelPath))
 		} else {
 			f.Encoding = encoding

@@ -87,6 +87,14 @@ var (
 	zstdDecoder, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0))
 )
 
+// MaxEncodedFileBytes: a file larger than this is stored plain whatever
+// the encoding asked for. Encoding holds a file, its form without CRCs, its
+// encoded form and the check that it decodes back in memory at once (about
+// 3.5 times the file), and the compactor decodes a source's files whole:
+// bounded for a full 512 MiB chunk segment, not for the index of a 14 d
+// raw block of a large fleet. A variable for tests.
+var MaxEncodedFileBytes int64 = 768 << 20
+
 // ErrEncodedSize says a decoded file does not have the size meta.json records.
 var ErrEncodedSize = errors.New("decoded file size differs from meta.json")
 

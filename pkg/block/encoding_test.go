@@ -237,3 +237,53 @@ type realByteSlice []byte
 
 func (b realByteSlice) Len() int                    { return len(b) }
 func (b realByteSlice) Range(start, end int) []byte { return b[start:end] }
+
+// TestLargeFilesStoredPlain: a file above MaxEncodedFileBytes (encoding
+// holds it and its encoded form in memory several times over: a 14 d raw
+// block's index or a full 512 MiB chunk segment) is stored plain, read
+// a page at a time, while the block's smaller files are encoded; the block
+// downloads back byte for byte.
+func TestLargeFilesStoredPlain(t *testing.T) {
+	dir, meta := writeLocalBlock(t, "t")
+	files, err := LocalFiles(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 2 || files[0].SizeBytes == files[1].SizeBytes {
+		t.Fatalf("want two files of different sizes: %+v", files)
+	}
+	defer func(v int64) { MaxEncodedFileBytes = v }(MaxEncodedFileBytes)
+	MaxEncodedFileBytes = min(files[0].SizeBytes, files[1].SizeBytes) // the larger file is stored plain
+	ctx := context.Background()
+	bkt, err := filesystem.NewBucket(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := UploadEncoded(ctx, bkt, dir, &meta, EncodingZstdNoCRC); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadMeta(ctx, bkt, "t", meta.ULID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range got.GPUStore.Files {
+		want := EncodingZstdNoCRC
+		if f.SizeBytes > MaxEncodedFileBytes {
+			want = EncodingNone
+		}
+		if f.Encoding != want {
+			t.Errorf("%s (%d bytes, cap %d) stored %q, want %q", f.RelPath, f.SizeBytes, MaxEncodedFileBytes, f.Encoding, want)
+		}
+	}
+	out := filepath.Join(t.TempDir(), "b")
+	if err := Download(ctx, bkt, got, out, errors.New("bad")); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		a, _ := os.ReadFile(filepath.Join(dir, filepath.FromSlash(f.RelPath)))
+		b, _ := os.ReadFile(filepath.Join(out, filepath.FromSlash(f.RelPath)))
+		if !bytes.Equal(a, b) {
+			t.Errorf("%s downloads to %d bytes unlike the %d the TSDB wrote", f.RelPath, len(b), len(a))
+		}
+	}
+}

@@ -242,6 +242,9 @@ func BenchmarkLongRangeOverview(b *testing.B) {
 	if v := os.Getenv("GPUSTORE_BENCH_ENCODING"); v != "" { // none: the downsampled files stored plain
 		cfg.DownsampleEncoding = v
 	}
+	if v := os.Getenv("GPUSTORE_BENCH_RAW_ENCODING"); v != "" { // none: the compacted raw files stored plain
+		cfg.RawEncoding = v
+	}
 	c, _ := newCompactor(b, cfg, bkt, nil)
 	t0 := time.Now()
 	st := compactUntilStable(b, c, bkt, "bench")

@@ -86,8 +86,9 @@ type Compactor struct {
 	dir    string
 	now    func() time.Time
 	fold   *downsample.Fold // labels merged away at downsampling (nil: none)
-	// encoding is how downsampled blocks' files are stored (block.Encoding*).
-	encoding string
+	// encoding and rawEncoding: how downsampled blocks' files and the raw
+	// blocks the compactor writes are stored (block.Encoding*).
+	encoding, rawEncoding string
 
 	// afterCompact is a test hook: called with the plan's working directory
 	// when the result is written, before anything is removed.
@@ -116,8 +117,9 @@ func New(cfg Config, bkt objstore.Bucket, dataDir string, limits Limits, logger 
 		indexes: map[string]*bucketindex.Index{},
 		empty:   map[ulid.ULID]struct{}{},
 	}
-	c.fold, _ = cfg.fold() // validated
-	c.encoding, _ = block.ParseEncoding(cfg.DownsampleEncoding)
+	c.fold, _ = cfg.fold()                                      // validated
+	c.encoding, _ = block.ParseEncoding(cfg.DownsampleEncoding) // validated
+	c.rawEncoding, _ = block.ParseEncoding(cfg.RawEncoding)
 	c.m = newMetrics(reg)
 	return c, nil
 }

@@ -61,9 +61,16 @@ type Config struct {
 	// without the TSDB's per-entry CRC32s, which reading recomputes; read
 	// whole), "zstd" (compressed as they are) or "none" (as the TSDB writes
 	// them, range-read). Raw blocks are
-	// always stored as they are. Blocks keep the encoding they were written
+	// stored as RawEncoding says. Blocks keep the encoding they were written
 	// with; readers read both.
 	DownsampleEncoding string `yaml:"downsample_encoding"`
+	// RawEncoding is how the raw blocks the compactor writes (8h and
+	// larger: level 2 and up) store their index and chunk files, in the
+	// same encodings. The receivers' 2h blocks are always stored as the
+	// TSDB writes them. Default zstd-nocrc: about half the bytes of the
+	// plain files on GPU data (bench/RESULTS.md, issue 41 item 6), read a
+	// frame at a time through the page cache.
+	RawEncoding string `yaml:"raw_encoding"`
 }
 
 // DefaultConfig: 2h → 8h → 2d → 14d, a pass every 5 minutes, deletion 48h
@@ -85,6 +92,7 @@ func DefaultConfig() Config {
 		// data hold. When on, its scope is dcgm-exporter's metrics.
 		DownsampleFoldMetrics: "DCGM_.+",
 		DownsampleEncoding:    block.EncodingZstdNoCRC,
+		RawEncoding:           block.EncodingZstdNoCRC,
 	}
 }
 
@@ -122,6 +130,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := block.ParseEncoding(c.DownsampleEncoding); err != nil {
 		errs = append(errs, fmt.Errorf("compact.downsample.encoding: %w", err))
+	}
+	if _, err := block.ParseEncoding(c.RawEncoding); err != nil {
+		errs = append(errs, fmt.Errorf("compact.raw-encoding: %w", err))
 	}
 	if c.LeaseTTL <= 0 || c.LeaseSettle < 0 || c.LeaseSettle >= c.LeaseTTL/3 {
 		errs = append(errs, fmt.Errorf("compact lease: want ttl > 0 and 0 <= settle (%s) < ttl/3 (%s)", c.LeaseSettle, c.LeaseTTL/3))
@@ -171,7 +182,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Downsample, "compact.downsample", c.Downsample, "Downsample finished blocks to 5m and 1h resolution (raw retention then waits for the 5m data).")
 	fs.Var(&c.DownsampleFoldLabels, "compact.downsample.fold-labels", "Comma-separated labels merged away when raw data is downsampled, for the gauges among the metrics of -compact.downsample.fold-metrics (e.g. pod: one 5m/1h series per GPU instead of one per GPU and pod; counters are never folded; queries naming them read raw data where it exists). Empty (the default): keep every label.")
 	fs.StringVar(&c.DownsampleFoldMetrics, "compact.downsample.fold-metrics", c.DownsampleFoldMetrics, "Regular expression (anchored) of the metric names whose series -compact.downsample.fold-labels applies to.")
-	fs.StringVar(&c.DownsampleEncoding, "compact.downsample.encoding", c.DownsampleEncoding, "How 5m and 1h blocks' index and chunk files are stored in the bucket: zstd-nocrc (compressed without the TSDB's per-chunk and per-series CRC32s, which readers recompute: about a fifth of the bytes; readers fetch and decode a file whole), zstd (compressed as they are) or none (as the TSDB writes them). Raw blocks are always stored as they are; blocks keep the encoding they were written with.")
+	fs.StringVar(&c.DownsampleEncoding, "compact.downsample.encoding", c.DownsampleEncoding, "How 5m and 1h blocks' index and chunk files are stored in the bucket: zstd-nocrc (compressed without the TSDB's per-chunk and per-series CRC32s, which readers recompute: about a fifth of the bytes; read a frame at a time), zstd (compressed as they are) or none (as the TSDB writes them). Blocks keep the encoding they were written with.")
+	fs.StringVar(&c.RawEncoding, "compact.raw-encoding", c.RawEncoding, "How the raw blocks the compactor writes (8h and larger) store their index and chunk files in the bucket, as -compact.downsample.encoding (zstd-nocrc, zstd or none). The receivers' 2h blocks are always stored as the TSDB writes them; blocks keep the encoding they were written with.")
 	fs.Var(&c.LeaseSettle, "compact.lease-settle", "Wait between writing a tenant's lease and reading it back; must exceed how long a bucket write can lag (below lease-ttl/3).")
 }
 

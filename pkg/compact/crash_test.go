@@ -69,7 +69,7 @@ func (b *crashBucket) Upload(ctx context.Context, name string, r io.Reader, opts
 		return nil
 	}
 	switch {
-	case b.at == crashMidUpload && strings.HasSuffix(name, "/"+block.IndexFilename):
+	case b.at == crashMidUpload && (strings.HasSuffix(name, "/"+block.IndexFilename) || strings.HasSuffix(name, "/"+block.IndexFilename+".zst")):
 		die()
 	case strings.HasSuffix(name, "/"+block.DeletionMarkFilename):
 		n := b.marks.Add(1)

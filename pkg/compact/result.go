@@ -73,7 +73,9 @@ func (p *pass) uploadResult(ctx context.Context, dir string, labels map[string]s
 	if err := block.WriteTypes(ctx, p.c.bkt, p.tenant, bm.ULID, types); err != nil {
 		return nil, 0, err
 	}
-	encoding := block.EncodingNone
+	// Every block the compactor writes is one level up at least: raw ones
+	// are past the receivers' 2h blocks, which stay as the TSDB wrote them.
+	encoding := p.c.rawEncoding
 	if ds.Resolution != block.ResolutionRaw {
 		encoding = p.c.encoding
 	}
