@@ -67,9 +67,11 @@ type Config struct {
 	// RawEncoding is how the raw blocks the compactor writes (8h and
 	// larger: level 2 and up) store their index and chunk files, in the
 	// same encodings. The receivers' 2h blocks are always stored as the
-	// TSDB writes them. Default zstd-nocrc: about half the bytes of the
-	// plain files on GPU data (bench/RESULTS.md, issue 41 item 6), read a
-	// frame at a time through the page cache.
+	// TSDB writes them. zstd-nocrc takes about half the bytes of the plain
+	// files on GPU data (bench/RESULTS.md, issue 41 item 6) and reads a
+	// frame at a time through the page cache; the default stays none
+	// because a panel's first, cold view of encoded blocks costs 1.2-2.5x
+	// the CPU (it decodes 1 MiB frames where a plain block reads a page).
 	RawEncoding string `yaml:"raw_encoding"`
 }
 
@@ -92,7 +94,7 @@ func DefaultConfig() Config {
 		// data hold. When on, its scope is dcgm-exporter's metrics.
 		DownsampleFoldMetrics: "DCGM_.+",
 		DownsampleEncoding:    block.EncodingZstdNoCRC,
-		RawEncoding:           block.EncodingZstdNoCRC,
+		RawEncoding:           "none",
 	}
 }
 

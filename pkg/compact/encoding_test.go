@@ -22,14 +22,13 @@ import (
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/downsample"
 )
 
 // TestEncodedDownsampledBlocksAnswerAlike: the same three days compacted and
 // downsampled twice in one bucket, once with the 5m and 1h files stored as
 // the TSDB writes them (as every block written before the encoding was) and
-// once zstd-encoded without the TSDB's CRCs (the default), answer the dashboard panels and the
+// once zstd-encoded without the TSDB's CRCs, answer the dashboard panels and the
 // downsampling checks at 5m and 1h bit for bit alike, once raw retention has
 // deleted the raw blocks (so only downsampled blocks answer); the compactor
 // reads its own encoded 5m blocks back to make the 1h ones; and the encoded
@@ -96,8 +95,8 @@ func TestEncodedDownsampledBlocksAnswerAlike(t *testing.T) {
 
 // TestEncodedRawBlocksAnswerAlike: the same days of GPU data shipped as 2h
 // blocks for two tenants and compacted, once with -compact.raw-encoding=none
-// (every raw block as the TSDB writes it, as before) and once with the
-// default: the compacted raw blocks (8h and larger) are stored zstd-encoded
+// (every raw block as the TSDB writes it, the default) and once with
+// zstd-nocrc: the compacted raw blocks (8h and larger) are stored zstd-encoded
 // without the TSDB's CRCs in under 60 % of the bytes, the shipped 2h blocks
 // stay as they are, and every answer over raw data is the same bit for bit:
 // the dashboard panels, every raw sample of random selectors (instant
@@ -117,7 +116,7 @@ func TestEncodedRawBlocksAnswerAlike(t *testing.T) {
 	const plain, encoded = "plain", "encoded"
 	live := map[string][]*block.Meta{}
 	sizes := map[string]int64{}
-	for tenant, enc := range map[string]string{plain: "none", encoded: compact.DefaultConfig().RawEncoding} {
+	for tenant, enc := range map[string]string{plain: "none", encoded: block.EncodingZstdNoCRC} {
 		upload(t, bkt, tenant, nil, dirs...)
 		cfg := testConfig()
 		cfg.RawEncoding = enc
