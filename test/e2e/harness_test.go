@@ -157,3 +157,48 @@ func waitFor(t *testing.T, timeout time.Duration, what string, f func() error) {
 	}
 	t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
 }
+
+// binDir holds what the package's tests build once per run (see
+// buildGpustore); TestMain makes it under TMPDIR and removes it at the end.
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "gpustore-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+var (
+	gpustoreBinOnce sync.Once
+	gpustoreBin     string
+	gpustoreBinErr  error
+)
+
+// buildGpustore builds the real gpustore binary once per test run, for
+// every test that runs it as a process: a link of the whole binary takes
+// tens of seconds on a busy machine, and the binary does not change between
+// tests. It lives in a directory of this run's own, so concurrent runs
+// (other worktrees, other users of the same TMPDIR) never share it.
+func buildGpustore(t *testing.T) string {
+	t.Helper()
+	gpustoreBinOnce.Do(func() {
+		gpustoreBin = filepath.Join(binDir, "gpustore")
+		began := time.Now()
+		out, err := exec.Command("go", "build", "-o", gpustoreBin, "../../cmd/gpustore").CombinedOutput()
+		if err != nil {
+			gpustoreBinErr = fmt.Errorf("build gpustore: %v\n%s", err, out)
+			return
+		}
+		t.Logf("built the gpustore binary in %s (once for every test of this run)", time.Since(began).Round(100*time.Millisecond))
+	})
+	if gpustoreBinErr != nil {
+		t.Fatal(gpustoreBinErr)
+	}
+	return gpustoreBin
+}

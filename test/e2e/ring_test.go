@@ -581,34 +581,6 @@ func TestRingReceiverKilled(t *testing.T) {
 
 // ---- topology ----
 
-var (
-	ringBinOnce sync.Once
-	ringBin     string
-	ringBinErr  error
-)
-
-// ringBinary builds the gpustore binary once for every ring test.
-func ringBinary(t *testing.T) string {
-	t.Helper()
-	ringBinOnce.Do(func() {
-		dir := filepath.Join(os.TempDir(), "gpustore-e2e-ring")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			ringBinErr = err
-			return
-		}
-		ringBin = filepath.Join(dir, "gpustore")
-		cmd := exec.Command("go", "build", "-o", ringBin, "../../cmd/gpustore")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			ringBinErr = fmt.Errorf("build gpustore: %v\n%s", err, out)
-		}
-	})
-	if ringBinErr != nil {
-		t.Fatal(ringBinErr)
-	}
-	return ringBin
-}
-
 // ringProc is one gpustore process of the ring, restartable with the same
 // arguments (data dir, instance ID, ports).
 type ringProc struct {
@@ -704,7 +676,7 @@ func startRing(t *testing.T, n int) *ringCluster {
 // ("r3:-ring.instance-zone=zone-b") to that receiver only.
 func startRingWith(t *testing.T, n int, extra ...string) *ringCluster {
 	t.Helper()
-	bin := ringBinary(t)
+	bin := buildGpustore(t)
 	c := &ringCluster{s3: startS3(t)}
 	objstore := filepath.Join(t.TempDir(), "objstore.yml")
 	raw, err := yaml.Marshal(map[string]any{"type": "S3", "config": c.s3.bucketConfig().Config})
