@@ -202,3 +202,30 @@ func buildGpustore(t *testing.T) string {
 	}
 	return gpustoreBin
 }
+
+// waitBucketStoreSynced waits until the bucket store of the gpustore
+// process at base has completed a listing of the bucket that began after
+// this call: two successful syncs after it (syncs run one at a time, so the
+// second began after the first ended). What was in the bucket when it was
+// called is then what the process serves.
+func waitBucketStoreSynced(t *testing.T, base string) {
+	t.Helper()
+	const name = "gpustore_bucketstore_last_sync_timestamp_seconds"
+	last, err := ringMetric(base, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		waitFor(t, 30*time.Second, fmt.Sprintf("bucket-store sync %d of 2 of %s", i+1, base), func() error {
+			v, err := ringMetric(base, name, nil)
+			if err != nil {
+				return err
+			}
+			if v <= last {
+				return fmt.Errorf("last sync at %v", v)
+			}
+			last = v
+			return nil
+		})
+	}
+}
