@@ -125,6 +125,7 @@ func runProcess(t *testing.T, name, bin, dir string, args ...string) func() {
 	stop := func() {
 		once.Do(func() {
 			_ = cmd.Process.Signal(syscall.SIGTERM)
+			sigterm := time.Now()
 			done := make(chan struct{})
 			go func() { _ = cmd.Wait(); close(done) }()
 			select {
@@ -132,6 +133,9 @@ func runProcess(t *testing.T, name, bin, dir string, args ...string) func() {
 			case <-time.After(30 * time.Second):
 				_ = cmd.Process.Kill()
 				<-done
+			}
+			if d := time.Since(sigterm); d > 5*time.Second {
+				t.Logf("%s took %s to stop after SIGTERM (killed after 30 s)", name, d.Round(100*time.Millisecond))
 			}
 			_ = logf.Close()
 			if t.Failed() {
