@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"log/slog"
@@ -162,22 +163,6 @@ func waitFor(t *testing.T, timeout time.Duration, what string, f func() error) {
 	t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
 }
 
-// binDir holds what the package's tests build once per run (see
-// buildGpustore); TestMain makes it under TMPDIR and removes it at the end.
-var binDir string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "gpustore-e2e-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binDir = dir
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
-
 var (
 	gpustoreBinOnce sync.Once
 	gpustoreBin     string
@@ -185,21 +170,35 @@ var (
 )
 
 // buildGpustore builds the real gpustore binary once per test run, for
-// every test that runs it as a process: a link of the whole binary takes
-// tens of seconds on a busy machine, and the binary does not change between
-// tests. It lives in a directory of this run's own, so concurrent runs
-// (other worktrees, other users of the same TMPDIR) never share it.
+// every test that runs it as a process (a link of the whole binary takes
+// 8 s on a quiet machine, tens of seconds on a busy one). It goes to a
+// directory under TMPDIR named for this checkout: another worktree's run
+// never overwrites it with other code, and a later run of this one finds
+// it there and is not relinked unless the sources changed (go build leaves
+// an up-to-date binary as it is, and puts a new one in place as a new file,
+// by rename or remove-then-write, so a process still running the old one is
+// not disturbed).
 func buildGpustore(t *testing.T) string {
 	t.Helper()
 	gpustoreBinOnce.Do(func() {
-		gpustoreBin = filepath.Join(binDir, "gpustore")
+		src, err := filepath.Abs("../../cmd/gpustore")
+		if err != nil {
+			gpustoreBinErr = err
+			return
+		}
+		dir := filepath.Join(os.TempDir(), fmt.Sprintf("gpustore-e2e-%x", sha256.Sum256([]byte(src)))[:len("gpustore-e2e-")+12])
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			gpustoreBinErr = err
+			return
+		}
+		gpustoreBin = filepath.Join(dir, "gpustore")
 		began := time.Now()
-		out, err := exec.Command("go", "build", "-o", gpustoreBin, "../../cmd/gpustore").CombinedOutput()
+		out, err := exec.Command("go", "build", "-o", gpustoreBin, src).CombinedOutput()
 		if err != nil {
 			gpustoreBinErr = fmt.Errorf("build gpustore: %v\n%s", err, out)
 			return
 		}
-		t.Logf("built the gpustore binary in %s (once for every test of this run)", time.Since(began).Round(100*time.Millisecond))
+		t.Logf("built %s in %s (once for every test of this run)", gpustoreBin, time.Since(began).Round(100*time.Millisecond))
 	})
 	if gpustoreBinErr != nil {
 		t.Fatal(gpustoreBinErr)
