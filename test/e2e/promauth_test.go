@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -238,5 +237,4 @@ remote_write:
 	if cmd.ProcessState != nil {
 		t.Fatal("gpustore exited")
 	}
-	_ = os.Remove(pwFile)
 }
