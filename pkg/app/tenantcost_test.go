@@ -3,8 +3,10 @@ package app
 import (
 	"context"
 	"flag"
+	"fmt"
 	"net/http"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,6 +64,21 @@ func steadyHeap() uint64 {
 	return least
 }
 
+// waitForPacks waits until the ruler runs rule groups (the GPU pack) for
+// every tenant given.
+func waitForPacks(t *testing.T, a *App, tenants []string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for _, tenant := range tenants {
+		for m := a.Ruler.Manager(tenant); m == nil || len(m.RuleGroups()) == 0; m = a.Ruler.Manager(tenant) {
+			if time.Now().After(deadline) {
+				t.Fatalf("tenant %s has no GPU rule pack after 30 s", tenant)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
 // measureTenants writes one sample of metric to n new tenants (the
 // abuse.TenantFlood workload), waits for the ruler's tenant polls, and
 // returns the live heap and goroutines each new tenant added.
@@ -73,7 +90,19 @@ func measureTenants(t *testing.T, a *App, base, metric, prefix string, n int) (h
 	if got := ans.Count(http.StatusNoContent); got != n {
 		t.Fatalf("tenant writes: %v, want %d answered 204", ans.ByCode, n)
 	}
-	time.Sleep(500 * time.Millisecond) // several tenant polls: the ruler has seen every tenant
+	if strings.HasPrefix(metric, "DCGM_") {
+		// The ruler's tenant polls give each tenant with GPU data the pack:
+		// measured once every one has it.
+		var tenants []string
+		for i := range n {
+			tenants = append(tenants, fmt.Sprintf("%s%d", prefix, i))
+		}
+		waitForPacks(t, a, tenants)
+	} else {
+		// A tenant without GPU data leaves the ruler nothing to wait for:
+		// several of its polls (100 ms) look at it and load nothing.
+		time.Sleep(500 * time.Millisecond)
+	}
 	h1, g1 := steadyHeap(), runtime.NumGoroutine()
 	return (float64(h1) - float64(h0)) / float64(n), float64(g1-g0) / float64(n)
 }
@@ -145,7 +174,8 @@ func TestTenantFloodStopsAtMaxTenants(t *testing.T) {
 	if n, err := testutil.GatherAndCount(a.Registry, "gpustore_server_inflight_write_requests"); err != nil || n != 0 {
 		t.Errorf("gpustore_server_inflight_write_requests has %d series with no write in progress (%v)", n, err)
 	}
-	time.Sleep(300 * time.Millisecond) // the ruler's polls: the flood's 9 tenants get the pack
+	// The ruler's polls: the flood's 9 tenants get the pack.
+	waitForPacks(t, a, a.DBs.Tenants())
 	if grown := float64(liveHeap()) - float64(h0); grown > 9*20<<20 {
 		t.Errorf("the heap grew %.0f MiB with 9 tenants added", grown/(1<<20))
 	}

@@ -320,6 +320,20 @@ func (s *legitSender) send(shard int, ts int64) {
 	}
 }
 
+// shardsAcked is how many shards have had a batch acknowledged: once all
+// have, each of the sender's series exists.
+func (s *legitSender) shardsAcked() int {
+	s.mtx.Lock()
+	defer s.mtx.Unlock()
+	acked := map[int]bool{}
+	for _, b := range s.batches {
+		if b.acked {
+			acked[b.shard] = true
+		}
+	}
+	return len(acked)
+}
+
 func (s *legitSender) summary() string {
 	s.mtx.Lock()
 	defer s.mtx.Unlock()
@@ -897,7 +911,12 @@ func TestSoakAbuse(t *testing.T) {
 	if code, err := postWrite(base, r.evil, dcgmSample(time.Now().UnixMilli())); code != http.StatusNoContent {
 		t.Fatalf("mallory's write to lab: %d (%v)", code, err)
 	}
-	time.Sleep(3 * time.Second) // the sender's series exist
+	waitFor(t, 30*time.Second, "the sender's series", func() error {
+		if n := sender.shardsAcked(); n < sender.shards {
+			return fmt.Errorf("%d of %d shards acknowledged", n, sender.shards)
+		}
+		return nil
+	})
 	start := quietBaseline(t, measure)
 
 	// Warm-up: one round of each workload. Its flood creates the tenants
@@ -911,6 +930,8 @@ func TestSoakAbuse(t *testing.T) {
 	r.otlpBombs()
 	r.metadataFlood(0)
 	r.trickledBodies()
+	// The warm-up's connections and goroutines wind down before the
+	// baseline is read (the resources settling: no event to wait for).
 	time.Sleep(3 * time.Second)
 	http.DefaultClient.CloseIdleConnections() // the workloads' connections are not the server's footprint
 	baseline := quietBaseline(t, measure)

@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -14,18 +12,6 @@ import (
 	"github.com/golang/snappy"
 	"github.com/prometheus/prometheus/prompb"
 )
-
-// buildGpustore builds the real binary once per test run.
-func buildGpustore(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "gpustore")
-	cmd := exec.Command("go", "build", "-o", bin, "../../cmd/gpustore")
-	cmd.Stderr = os.Stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("build gpustore: %v", err)
-	}
-	return bin
-}
 
 type proc struct {
 	cmd *exec.Cmd

@@ -144,6 +144,8 @@ func TestRealPrometheusHAPair(t *testing.T) {
 	// Restart the old leader (same data dir): it must not take over, and
 	// nothing is stored twice.
 	startPrometheusProc(t, bin, dirs[leader], config(leader))
+	// A bounded wait for something that must NOT happen (its return taking
+	// over or its samples stored too): the window the count below reads.
 	time.Sleep(8 * time.Second)
 	if r := elected(); r != other {
 		t.Fatalf("%s's return took over: elected %s", leader, r)

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"log/slog"
@@ -125,6 +126,7 @@ func runProcess(t *testing.T, name, bin, dir string, args ...string) func() {
 	stop := func() {
 		once.Do(func() {
 			_ = cmd.Process.Signal(syscall.SIGTERM)
+			sigterm := time.Now()
 			done := make(chan struct{})
 			go func() { _ = cmd.Wait(); close(done) }()
 			select {
@@ -132,6 +134,9 @@ func runProcess(t *testing.T, name, bin, dir string, args ...string) func() {
 			case <-time.After(30 * time.Second):
 				_ = cmd.Process.Kill()
 				<-done
+			}
+			if d := time.Since(sigterm); d > 5*time.Second {
+				t.Logf("%s took %s to stop after SIGTERM (killed after 30 s)", name, d.Round(100*time.Millisecond))
 			}
 			_ = logf.Close()
 			if t.Failed() {
@@ -156,4 +161,74 @@ func waitFor(t *testing.T, timeout time.Duration, what string, f func() error) {
 		time.Sleep(250 * time.Millisecond)
 	}
 	t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
+}
+
+var (
+	gpustoreBinOnce sync.Once
+	gpustoreBin     string
+	gpustoreBinErr  error
+)
+
+// buildGpustore builds the real gpustore binary once per test run, for
+// every test that runs it as a process (a link of the whole binary takes
+// 8 s on a quiet machine, tens of seconds on a busy one). It goes to a
+// directory under TMPDIR named for this checkout: another worktree's run
+// never overwrites it with other code, and a later run of this one finds
+// it there and is not relinked unless the sources changed (go build leaves
+// an up-to-date binary as it is, and puts a new one in place as a new file,
+// by rename or remove-then-write, so a process still running the old one is
+// not disturbed).
+func buildGpustore(t *testing.T) string {
+	t.Helper()
+	gpustoreBinOnce.Do(func() {
+		src, err := filepath.Abs("../../cmd/gpustore")
+		if err != nil {
+			gpustoreBinErr = err
+			return
+		}
+		dir := filepath.Join(os.TempDir(), fmt.Sprintf("gpustore-e2e-%x", sha256.Sum256([]byte(src)))[:len("gpustore-e2e-")+12])
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			gpustoreBinErr = err
+			return
+		}
+		gpustoreBin = filepath.Join(dir, "gpustore")
+		began := time.Now()
+		out, err := exec.Command("go", "build", "-o", gpustoreBin, src).CombinedOutput()
+		if err != nil {
+			gpustoreBinErr = fmt.Errorf("build gpustore: %v\n%s", err, out)
+			return
+		}
+		t.Logf("built %s in %s (once for every test of this run)", gpustoreBin, time.Since(began).Round(100*time.Millisecond))
+	})
+	if gpustoreBinErr != nil {
+		t.Fatal(gpustoreBinErr)
+	}
+	return gpustoreBin
+}
+
+// waitBucketStoreSynced waits until the bucket store of the gpustore
+// process at base has completed a listing of the bucket that began after
+// this call: two successful syncs after it (syncs run one at a time, so the
+// second began after the first ended). What was in the bucket when it was
+// called is then what the process serves.
+func waitBucketStoreSynced(t *testing.T, base string) {
+	t.Helper()
+	const name = "gpustore_bucketstore_last_sync_timestamp_seconds"
+	last, err := ringMetric(base, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		waitFor(t, 30*time.Second, fmt.Sprintf("bucket-store sync %d of 2 of %s", i+1, base), func() error {
+			v, err := ringMetric(base, name, nil)
+			if err != nil {
+				return err
+			}
+			if v <= last {
+				return fmt.Errorf("last sync at %v", v)
+			}
+			last = v
+			return nil
+		})
+	}
 }

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -35,6 +34,10 @@ import (
 func TestPrometheusRemoteWriteWithTLSAndBasicAuth(t *testing.T) {
 	promBin := testbin.Need(t, "prometheus")
 	bin := buildGpustore(t)
+	began := time.Now()
+	phase := func(what string) {
+		t.Logf("%s: %s after gpustore started", what, time.Since(began).Round(100*time.Millisecond))
+	}
 	dir := t.TempDir()
 	ca := testcerts.NewCA(t, "gpustore-e2e")
 	srvPair := ca.Server(t, "gpustore")
@@ -56,9 +59,10 @@ func TestPrometheusRemoteWriteWithTLSAndBasicAuth(t *testing.T) {
 		}
 		return b.String()
 	}
-	mustWrite(t, webFile, webConfig(map[string]string{"prometheus-a": "secret-a"}))
+	// ops (allowed "*") reads /metrics: it sees the reloads succeed or fail.
+	mustWrite(t, webFile, webConfig(map[string]string{"prometheus-a": "secret-a", "ops": "secret-o"}))
 	cfgFile := filepath.Join(dir, "gpustore.yml")
-	mustWrite(t, cfgFile, "tenants:\n  auth:\n    prometheus-a: [gpu-prod]\n    grafana: [gpu-prod, lab]\n")
+	mustWrite(t, cfgFile, "tenants:\n  auth:\n    prometheus-a: [gpu-prod]\n    grafana: [gpu-prod, lab]\n    ops: [\"*\"]\n")
 
 	addr := freePort(t)
 	var log bytes.Buffer
@@ -100,6 +104,7 @@ func TestPrometheusRemoteWriteWithTLSAndBasicAuth(t *testing.T) {
 		}
 		return nil
 	})
+	phase("ready over TLS")
 
 	exporter := httptest.NewServer(gpuPage())
 	t.Cleanup(exporter.Close)
@@ -149,6 +154,7 @@ remote_write:
 		}
 		return nil
 	})
+	phase("Prometheus' samples in gpu-prod")
 	// Written into the identity's tenant, not the default one.
 	if code, body := get("/api/v1/query?query=DCGM_FI_DEV_GPU_TEMP", "prometheus-a", "secret-a", "default"); code != http.StatusForbidden {
 		t.Errorf("prometheus-a reading tenant default: %d %.200s, want 403", code, body)
@@ -183,7 +189,7 @@ remote_write:
 	}
 	before := samples()
 
-	mustWrite(t, webFile, webConfig(map[string]string{"prometheus-a": "secret-a", "grafana": "secret-g"}))
+	mustWrite(t, webFile, webConfig(map[string]string{"prometheus-a": "secret-a", "grafana": "secret-g", "ops": "secret-o"}))
 	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
@@ -193,6 +199,7 @@ remote_write:
 		}
 		return nil
 	})
+	phase("grafana let in after SIGHUP")
 	// Grafana's user has two tenants: without the header it must name one.
 	if _, code, _ := count("grafana", "secret-g", ""); code != http.StatusBadRequest {
 		t.Errorf("grafana without a tenant header: %d, want 400", code)
@@ -202,7 +209,17 @@ remote_write:
 	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second)
+	waitFor(t, 30*time.Second, "the broken web config's reload to fail", func() error {
+		code, body := get("/metrics", "ops", "secret-o", "")
+		if code != http.StatusOK {
+			return fmt.Errorf("/metrics: %d %.200s", code, body)
+		}
+		if !strings.Contains(body, "\ngpustore_server_web_config_last_reload_successful 0\n") {
+			return fmt.Errorf("gpustore_server_web_config_last_reload_successful is not 0 yet")
+		}
+		return nil
+	})
+	phase("the broken web config's reload failed")
 	if v, code, body := count("grafana", "secret-g", "gpu-prod"); v != 16 {
 		t.Errorf("after a broken web config and SIGHUP: %d %.200s", code, body)
 	}
@@ -216,8 +233,8 @@ remote_write:
 		}
 		return nil
 	})
+	phase("Prometheus still writing after the reloads")
 	if cmd.ProcessState != nil {
 		t.Fatal("gpustore exited")
 	}
-	_ = os.Remove(pwFile)
 }

@@ -49,7 +49,7 @@ func TestRingScaleOutAndIn(t *testing.T) {
 	start := time.Now().UnixMilli()/100*100 + 100
 	load := startRingLoad(t, w, 100*time.Millisecond)
 
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // load: samples only the first three receivers hold
 	var added []*ringProc
 	for _, id := range []string{"r3", "r4"} {
 		p := c.add("receiver-"+id, id, "ingest")
@@ -83,7 +83,7 @@ func TestRingScaleOutAndIn(t *testing.T) {
 		t.Logf("head series after scale-out: %v", heads)
 		return nil
 	})
-	time.Sleep(4 * time.Second)
+	time.Sleep(4 * time.Second) // load: seconds of samples r3 and r4 hold, which they must flush when they leave
 
 	// Everything acknowledged so far reads back with five receivers. (The
 	// writer's newest timestamp can be up to a period ahead of the clock.)
@@ -146,7 +146,7 @@ func TestRingScaleOutAndIn(t *testing.T) {
 	}
 	waitRingActive(t, c.front.url(), all[:3], 15*time.Second)
 	t.Logf("scale-in done %s after SIGTERM", time.Since(stopped).Round(time.Millisecond))
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // load: writes acknowledged by three receivers again
 	load.finish()
 	end := w.lastSent()
 	load.report()
@@ -257,7 +257,7 @@ func TestRingRollingRestart(t *testing.T) {
 
 	ids := []string{"r0", "r1", "r2"}
 	for _, r := range c.receivers {
-		time.Sleep(2 * time.Second)
+		time.Sleep(2 * time.Second) // load (and queries) with every receiver up between restarts
 		sigterm := time.Now()
 		watch := watchRing(c.front.url(), r.id)
 		d, code := r.stop(90 * time.Second)
@@ -278,7 +278,7 @@ func TestRingRollingRestart(t *testing.T) {
 		})
 		t.Logf("%s: exited %s after SIGTERM, ACTIVE again after %s", r.name, d.Round(time.Millisecond), time.Since(sigterm).Round(time.Millisecond))
 	}
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // load and queries after the last restart
 	ql.finish()
 	load.finish()
 	end := w.lastSent()

@@ -140,8 +140,9 @@ func TestUploadPrometheusHistory(t *testing.T) {
 	if err := os.CopyFS(filepath.Join(pdir, "data"), os.DirFS(promtoolBlocks(t, h, ""))); err != nil {
 		t.Fatal(err)
 	}
+	// Whether it has compacted what it loaded by the snapshot or not, both
+	// are its blocks: the snapshot is taken as soon as it is ready.
 	promURL, stopProm := startPrometheusProc(t, promBin, pdir, "global: {}\n", "--storage.tsdb.retention.time=10y", "--web.enable-admin-api")
-	time.Sleep(3 * time.Second) // let it compact what it loaded, or not: both are its blocks
 	resp, err := http.Post(promURL+"/api/v1/admin/tsdb/snapshot", "", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -294,7 +295,11 @@ func TestUploadPrometheusHistory(t *testing.T) {
 			t.Errorf("tenant %s: %d live raw blocks for 30 h at 2h,8h,1d ranges: not compacted with their neighbours", tenant, perRes[block.ResolutionRaw])
 		}
 	}
-	time.Sleep(2 * time.Second) // a bucket-store sync
+	// The query side reads what the compactor left once its bucket store
+	// has listed the bucket again.
+	if err := a.BucketStore.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
 	check("compacted")
 	stopProm()
 }
