@@ -25,11 +25,11 @@ AZURITE_VERSION    := 3.35.0
 # modules raced here) stays out: it would add ~200 packages (the dskit ring,
 # memberlist) to the race build for no concurrency of its own.
 RACE_PKGS := ./pkg/ingest/... ./pkg/tenantdb/... ./pkg/query/... ./pkg/rules/...
-RACE_PKGS += ./pkg/shipper/... ./pkg/bucketstore/... ./pkg/hatracker/... ./pkg/limits/...
+RACE_PKGS += ./pkg/storage/shipper/... ./pkg/storage/bucketstore/... ./pkg/hatracker/... ./pkg/limits/...
 RACE_PKGS += ./pkg/server/... ./pkg/auth/... # write bound, drain; web config swapped under requests
 RACE_PKGS += ./pkg/queryfrontend/... # pieces in parallel, the shared results cache
 RACE_PKGS += ./pkg/blockquery/... ./pkg/seriesset/... # one series cache for every querier
-RACE_PKGS += ./pkg/distributor/... ./pkg/receivers/... # quorum sends that outlive the request; concurrent fan-out reads
+RACE_PKGS += ./pkg/distributor/... ./pkg/ringread/... # quorum sends that outlive the request; concurrent fan-out reads
 UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./...))
 # pkg/compact runs whole in test-unit (its week, downsampling and crash tests
 # take minutes under the race detector) and again under it for the tests of

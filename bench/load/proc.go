@@ -189,7 +189,7 @@ type DiskUsage struct {
 }
 
 // BucketDirName is the directory of gpustore's embedded FILESYSTEM bucket
-// inside its data directory (pkg/bucket.DefaultDirName).
+// inside its data directory (pkg/storage/bucket.DefaultDirName).
 const BucketDirName = "bucket"
 
 // Local is what the receiver's own storage (WAL, head chunks, local blocks)

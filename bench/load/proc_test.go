@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpustore/gpustore/pkg/bucket"
+	"github.com/gpustore/gpustore/pkg/storage/bucket"
 )
 
 func TestParseStat(t *testing.T) {

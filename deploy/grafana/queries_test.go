@@ -24,10 +24,10 @@ import (
 
 	"github.com/gpustore/gpustore/bench/gpusim"
 	rulepack "github.com/gpustore/gpustore/deploy/rules"
-	"github.com/gpustore/gpustore/internal/gpustoretest"
 	"github.com/gpustore/gpustore/internal/testbin"
 	"github.com/gpustore/gpustore/pkg/app"
 	"github.com/gpustore/gpustore/pkg/compact"
+	"github.com/gpustore/gpustore/test/gpustoretest"
 )
 
 const (

@@ -23,7 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 
-	"github.com/gpustore/gpustore/pkg/bucket"
+	"github.com/gpustore/gpustore/pkg/storage/bucket"
 )
 
 // The Helm chart (deploy/helm/gpustore) renders what the overlays render:

@@ -48,7 +48,6 @@ import (
 	"github.com/gpustore/gpustore/internal/version"
 	"github.com/gpustore/gpustore/pkg/block"
 	"github.com/gpustore/gpustore/pkg/blockquery"
-	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/hatracker"
 	"github.com/gpustore/gpustore/pkg/ingest"
@@ -57,7 +56,8 @@ import (
 	"github.com/gpustore/gpustore/pkg/queryfrontend"
 	"github.com/gpustore/gpustore/pkg/rules"
 	"github.com/gpustore/gpustore/pkg/server"
-	"github.com/gpustore/gpustore/pkg/shipper"
+	"github.com/gpustore/gpustore/pkg/storage/bucketstore"
+	"github.com/gpustore/gpustore/pkg/storage/shipper"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 

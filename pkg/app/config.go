@@ -13,8 +13,6 @@ import (
 
 	"github.com/grafana/dskit/kv/memberlist"
 
-	"github.com/gpustore/gpustore/pkg/bucket"
-	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/hatracker"
 	"github.com/gpustore/gpustore/pkg/ingest"
@@ -24,7 +22,9 @@ import (
 	"github.com/gpustore/gpustore/pkg/receiverring"
 	"github.com/gpustore/gpustore/pkg/rules"
 	"github.com/gpustore/gpustore/pkg/server"
-	"github.com/gpustore/gpustore/pkg/shipper"
+	"github.com/gpustore/gpustore/pkg/storage/bucket"
+	"github.com/gpustore/gpustore/pkg/storage/bucketstore"
+	"github.com/gpustore/gpustore/pkg/storage/shipper"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )

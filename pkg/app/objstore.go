@@ -9,10 +9,10 @@ import (
 	"github.com/grafana/dskit/services"
 
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucket"
-	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/query"
-	"github.com/gpustore/gpustore/pkg/shipper"
+	"github.com/gpustore/gpustore/pkg/storage/bucket"
+	"github.com/gpustore/gpustore/pkg/storage/bucketstore"
+	"github.com/gpustore/gpustore/pkg/storage/shipper"
 )
 
 // Object storage modules:

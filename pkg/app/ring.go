@@ -19,7 +19,7 @@ import (
 	"github.com/gpustore/gpustore/pkg/ingest"
 	"github.com/gpustore/gpustore/pkg/query"
 	"github.com/gpustore/gpustore/pkg/receiverring"
-	"github.com/gpustore/gpustore/pkg/receivers"
+	"github.com/gpustore/gpustore/pkg/ringread"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 
@@ -332,7 +332,7 @@ func (a *App) ruleSharding() (owns func(tenant, file, group string) bool, owners
 // GPU pack): with the ring, those of every receiver, this process's own
 // included; nil without the ring (the ruler's default: this process's).
 func (a *App) ruleDataTenants() func() []string {
-	src, ok := a.Receivers.(*receivers.Source)
+	src, ok := a.Receivers.(*ringread.Source)
 	if !ok {
 		return nil
 	}
@@ -377,18 +377,18 @@ func (a *App) ringAppendable() (func(string) (storage.AppendableV2, error), erro
 // distributor's and the query API's public routes too).
 func (a *App) receiverRoutes(ing *ingest.Ingester) {
 	a.Server.Writes.Handle(receiverring.WritePath, ing)
-	a.Server.Mux.Handle(receivers.ReadPath, receivers.ReadHandler(a.DBs, a.Cfg.Tenant, a.Logger.With("component", "receiver-read"), a.Registry))
-	a.Server.Mux.Handle(receivers.MetadataPath, receivers.MetadataHandler(a.DBs, a.Cfg.Tenant))
-	a.Server.Mux.Handle(receivers.TenantsPath, receivers.TenantsHandler(a.DBs))
+	a.Server.Mux.Handle(ringread.ReadPath, ringread.ReadHandler(a.DBs, a.Cfg.Tenant, a.Logger.With("component", "receiver-read"), a.Registry))
+	a.Server.Mux.Handle(ringread.MetadataPath, ringread.MetadataHandler(a.DBs, a.Cfg.Tenant))
+	a.Server.Mux.Handle(ringread.TenantsPath, ringread.TenantsHandler(a.DBs))
 	// For the ring's own processes only: a tenant's identity could write
 	// past the distributors' rate limit and HA election, or read any tenant.
-	a.Server.Internal(receiverring.WritePath, receivers.ReadPath, receivers.MetadataPath, receivers.TenantsPath)
+	a.Server.Internal(receiverring.WritePath, ringread.ReadPath, ringread.MetadataPath, ringread.TenantsPath)
 }
 
 // receiversMetadata is where /api/v1/metadata finds the metadata of the
 // ring's receivers; nil without the ring (the local TSDB's alone).
 func (a *App) receiversMetadata() query.MetadataSource {
-	if src, ok := a.Receivers.(*receivers.Source); ok {
+	if src, ok := a.Receivers.(*ringread.Source); ok {
 		return src
 	}
 	return nil
@@ -400,7 +400,7 @@ func (a *App) receiversSource() (query.Source, error) {
 	if a.Ring == nil {
 		return nil, nil
 	}
-	cfg := receivers.SourceConfig{
+	cfg := ringread.SourceConfig{
 		Client: a.Cfg.Ring.Client, Scheme: a.Cfg.Ring.Scheme, Timeout: time.Duration(a.Cfg.Query.Timeout),
 	}
 	if a.Limits != nil {
@@ -415,7 +415,7 @@ func (a *App) receiversSource() (query.Source, error) {
 		}
 		cfg.Self = id
 	}
-	return receivers.NewSource(cfg, a.Ring, a.Logger.With("component", "receivers"), a.Registry)
+	return ringread.NewSource(cfg, a.Ring, a.Logger.With("component", "receivers"), a.Registry)
 }
 
 // shardLookback is ring.shuffle_sharding_lookback, by default what the

@@ -220,7 +220,7 @@ func LocalFiles(dir string) ([]File, error) {
 }
 
 // Linker is a bucket that can store a local file without copying it: a
-// folder bucket on the same filesystem as the file (pkg/bucket), by a hard
+// folder bucket on the same filesystem as the file (pkg/storage/bucket), by a hard
 // link. A block's chunk segments and index are never written again once the
 // block is complete, so the local block and the bucket can share them: with
 // the embedded default (a folder inside the data directory) a block uploaded

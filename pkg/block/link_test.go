@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/thanos-io/objstore"
 
-	"github.com/gpustore/gpustore/pkg/bucket"
+	"github.com/gpustore/gpustore/pkg/storage/bucket"
 )
 
 // snapshot is the content of a block's files.

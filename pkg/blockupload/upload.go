@@ -56,8 +56,8 @@ import (
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketindex"
 	"github.com/gpustore/gpustore/pkg/rewrite"
+	"github.com/gpustore/gpustore/pkg/storage/bucketindex"
 )
 
 // SourceUpload is the gpustore source of a block brought in from elsewhere.

@@ -23,10 +23,10 @@ import (
 	"github.com/gpustore/gpustore/bench/gpusim"
 	"github.com/gpustore/gpustore/bench/load"
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/readopts"
+	"github.com/gpustore/gpustore/pkg/storage/bucketstore"
 )
 
 // benchWeek is the week slice of TestWeekCompactedQueriesUnchanged, built

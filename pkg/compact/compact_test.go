@@ -29,9 +29,9 @@ import (
 
 	"github.com/gpustore/gpustore/bench/gpusim"
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketindex"
 	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/limits"
+	"github.com/gpustore/gpustore/pkg/storage/bucketindex"
 )
 
 const day = 24 * time.Hour

@@ -28,7 +28,7 @@
 //     files.
 //  6. Downsample (downsample.go): raw blocks to 5m and 5m blocks to 1h,
 //     once each is finished; raw retention waits for the 5m data.
-//  7. Write the tenant's bucket index (pkg/bucketindex; pass.go), which
+//  7. Write the tenant's bucket index (pkg/storage/bucketindex; pass.go), which
 //     bucket stores sync from instead of listing the tenant.
 //
 // Every step is safe to interrupt: before the result's meta.json is
@@ -62,8 +62,8 @@ import (
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketindex"
 	"github.com/gpustore/gpustore/pkg/downsample"
+	"github.com/gpustore/gpustore/pkg/storage/bucketindex"
 )
 
 // Limits gives a tenant's retention overrides per resolution (0: the

@@ -13,8 +13,8 @@ import (
 	"github.com/prometheus/prometheus/tsdb"
 
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketindex"
 	"github.com/gpustore/gpustore/pkg/downsample"
+	"github.com/gpustore/gpustore/pkg/storage/bucketindex"
 )
 
 // The downsampling step of a pass: raw → 5m and 5m → 1h, with pkg/downsample

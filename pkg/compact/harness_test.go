@@ -33,8 +33,8 @@ import (
 	"github.com/gpustore/gpustore/internal/testbin"
 	"github.com/gpustore/gpustore/pkg/app"
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucket"
 	"github.com/gpustore/gpustore/pkg/compact"
+	"github.com/gpustore/gpustore/pkg/storage/bucket"
 )
 
 const (

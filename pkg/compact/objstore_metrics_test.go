@@ -8,7 +8,7 @@ import (
 
 	"github.com/gpustore/gpustore/bench/gpusim"
 	"github.com/gpustore/gpustore/internal/testbin"
-	"github.com/gpustore/gpustore/pkg/bucket"
+	"github.com/gpustore/gpustore/pkg/storage/bucket"
 )
 
 // Healthy compaction passes on a real S3 server (the lease taken and

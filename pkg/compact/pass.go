@@ -9,7 +9,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketindex"
+	"github.com/gpustore/gpustore/pkg/storage/bucketindex"
 )
 
 // blockState is one block directory of the tenant as listed.

@@ -8,7 +8,7 @@ import (
 	"fmt"
 
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketindex"
+	"github.com/gpustore/gpustore/pkg/storage/bucketindex"
 )
 
 // markReplaced marks for deletion each complete block that another

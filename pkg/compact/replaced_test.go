@@ -10,7 +10,7 @@ import (
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/prometheus/tsdb"
 
-	"github.com/gpustore/gpustore/pkg/bucketstore"
+	"github.com/gpustore/gpustore/pkg/storage/bucketstore"
 )
 
 // TestDoubleCompactionReadersServeWhatStays: two results of the same

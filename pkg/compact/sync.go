@@ -88,7 +88,7 @@ func (p *pass) sync(ctx context.Context) error {
 			case errors.Is(err, block.ErrBadMeta):
 				// Neither queries nor the compactor can read the block. It
 				// is left as it is, not marked: a receiver whose local copy
-				// is whole uploads meta.json again (pkg/shipper), and then
+				// is whole uploads meta.json again (pkg/storage/shipper), and then
 				// the block is compacted like the others.
 				p.logger.Error("meta.json does not parse: block left alone", "block", id, "err", err)
 				bad[block.MetaFilename]++

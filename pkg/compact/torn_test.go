@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketindex"
+	"github.com/gpustore/gpustore/pkg/storage/bucketindex"
 )
 
 // TestTornFilesAffectOneBlock: in the folder bucket (the embedded default),
@@ -20,7 +20,7 @@ import (
 // deletion mark that does not parse counts as absent (the block is marked
 // again as the pass sees fit), a no-compact mark as present, a meta.json
 // as a corrupt block left alone, which compacts once a whole meta.json is
-// uploaded again (a receiver's shipper does that, see pkg/shipper).
+// uploaded again (a receiver's shipper does that, see pkg/storage/shipper).
 func TestTornFilesAffectOneBlock(t *testing.T) {
 	store := testStore{dir: t.TempDir()} // files to truncate
 	bkt := openBucket(t, store)

@@ -236,8 +236,8 @@ func TestSubqueryStepsBounded(t *testing.T) {
 }
 
 // metadataSource is a MetadataSource answering fixed metadata and error
-// (receivers.Source, the real one, is tested against real receivers in
-// pkg/receivers and end to end in test/e2e).
+// (ringread.Source, the real one, is tested against real receivers in
+// pkg/ringread and end to end in test/e2e).
 type metadataSource struct {
 	m   map[string]metadata.Metadata
 	err error

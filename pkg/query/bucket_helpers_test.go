@@ -9,7 +9,7 @@ import (
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketstore"
+	"github.com/gpustore/gpustore/pkg/storage/bucketstore"
 )
 
 // shipReceived uploads the TSDB block in dir to bkt as tenant's, as a

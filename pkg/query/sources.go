@@ -20,8 +20,8 @@ import (
 )
 
 // Source is a place other than the tenant's local TSDB that holds its data:
-// the bucket's blocks (pkg/bucketstore) and the ring's receivers
-// (pkg/receivers). All sources of a query are merged here, in one place
+// the bucket's blocks (pkg/storage/bucketstore) and the ring's receivers
+// (pkg/ringread). All sources of a query are merged here, in one place
 // (openQuerier/openChunkQuerier), with the head and local blocks.
 //
 // opts are the read's (readopts.ReadOptions): the request's, and what the
@@ -267,7 +267,7 @@ func closeAll(qs []storage.Querier) {
 // receivers answer: one per receiver that shipped it (until the compactor
 // merges them). Read beside the receivers' answers, every such copy is
 // merged again sample by sample. A receiver's streamed answer lists the
-// blocks it holds (receivers.LocalBlocksHeader), as of the moment its
+// blocks it holds (ringread.LocalBlocksHeader), as of the moment its
 // querier opened, and the receivers' source reports them to the select's
 // own receivers querier (readopts.ReadOptions.ServedBlocks); the bucket's
 // querier is opened after the receivers answered, leaving them out as it

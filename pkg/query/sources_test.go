@@ -15,8 +15,8 @@ import (
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
 	"github.com/thanos-io/objstore"
 
-	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/readopts"
+	"github.com/gpustore/gpustore/pkg/storage/bucketstore"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 

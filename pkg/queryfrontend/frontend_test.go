@@ -25,10 +25,10 @@ import (
 	"github.com/thanos-io/objstore/providers/filesystem"
 
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/query"
+	"github.com/gpustore/gpustore/pkg/storage/bucketstore"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )

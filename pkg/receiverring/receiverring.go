@@ -46,7 +46,7 @@ var (
 )
 
 // WritePath is where receivers take distributors' writes (not users'); they
-// serve queriers at receivers.ReadPath.
+// serve queriers at ringread.ReadPath.
 const (
 	WritePath = "/receiver/write"
 )

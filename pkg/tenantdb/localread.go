@@ -77,7 +77,7 @@ func (db *DB) ChunkQuerier(mint, maxt int64) (storage.ChunkQuerier, error) {
 // instead of being decoded, merged and encoded again as tsdb.DB's chunk
 // querier does for every series found in several parts. For readers that
 // merge overlapping chunks themselves: the ring's query processes, which
-// merge replicas' chunks the same way (pkg/receivers).
+// merge replicas' chunks the same way (pkg/ringread).
 func (db *DB) ChunkQuerierUnmerged(mint, maxt int64) (storage.ChunkQuerier, error) {
 	l := db.reads
 	if l == nil {

@@ -18,9 +18,9 @@ import (
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucket"
-	"github.com/gpustore/gpustore/pkg/bucketindex"
 	"github.com/gpustore/gpustore/pkg/compact"
+	"github.com/gpustore/gpustore/pkg/storage/bucket"
+	"github.com/gpustore/gpustore/pkg/storage/bucketindex"
 )
 
 // env is a FILESYSTEM bucket and its objstore config file.

@@ -23,7 +23,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucket"
+	"github.com/gpustore/gpustore/pkg/storage/bucket"
 )
 
 // TestCompactorRunsAlone: the gpustore binary with -target=compact, pointed

@@ -10,8 +10,8 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/gpustore/gpustore/pkg/app"
-	"github.com/gpustore/gpustore/pkg/bucket"
 	"github.com/gpustore/gpustore/pkg/compact"
+	"github.com/gpustore/gpustore/pkg/storage/bucket"
 )
 
 // TestRangeFunctionsAcrossBlockEdges: blocks written by Prometheus' block

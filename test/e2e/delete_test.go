@@ -21,10 +21,10 @@ import (
 
 	"github.com/gpustore/gpustore/pkg/app"
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucket"
-	"github.com/gpustore/gpustore/pkg/bucketindex"
 	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/downsample"
+	"github.com/gpustore/gpustore/pkg/storage/bucket"
+	"github.com/gpustore/gpustore/pkg/storage/bucketindex"
 )
 
 // Prometheus' delete_series on a gpustore whose tenant holds 30 h of DCGM

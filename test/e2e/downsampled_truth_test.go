@@ -26,9 +26,9 @@ import (
 	"github.com/gpustore/gpustore/internal/testbin"
 	"github.com/gpustore/gpustore/pkg/app"
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucket"
 	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/downsample"
+	"github.com/gpustore/gpustore/pkg/storage/bucket"
 )
 
 // TestDownsampledAnswersMatchPrometheus is issue 38's comparison, black-box:

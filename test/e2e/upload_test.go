@@ -27,10 +27,10 @@ import (
 	"github.com/gpustore/gpustore/internal/testbin"
 	"github.com/gpustore/gpustore/pkg/app"
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucket"
-	"github.com/gpustore/gpustore/pkg/bucketindex"
 	"github.com/gpustore/gpustore/pkg/compact"
 	"github.com/gpustore/gpustore/pkg/downsample"
+	"github.com/gpustore/gpustore/pkg/storage/bucket"
+	"github.com/gpustore/gpustore/pkg/storage/bucketindex"
 )
 
 // history is 30 h of a small DCGM fleet at 30 s, ending `end`: gauges of

@@ -26,7 +26,7 @@ import (
 	"github.com/thanos-io/objstore/providers/filesystem"
 
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketindex"
+	"github.com/gpustore/gpustore/pkg/storage/bucketindex"
 )
 
 func main() {

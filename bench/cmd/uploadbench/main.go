@@ -37,8 +37,8 @@ import (
 
 	"github.com/gpustore/gpustore/bench/gpusim"
 	"github.com/gpustore/gpustore/pkg/app"
-	"github.com/gpustore/gpustore/pkg/bucket"
 	"github.com/gpustore/gpustore/pkg/compact"
+	"github.com/gpustore/gpustore/pkg/storage/bucket"
 	"github.com/gpustore/gpustore/pkg/tools"
 )
 

@@ -20,8 +20,8 @@ import (
 	"github.com/prometheus/prometheus/tsdb"
 	"gopkg.in/yaml.v3"
 
-	"github.com/gpustore/gpustore/internal/gpustoretest"
 	"github.com/gpustore/gpustore/internal/testbin"
+	"github.com/gpustore/gpustore/test/gpustoretest"
 )
 
 func ruleFiles(t *testing.T) []string {

@@ -7,7 +7,7 @@
 // the engine once, whatever sources (head, local and bucket blocks, the
 // ring's receivers) it was merged from; pkg/blockquery counts the bytes of
 // each block chunk it opens, for local and bucket blocks alike,
-// pkg/tenantdb those of the head's chunks, and pkg/receivers those of the
+// pkg/tenantdb those of the head's chunks, and pkg/ringread those of the
 // chunks the ring's receivers send. A query
 // split into slices or days shares one Limiter, so the limit is the whole
 // request's. The first report past a limit returns an *Error, which the

@@ -1,9 +1,10 @@
-// Package receivers is the read side of scale-out (issue 15): every receiver
-// serves its own tenants' recent data over Prometheus' remote-read protocol
+// Package ringread is the read side of scale-out: every receiver serves
+// its own tenants' recent data over Prometheus' remote-read protocol
 // (ReadHandler), and a query process reads a read quorum of the ring's
 // receivers as one query.Source (Source), merging the replicas of each
-// series chunk by chunk.
-package receivers
+// series chunk by chunk. (The receivers' write side is pkg/ingest behind
+// pkg/distributor; the ring itself is pkg/receiverring.)
+package ringread
 
 import (
 	"bufio"

@@ -27,7 +27,7 @@ const staleTmpAge = time.Hour
 // durableFolder is objstore's filesystem bucket with an Upload that a crash
 // or a power cut cannot leave half done: the object is written to a
 // temporary file, fsynced, renamed over the object's name, and the
-// directory is fsynced (as pkg/shipper writes shipper.json). objstore's own
+// directory is fsynced (as pkg/storage/shipper writes shipper.json). objstore's own
 // Upload truncates the object in place and writes into it, so a reader
 // could see a torn meta.json, deletion mark or bucket index, and after a
 // power cut an empty one. Readers now see the previous object or the new

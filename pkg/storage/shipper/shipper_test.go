@@ -26,8 +26,8 @@ import (
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/readopts"
+	"github.com/gpustore/gpustore/pkg/storage/bucketstore"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )
 

@@ -15,7 +15,7 @@ import (
 // the durable folder (temporary file, fsync, rename, directory fsync), for a
 // meta.json-sized object and a chunk segment-sized one.
 //
-//	go test ./pkg/bucket -run '^$' -bench FolderUpload -benchtime 20x
+//	go test ./pkg/storage/bucket -run '^$' -bench FolderUpload -benchtime 20x
 func BenchmarkFolderUpload(b *testing.B) {
 	for _, size := range []int{2 << 10, 64 << 20} {
 		data := bytes.Repeat([]byte{'x'}, size)

@@ -28,7 +28,7 @@ import (
 	"github.com/gpustore/gpustore/internal/logging"
 	"github.com/gpustore/gpustore/internal/testbin"
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketindex"
+	"github.com/gpustore/gpustore/pkg/storage/bucketindex"
 )
 
 // compactBlocks compacts local block directories into one block under dir

@@ -1,4 +1,4 @@
-package receivers
+package ringread
 
 import (
 	"context"
@@ -33,9 +33,9 @@ import (
 	"github.com/thanos-io/objstore/providers/filesystem"
 
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketstore"
 	"github.com/gpustore/gpustore/pkg/query"
 	"github.com/gpustore/gpustore/pkg/readopts"
+	"github.com/gpustore/gpustore/pkg/storage/bucketstore"
 	"github.com/gpustore/gpustore/pkg/tenancy"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
 )

@@ -14,7 +14,7 @@ import (
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/internal/testbin"
-	"github.com/gpustore/gpustore/pkg/bucket"
+	"github.com/gpustore/gpustore/pkg/storage/bucket"
 )
 
 // TestEveryProviderThroughTheBucketConfig: for each cloud provider, a real

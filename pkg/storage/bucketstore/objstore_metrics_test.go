@@ -11,7 +11,7 @@ import (
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/block"
-	"github.com/gpustore/gpustore/pkg/bucketindex"
+	"github.com/gpustore/gpustore/pkg/storage/bucketindex"
 )
 
 // Reads of objects that may rightly be missing (a block's meta.json while it
