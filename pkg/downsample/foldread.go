@@ -51,6 +51,43 @@ type FoldingQuerier interface {
 	Folding(ctx context.Context, hints *storage.SelectHints, ms ...*labels.Matcher) (Folding, error)
 }
 
+// Querier is what a query source opens (query.Source): a querier that also
+// says how the downsampled data a select will read was folded, so that the
+// raw series read beside it (local TSDB, receivers) are folded alike. A
+// source of raw data only embeds NoFolding.
+type Querier interface {
+	storage.Querier
+	FoldingQuerier
+}
+
+// NoFolding is the Folding of a querier of raw data only: nothing folded.
+type NoFolding struct{}
+
+// Folding implements FoldingQuerier.
+func (NoFolding) Folding(context.Context, *storage.SelectHints, ...*labels.Matcher) (Folding, error) {
+	return Folding{}, nil
+}
+
+// NoopQuerier is a source's querier with nothing for the range: it answers
+// nothing and folds nothing. The query path's merge leaves it out.
+func NoopQuerier() Querier { return noopQuerier{} }
+
+type noopQuerier struct{ NoFolding }
+
+func (noopQuerier) Select(context.Context, bool, *storage.SelectHints, ...*labels.Matcher) storage.SeriesSet {
+	return storage.EmptySeriesSet()
+}
+
+func (noopQuerier) LabelValues(context.Context, string, *storage.LabelHints, ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	return nil, nil, nil
+}
+
+func (noopQuerier) LabelNames(context.Context, *storage.LabelHints, ...*labels.Matcher) ([]string, annotations.Annotations, error) {
+	return nil, nil, nil
+}
+
+func (noopQuerier) Close() error { return nil }
+
 // WithoutView returns ms without an AggrLabel matcher (Rewrite's explicit
 // views), which names no series of a block.
 func WithoutView(ms []*labels.Matcher) []*labels.Matcher {

@@ -26,7 +26,7 @@ type optionsRecorder struct {
 	ms   [][]*labels.Matcher
 }
 
-func (r *optionsRecorder) Querier(_ string, _, _ int64, o readopts.ReadOptions) (storage.Querier, error) {
+func (r *optionsRecorder) Querier(_ string, _, _ int64, o readopts.ReadOptions) (downsample.Querier, error) {
 	return recordingQuerier{Querier: storage.NoopQuerier(), r: r, o: o}, nil
 }
 
@@ -47,6 +47,7 @@ func (r *optionsRecorder) take() []readopts.ReadOptions {
 
 type recordingQuerier struct {
 	storage.Querier
+	downsample.NoFolding
 	r *optionsRecorder
 	o readopts.ReadOptions
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/prometheus/util/annotations"
 
 	"github.com/gpustore/gpustore/internal/abuse"
+	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/readopts"
 )
 
@@ -33,17 +34,20 @@ func newStallingSource() *stallingSource {
 	return &stallingSource{release: make(chan struct{}), started: make(chan struct{}, 1000)}
 }
 
-func (s *stallingSource) Querier(string, int64, int64, readopts.ReadOptions) (storage.Querier, error) {
-	return stallingQuerier{s}, nil
+func (s *stallingSource) Querier(string, int64, int64, readopts.ReadOptions) (downsample.Querier, error) {
+	return stallingQuerier{s: s}, nil
 }
 
 func (s *stallingSource) ChunkQuerier(string, int64, int64, readopts.ReadOptions) (storage.ChunkQuerier, error) {
-	return stallingChunkQuerier{stallingQuerier{s}}, nil
+	return stallingChunkQuerier{stallingQuerier{s: s}}, nil
 }
 
 func (s *stallingSource) HasDownsampled(string) bool { return false }
 
-type stallingQuerier struct{ s *stallingSource }
+type stallingQuerier struct {
+	downsample.NoFolding
+	s *stallingSource
+}
 
 func (q stallingQuerier) stall(ctx context.Context, ms []*labels.Matcher) {
 	for _, m := range ms {

@@ -26,10 +26,12 @@ import (
 //
 // opts are the read's (readopts.ReadOptions): the request's, and what the
 // caller serves itself, which the source leaves out or reads raw. A source
-// with nothing for the range returns a no-op querier (storage.NoopQuerier,
-// which the merges leave out), never nil.
+// with nothing for the range returns downsample.NoopQuerier (which the
+// merges leave out), never nil. Its querier says how the downsampled data a
+// select reads was folded (downsample.Querier; sources of raw data only
+// embed downsample.NoFolding), so the raw series beside it fold alike.
 type Source interface {
-	Querier(tenant string, mint, maxt int64, opts readopts.ReadOptions) (storage.Querier, error)
+	Querier(tenant string, mint, maxt int64, opts readopts.ReadOptions) (downsample.Querier, error)
 	ChunkQuerier(tenant string, mint, maxt int64, opts readopts.ReadOptions) (storage.ChunkQuerier, error)
 	// HasDownsampled reports whether the source holds downsampled blocks
 	// of the tenant: the API then rewrites the queries that need it
@@ -158,15 +160,17 @@ func (q TenantQueryable) openQuerier(tenantID string, mint, maxt int64, opts rea
 		qs = append(qs, seriesset.SpanQuerier(downsample.NewRawQuerier(dq), from, maxt))
 		src.LocalBlocks, src.LocalFrom = localBlocks(db), localMinTime(db)
 	}
-	openSources := func(src readopts.ReadOptions) ([]storage.Querier, error) {
-		sqs := make([]storage.Querier, 0, len(q.Sources))
+	openSources := func(src readopts.ReadOptions) ([]downsample.Querier, error) {
+		sqs := make([]downsample.Querier, 0, len(q.Sources))
 		for _, s := range q.Sources {
 			sq, err := s.Querier(tenantID, mint, maxt, src)
 			if err != nil {
 				closeAll(sqs)
 				return nil, fmt.Errorf("open querier of tenant %q: %w", tenantID, err)
 			}
-			sqs = append(sqs, sq)
+			if sq != downsample.NoopQuerier() {
+				sqs = append(sqs, sq)
+			}
 		}
 		return sqs, nil
 	}
@@ -194,8 +198,10 @@ func (q TenantQueryable) openQuerier(tenantID string, mint, maxt int64, opts rea
 			closeAll(qs)
 			return nil, err
 		}
-		qs = append(qs, sqs...)
-		folders = append(folders, foldersOf(sqs)...)
+		for _, sq := range sqs {
+			qs = append(qs, sq)
+			folders = append(folders, sq)
+		}
 	}
 	merged := seriesset.NewMergeQuerier(qs, seriesset.MergeSpans)
 	if len(folders) > 0 {
@@ -240,20 +246,7 @@ func (q TenantQueryable) openChunkQuerier(tenantID string, mint, maxt int64, opt
 	return storage.NewMergeChunkQuerier(qs, nil, storage.NewCompactingChunkSeriesMerger(storage.ChainedSeriesMerge)), nil
 }
 
-// foldersOf are the queriers of qs (the sources') that can say how the
-// downsampled data they read was folded (the bucket store's, which the
-// folding of the raw series beside them follows: foldingQuerier).
-func foldersOf(qs []storage.Querier) []downsample.FoldingQuerier {
-	var out []downsample.FoldingQuerier
-	for _, sq := range qs {
-		if fq, ok := sq.(downsample.FoldingQuerier); ok {
-			out = append(out, fq)
-		}
-	}
-	return out
-}
-
-func closeAll(qs []storage.Querier) {
+func closeAll[Q storage.Querier](qs []Q) {
 	for _, q := range qs {
 		_ = q.Close()
 	}
@@ -284,11 +277,11 @@ type ringQuerier struct {
 	// opts are the sources' options: the request's, the local TSDB's
 	// blocks, and the raw time the local TSDB or the receivers hold.
 	opts readopts.ReadOptions
-	open func(readopts.ReadOptions) ([]storage.Querier, error)
+	open func(readopts.ReadOptions) ([]downsample.Querier, error)
 
 	mtx     sync.Mutex // the engine may select from several goroutines
 	opened  []storage.Querier
-	folders []downsample.FoldingQuerier // the sources' that fold, opened on the first Folding
+	folders []downsample.Querier // the sources', opened on the first Folding
 }
 
 // Folding is the sources' (downsample.FoldingQuerier): how the downsampled
@@ -303,8 +296,10 @@ func (q *ringQuerier) Folding(ctx context.Context, hints *storage.SelectHints, m
 			q.mtx.Unlock()
 			return downsample.Folding{}, err
 		}
-		q.opened = append(q.opened, sqs...)
-		q.folders = append([]downsample.FoldingQuerier{}, foldersOf(sqs)...)
+		for _, sq := range sqs {
+			q.opened = append(q.opened, sq)
+		}
+		q.folders = append([]downsample.Querier{}, sqs...)
 	}
 	folders := q.folders
 	q.mtx.Unlock()
@@ -345,9 +340,13 @@ func (q *ringQuerier) Select(ctx context.Context, _ bool, hints *storage.SelectH
 
 // sources opens the sources' queriers, to be closed with q.
 func (q *ringQuerier) sources(opts readopts.ReadOptions) ([]storage.Querier, error) {
-	qs, err := q.open(opts)
+	sqs, err := q.open(opts)
 	if err != nil {
 		return nil, err
+	}
+	qs := make([]storage.Querier, len(sqs))
+	for i, sq := range sqs {
+		qs[i] = sq
 	}
 	q.mtx.Lock()
 	q.opened = append(q.opened, qs...)

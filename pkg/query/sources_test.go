@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
 	"github.com/thanos-io/objstore"
 
+	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/readopts"
 	"github.com/gpustore/gpustore/pkg/storage/bucketstore"
 	"github.com/gpustore/gpustore/pkg/tenantdb"
@@ -26,7 +27,7 @@ type spySource struct {
 	skipped, asked int
 }
 
-func (s *spySource) Querier(tenant string, mint, maxt int64, o readopts.ReadOptions) (storage.Querier, error) {
+func (s *spySource) Querier(tenant string, mint, maxt int64, o readopts.ReadOptions) (downsample.Querier, error) {
 	s.asked++
 	for _, m := range s.Blocks(tenant) {
 		if o.Local(m.ULID) {

@@ -38,6 +38,7 @@ import (
 
 	"github.com/gpustore/gpustore/internal/abuse"
 	"github.com/gpustore/gpustore/internal/logging"
+	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/limits/querylimit"
 	"github.com/gpustore/gpustore/pkg/query"
 	"github.com/gpustore/gpustore/pkg/readopts"
@@ -678,13 +679,13 @@ func TestMaxLookback(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	if q := mustQuerier(t, src, "team-a", now.Add(-3*time.Hour).UnixMilli(), now.Add(-2*time.Hour).UnixMilli()); q != storage.NoopQuerier() {
+	if q := mustQuerier(t, src, "team-a", now.Add(-3*time.Hour).UnixMilli(), now.Add(-2*time.Hour).UnixMilli()); q != downsample.NoopQuerier() {
 		t.Error("querier for a range receivers no longer hold")
 	}
 	if q := mustChunkQuerier(t, src, "team-a", now.Add(-3*time.Hour).UnixMilli(), now.Add(-2*time.Hour).UnixMilli()); q != storage.NoopChunkedQuerier() {
 		t.Error("chunk querier for a range receivers no longer hold")
 	}
-	if q := mustQuerier(t, src, "team-a", now.Add(-3*time.Hour).UnixMilli(), now.Add(-30*time.Minute).UnixMilli()); q == storage.NoopQuerier() {
+	if q := mustQuerier(t, src, "team-a", now.Add(-3*time.Hour).UnixMilli(), now.Add(-30*time.Minute).UnixMilli()); q == downsample.NoopQuerier() {
 		t.Error("no querier for a recent range")
 	}
 }

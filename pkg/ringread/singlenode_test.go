@@ -33,6 +33,7 @@ import (
 	"github.com/thanos-io/objstore/providers/filesystem"
 
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/query"
 	"github.com/gpustore/gpustore/pkg/readopts"
 	"github.com/gpustore/gpustore/pkg/storage/bucketstore"
@@ -429,7 +430,7 @@ type excludedBlocks struct {
 	last int
 }
 
-func (e *excludedBlocks) Querier(tenant string, mint, maxt int64, o readopts.ReadOptions) (storage.Querier, error) {
+func (e *excludedBlocks) Querier(tenant string, mint, maxt int64, o readopts.ReadOptions) (downsample.Querier, error) {
 	n := 0
 	for _, m := range e.Blocks(tenant) {
 		if o.Local(m.ULID) {

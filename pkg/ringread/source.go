@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/prometheus/storage/remote"
 	"github.com/prometheus/prometheus/util/annotations"
 
+	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/limits/querylimit"
 	"github.com/gpustore/gpustore/pkg/query"
 	"github.com/gpustore/gpustore/pkg/readopts"
@@ -186,9 +187,9 @@ func NewSource(cfg SourceConfig, r ring.ReadRing, logger *slog.Logger, reg prome
 // path deduplicates replicas and chooses resolutions above them); each
 // select tells opts.ServedBlocks which bucket blocks its answer covers. It
 // is a no-op querier when the range ends before MaxLookback.
-func (s *Source) Querier(tenant string, mint, maxt int64, opts readopts.ReadOptions) (storage.Querier, error) {
+func (s *Source) Querier(tenant string, mint, maxt int64, opts readopts.ReadOptions) (downsample.Querier, error) {
 	if s.tooOld(maxt) {
-		return storage.NoopQuerier(), nil
+		return downsample.NoopQuerier(), nil
 	}
 	return &querier{s: s, tenant: tenant, mint: mint, maxt: maxt, served: opts.ServedBlocks}, nil
 }
@@ -211,10 +212,11 @@ func (s *Source) tooOld(maxt int64) bool {
 }
 
 type querier struct {
-	s          *Source
-	tenant     string
-	mint, maxt int64
-	served     func([]ulid.ULID) // readopts.ReadOptions.ServedBlocks (nil: none)
+	downsample.NoFolding // receivers hold raw data only
+	s                    *Source
+	tenant               string
+	mint, maxt           int64
+	served               func([]ulid.ULID) // readopts.ReadOptions.ServedBlocks (nil: none)
 }
 
 // report tells the query path which bucket blocks a select's answers

@@ -398,10 +398,10 @@ func readSpan(m *block.Meta, local func(ulid.ULID) bool) (_ span, ok bool) {
 // (opts.LocalBlocks: blocks still on local disk, see readSpan); its selects
 // read each time range at the resolution opts allow (plan). It is a no-op
 // querier when nothing is left to read.
-func (s *Store) Querier(tenantID string, mint, maxt int64, opts readopts.ReadOptions) (storage.Querier, error) {
+func (s *Store) Querier(tenantID string, mint, maxt int64, opts readopts.ReadOptions) (downsample.Querier, error) {
 	bs, parts := s.blocksFor(tenantID, mint, maxt, opts.LocalBlocks)
 	if len(bs) == 0 {
-		return storage.NoopQuerier(), nil
+		return downsample.NoopQuerier(), nil
 	}
 	return &querier{base: base{s: s, blocks: bs, parts: parts, mint: mint, maxt: maxt, dels: s.dels.over(tenantID, mint, maxt)}, opts: opts}, nil
 }

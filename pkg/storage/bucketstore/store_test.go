@@ -22,6 +22,7 @@ import (
 	"github.com/thanos-io/objstore"
 
 	"github.com/gpustore/gpustore/pkg/block"
+	"github.com/gpustore/gpustore/pkg/downsample"
 	"github.com/gpustore/gpustore/pkg/readopts"
 )
 
@@ -147,7 +148,7 @@ func queriesMatchTheLocalBlock(t *testing.T, encoding string) {
 					t.Fatal(err)
 				}
 				bq := mustQuerier(t, s, "team-a", r[0], r[1], nil)
-				if bq == storage.NoopQuerier() {
+				if bq == downsample.NoopQuerier() {
 					t.Fatalf("range %v: no bucket querier", r)
 				}
 				lcq, _ := tsdb.NewBlockChunkQuerier(local, r[0], r[1])
@@ -403,7 +404,7 @@ func TestSyncSeesNewAndDeletedBlocksAndSkipsPartialOnes(t *testing.T) {
 	}
 	q.Close()
 	// skip leaves out blocks read elsewhere.
-	if q := mustQuerier(t, s, "team-a", 0, 20*minute, func(id ulid.ULID) bool { return id == a.ULID }); q != storage.NoopQuerier() {
+	if q := mustQuerier(t, s, "team-a", 0, 20*minute, func(id ulid.ULID) bool { return id == a.ULID }); q != downsample.NoopQuerier() {
 		t.Fatal("querier over a skipped block")
 	}
 
