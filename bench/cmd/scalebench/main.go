@@ -50,14 +50,17 @@ import (
 	"github.com/gpustore/gpustore/bench/load"
 )
 
-func main() {
+func main() { os.Exit(exitCode()) }
+
+// exitCode is main's body: it returns the exit code, so the deferred stop runs.
+func exitCode() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "scalebench:", err)
-		stop()
-		os.Exit(1) //nolint:gocritic // stop ran above
+		return 1
 	}
+	return 0
 }
 
 type options struct {
@@ -72,6 +75,7 @@ type options struct {
 	churnPerHour  float64
 	start         string
 	once          bool
+	paced         bool
 	pid           int
 }
 
@@ -91,6 +95,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.Float64Var(&o.churnPerHour, "churn.per-hour", 0.7, "Share of the pod-labelled series replaced per hour (job churn).")
 	fs.StringVar(&o.start, "start", "", "Sample time of the first tick (RFC 3339; empty: now). Later ticks advance by -interval.")
 	fs.BoolVar(&o.once, "once", false, "Send one tick of the last step's series and exit (to cut the head at a later time).")
+	fs.BoolVar(&o.paced, "paced", true, "Send a tick every -interval of real time; false sends them back to back (hours of head in minutes: memory, not CPU per second).")
 	fs.IntVar(&o.pid, "pid", 0, "Receiver's pid, for VmHWM (0: not read).")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -136,7 +141,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		var bad int64
 		for i := 0; i < 1+o.warm+o.measure; i++ {
 			next := began.Add(time.Duration(tick) * o.interval)
-			if w := time.Until(next); w > 0 {
+			if w := time.Until(next); w > 0 && o.paced {
 				select {
 				case <-time.After(w):
 				case <-ctx.Done():
@@ -154,7 +159,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			if i == 0 { // creating the step's series may take longer than a tick: restart the cadence
 				began = time.Now().Add(-time.Duration(tick-1) * o.interval)
 			}
-			log.Info("tick", "step", n, "i", i, "samples", st.samples, "took", st.took.Round(time.Millisecond), "non2xx", st.bad)
+			if o.paced || i%40 == 0 {
+				log.Info("tick", "step", n, "i", i, "samples", st.samples, "took", st.took.Round(time.Millisecond), "non2xx", st.bad)
+			}
 			if i > o.warm {
 				sent += st.samples
 				churned += c
@@ -165,7 +172,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		// the measured window ends a tick after the last measured tick began
 		next := began.Add(time.Duration(tick) * o.interval)
-		if w := time.Until(next); w > 0 {
+		if w := time.Until(next); w > 0 && o.paced {
 			select {
 			case <-time.After(w):
 			case <-ctx.Done():
@@ -310,7 +317,7 @@ func (set *seriesSet) encode(b *batch) {
 		ts = append(ts, 2<<3|2, 16, 1<<3|1)
 		valAt := len(ts)
 		ts = append(ts, make([]byte, 8)...)
-		ts = append(ts, 2<<3|0)
+		ts = append(ts, 2<<3) // field 2, varint
 		ts = append(ts, 0x80, 0x80, 0x80, 0x80, 0x80, 0x00)
 		body = append(body, 1<<3|2)
 		body = appendVarint(body, uint64(len(ts)))
