@@ -24,10 +24,12 @@ AZURITE_VERSION    := 3.35.0
 # others' without it; each package's tests run once. pkg/app (wiring of the
 # modules raced here) stays out: it would add ~200 packages (the dskit ring,
 # memberlist) to the race build for no concurrency of its own.
-RACE_PKGS := ./pkg/ingest/... ./pkg/tenantdb/... ./pkg/query/... ./pkg/rules/...
-RACE_PKGS += ./pkg/storage/shipper/... ./pkg/storage/bucketstore/... ./pkg/hatracker/... ./pkg/limits/...
+# The longest under the race detector first (bucketstore ~150 s, the
+# query frontend and query ~90 s each): go test starts them in this order.
+RACE_PKGS := ./pkg/storage/bucketstore/... ./pkg/queryfrontend/... # pieces in parallel, the shared results cache
+RACE_PKGS += ./pkg/query/... ./pkg/ingest/... ./pkg/rules/... ./pkg/tenantdb/...
+RACE_PKGS += ./pkg/storage/shipper/... ./pkg/hatracker/... ./pkg/limits/...
 RACE_PKGS += ./pkg/server/... ./pkg/auth/... # write bound, drain; web config swapped under requests
-RACE_PKGS += ./pkg/queryfrontend/... # pieces in parallel, the shared results cache
 RACE_PKGS += ./pkg/blockquery/... ./pkg/seriesset/... # one series cache for every querier
 RACE_PKGS += ./pkg/distributor/... ./pkg/ringread/... # quorum sends that outlive the request; concurrent fan-out reads
 UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./...))
@@ -35,6 +37,8 @@ UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./.
 # take minutes under the race detector) and again under it for the tests of
 # its concurrency: the lease's renewal and two compactors on one bucket.
 COMPACT_RACE_TESTS := TestLeaseExpiresAfterHolderDies|TestTwoCompactorsOneBucket|TestWorkingDirectoryBounded
+# test-unit's longest packages, started first (in this order).
+LONG_PKGS := %/test/e2e %/deploy/devstack %/pkg/compact %/deploy/grafana %/deploy/rules
 
 .PHONY: all build run test test-unit test-race lint fuzz fuzz-short fuzz-long soak tools tools-note vet bench bench-compare bench-compact bench-relabel bench-ring bench-cluster-day bench-panels clean docker dashboards manifests docs dev-stack
 
@@ -116,31 +120,39 @@ vet:
 	@echo "== vet $$(date +%T)"
 	$(GO) vet -stdmethods=false ./...
 
-# The lint (.golangci.yml) runs go vet's checks too; fuzz-short gives each
-# fuzz target a few hundred inputs (make fuzz and fuzz-long run longer).
+# The lint (.golangci.yml) runs go vet's checks too, go test's among them
+# (so the go test runs below leave vet off); fuzz-short gives the decoders of
+# what clients send a few hundred inputs each (make fuzz and fuzz-long run
+# every fuzz target longer).
 test: tools lint test-unit test-race fuzz-short
 
 lint: $(TOOLS_DIR)/.golangci-lint-$(GOLANGCI_LINT_VERSION)
 	@echo "== lint $$(date +%T)"
 	$(TOOLS_DIR)/golangci-lint run ./...
 
+# The longest packages first: go test starts packages in the order it is
+# given them, -p at the cores' number, so test/e2e (~10 min, one test after
+# another) runs beside the rest rather than after it.
 test-unit:
 	@echo "== test-unit $$(date +%T)"
-	$(GO) test -count=1 -timeout 30m $(UNIT_PKGS) # test/e2e alone takes ~7 min here
+	$(GO) test -count=1 -vet=off -timeout 30m $(foreach p,$(LONG_PKGS),$(filter $(p),$(UNIT_PKGS))) $(filter-out $(LONG_PKGS),$(UNIT_PKGS))
 
 test-race:
 	@echo "== test-race $$(date +%T)"
-	$(GO) test -count=1 -race $(RACE_PKGS)
-	$(GO) test -count=1 -race -run '^($(COMPACT_RACE_TESTS))$$' ./pkg/compact
+	$(GO) test -count=1 -vet=off -race $(RACE_PKGS)
+	$(GO) test -count=1 -vet=off -race -run '^($(COMPACT_RACE_TESTS))$$' ./pkg/compact
 
 # A few thousand inputs of every fuzz target (their seed corpora also run in
-# test-unit; make test runs fuzz-short, a few hundred each, ~2 min);
+# test-unit; make test runs fuzz-short: the ingest decoders, a few hundred
+# inputs each, ~2 min);
 # make fuzz-long runs each for minutes (FUZZTIME_LONG=1000000x
 # make fuzz-long). Budgets are counts, not durations: with a duration, Go
 # 1.26's fuzzing coordinator can fail a target with a bare "context deadline
 # exceeded" when the time is up while a worker is busy (golang/go#75804,
 # fixed in Go 1.27), as FuzzQueryParams' 2-second queries made it do.
-FUZZ_PKGS := ./pkg/ingest ./pkg/auth ./pkg/limits ./pkg/query
+FUZZ_PKGS := ./pkg/ingest ./pkg/auth ./pkg/limits ./pkg/query ./pkg/block
+# fuzz-short: the decoders of remote write 1.0 and 2.0 and OTLP bodies.
+FUZZ_SHORT_PKGS := ./pkg/ingest
 FUZZTIME ?= 3000x
 FUZZTIME_SHORT ?= 300x
 FUZZTIME_LONG ?= 200000x
@@ -154,7 +166,7 @@ fuzz:
 	done
 
 fuzz-short:
-	$(MAKE) fuzz FUZZTIME=$(FUZZTIME_SHORT)
+	$(MAKE) fuzz FUZZTIME=$(FUZZTIME_SHORT) FUZZ_PKGS="$(FUZZ_SHORT_PKGS)"
 
 fuzz-long:
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME_LONG)
