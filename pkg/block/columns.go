@@ -20,9 +20,10 @@ import (
 // timestamps as delta-of-deltas (mostly 0 at a fixed scrape interval), and
 // values, where every value of a chunk is a decimal of at most 9 digits
 // after the point (counters, gauges of integers or of a few decimals), as
-// deltas of those decimals taken as integers. Decoding appends the samples
-// to the TSDB's XOR appender again, which is deterministic: a chunk is put
-// in column form only when that gives back its bytes exactly, any other
+// deltas of those decimals taken as integers. Decoding writes the samples
+// as an XOR chunk again (appendXOR, which writes what the TSDB's
+// deterministic XOR appender writes): a chunk is put in column form only
+// when that gives back its bytes exactly, any other
 // entry (another chunk encoding, a chunk the appender would write
 // otherwise) and the bytes before the first entry (the segment header) are
 // kept verbatim. A frame's column form is a function of its bytes alone, so
@@ -66,7 +67,7 @@ type columnsEncoder struct {
 	ts      []int64
 	vs      []float64
 	ints    []int64
-	re      *chunkenc.XORChunk
+	xor     []byte
 }
 
 // encode appends the column form of content, the CRC-stripped bytes of a
@@ -74,9 +75,6 @@ type columnsEncoder struct {
 func (e *columnsEncoder) encode(dst, content []byte, lead int) []byte {
 	for i := range e.streams {
 		e.streams[i] = e.streams[i][:0]
-	}
-	if e.re == nil {
-		e.re = chunkenc.NewXORChunk()
 	}
 	lead = max(0, min(lead, len(content)))
 	verbatim, prevFirst := content[:lead], int64(0) // verbatim: the run not yet written
@@ -121,6 +119,9 @@ func (e *columnsEncoder) flushVerbatim(b []byte) {
 // samples reads the XOR chunk data into e.ts and e.vs and reports whether
 // the appender writes them back as data exactly (and there is a sample).
 func (e *columnsEncoder) samples(data []byte) bool {
+	if len(data) < 2 { // no sample count: the iterator would panic
+		return false
+	}
 	c, err := chunkenc.FromData(chunkenc.EncXOR, data)
 	if err != nil {
 		return false
@@ -134,8 +135,8 @@ func (e *columnsEncoder) samples(data []byte) bool {
 	if it.Err() != nil || len(e.ts) == 0 || len(e.ts) != c.NumSamples() {
 		return false
 	}
-	b, err := xorChunk(e.re, e.ts, e.vs)
-	return err == nil && string(b) == string(data)
+	e.xor = appendXOR(e.xor[:0], e.ts, e.vs)
+	return string(e.xor) == string(data)
 }
 
 // appendChunk appends the chunk in e.ts and e.vs to the streams.
@@ -209,20 +210,6 @@ func decimalInt(v float64, e int) (int64, bool) {
 // decimalValue is the value a decimal chunk's integer n stands for.
 func decimalValue(n int64, e int) float64 { return float64(n) / math.Pow10(e) }
 
-// xorChunk returns the bytes of an XOR chunk of the samples, written into
-// c's buffer (valid until c is used again).
-func xorChunk(c *chunkenc.XORChunk, ts []int64, vs []float64) ([]byte, error) {
-	c.Reset(append(c.Bytes()[:0], 0, 0))
-	app, err := c.Appender()
-	if err != nil {
-		return nil, err
-	}
-	for i, t := range ts {
-		app.Append(0, t, vs[i])
-	}
-	return c.Bytes(), nil
-}
-
 // uvarintLen is the length of n's shortest uvarint, the one the TSDB writes.
 func uvarintLen(n uint64) int { return (bits.Len64(n|1) + 6) / 7 }
 
@@ -235,7 +222,7 @@ type columnsDecoder struct {
 	streams [columnStreams][]byte
 	ts      []int64
 	vs      []float64
-	re      *chunkenc.XORChunk
+	xor     []byte
 }
 
 // decode appends to dst the CRC-stripped bytes of the frame whose column
@@ -245,9 +232,6 @@ func (d *columnsDecoder) decode(dst, src []byte, limit int) ([]byte, error) {
 	size, err := d.split(src, limit)
 	if err != nil {
 		return dst, err
-	}
-	if d.re == nil {
-		d.re = chunkenc.NewXORChunk()
 	}
 	start := len(dst)
 	var prevFirst int64
@@ -342,12 +326,9 @@ func (d *columnsDecoder) chunk(dst []byte, n int, mode byte, prevFirst *int64) (
 	if d.vs, err = d.values(d.vs[:0], n, mode); err != nil {
 		return dst, err
 	}
-	b, err := xorChunk(d.re, d.ts, d.vs)
-	if err != nil {
-		return dst, err
-	}
-	dst = binary.AppendUvarint(dst, uint64(len(b)))
-	return append(append(dst, byte(chunkenc.EncXOR)), b...), nil
+	d.xor = appendXOR(d.xor[:0], d.ts, d.vs)
+	dst = binary.AppendUvarint(dst, uint64(len(d.xor)))
+	return append(append(dst, byte(chunkenc.EncXOR)), d.xor...), nil
 }
 
 // values appends a chunk's n values to vs.
@@ -366,6 +347,7 @@ func (d *columnsDecoder) values(vs []float64, n int, mode byte) ([]float64, erro
 		return vs, nil
 	}
 	var prev int64
+	pow := math.Pow10(int(mode))
 	for range n {
 		delta, w := binary.Varint(s[colInts])
 		if w <= 0 {
@@ -373,7 +355,7 @@ func (d *columnsDecoder) values(vs []float64, n int, mode byte) ([]float64, erro
 		}
 		s[colInts] = s[colInts][w:]
 		prev += delta
-		vs = append(vs, decimalValue(prev, int(mode)))
+		vs = append(vs, float64(prev)/pow) // decimalValue(prev, mode)
 	}
 	return vs, nil
 }

@@ -269,7 +269,8 @@ func TestColumnFramesDecodeAlone(t *testing.T) {
 
 // TestColumnsKeepWhatTheyCannotRewrite: entries that are not XOR chunks
 // the appender writes alike (another encoding, an XOR chunk with stray
-// padding bits, one of no samples, a length written in more bytes than
+// padding bits, one of no samples, one too short for its sample count
+// (the TSDB's iterator panics on it), a length written in more bytes than
 // needed) and bytes that are no whole entry are kept verbatim, and the
 // frame decodes to itself.
 func TestColumnsKeepWhatTheyCannotRewrite(t *testing.T) {
@@ -291,6 +292,7 @@ func TestColumnsKeepWhatTheyCannotRewrite(t *testing.T) {
 	content = append(content, entry(chunkenc.EncHistogram, []byte{0, 1, 2, 3})...)
 	content = append(content, entry(chunkenc.EncXOR, stray)...)
 	content = append(content, entry(chunkenc.EncXOR, []byte{0, 0})...)
+	content = append(content, entry(chunkenc.EncXOR, []byte{0})...)
 	content = append(content, padded...)
 	content = append(content, entry(chunkenc.EncXOR, good)...)
 	content = append(content, 0x7f, 1, 2) // an entry cut short
@@ -500,4 +502,45 @@ func countSegmentSamples(t testing.TB, plain []byte) int {
 		p += w + 1 + int(l)
 	}
 	return n
+}
+
+// TestAppendXORWritesWhatTheAppenderWrites: appendXOR gives the bytes of
+// chunkenc's XOR appender for samples of every timestamp delta-of-delta
+// size (0, 14, 17, 20 and 64 bits, at their edges) and every kind of value
+// XOR (equal, within the previous leading and trailing zeros, not, 64
+// significant bits), from one sample to 240.
+func TestAppendXORWritesWhatTheAppenderWrites(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 5))
+	steps := []int64{0, 1, -1, 8191, 8192, -8191, -8192, 65535, 65536, -65535, 524288, 524289, -524288, 1 << 40, -(1 << 40)}
+	vals := []float64{0, 1, -1, 0.5, 1e300, math.Inf(-1), math.NaN(), math.Float64frombits(value.StaleNaN), math.Copysign(0, -1), 12345.678}
+	for n := 1; n <= 240; n++ {
+		ts, vs := make([]int64, n), make([]float64, n)
+		step := int64(15_000)
+		for i := range ts {
+			if i > 0 {
+				step += steps[rng.IntN(len(steps))]
+				ts[i] = ts[i-1] + step
+			} else {
+				ts[i] = rng.Int64() >> rng.IntN(64)
+			}
+			switch rng.IntN(3) {
+			case 0:
+				vs[i] = vals[rng.IntN(len(vals))]
+			case 1:
+				vs[i] = rng.NormFloat64() * math.Pow10(rng.IntN(20)-10)
+			default:
+				if i > 0 {
+					vs[i] = vs[i-1]
+				}
+			}
+		}
+		c := chunkenc.NewXORChunk()
+		app, _ := c.Appender()
+		for i := range ts {
+			app.Append(0, ts[i], vs[i])
+		}
+		if got := appendXOR([]byte("x"), ts, vs); string(got[1:]) != string(c.Bytes()) || got[0] != 'x' {
+			t.Fatalf("%d samples: appendXOR writes %x, the appender %x", n, got[1:], c.Bytes())
+		}
+	}
 }
