@@ -314,7 +314,7 @@ func (d *columnsDecoder) chunk(dst []byte, n int, mode byte, prevFirst *int64) (
 	d.ts = append(d.ts[:0], *prevFirst)
 	var delta int64
 	for i := 1; i < n; i++ {
-		dod, w := binary.Varint(s[colTimes])
+		dod, w := readVarint(s[colTimes])
 		if w <= 0 {
 			return dst, fmt.Errorf("%w: timestamps short", errColumns)
 		}
@@ -349,13 +349,26 @@ func (d *columnsDecoder) values(vs []float64, n int, mode byte) ([]float64, erro
 	var prev int64
 	pow := math.Pow10(int(mode))
 	for range n {
-		delta, w := binary.Varint(s[colInts])
+		delta, w := readVarint(s[colInts])
 		if w <= 0 {
 			return vs, fmt.Errorf("%w: decimal values short", errColumns)
 		}
 		s[colInts] = s[colInts][w:]
 		prev += delta
-		vs = append(vs, float64(prev)/pow) // decimalValue(prev, mode)
+		if mode == 0 { // integers: dividing by 1 changes nothing
+			vs = append(vs, float64(prev))
+		} else {
+			vs = append(vs, float64(prev)/pow) // decimalValue(prev, mode)
+		}
 	}
 	return vs, nil
+}
+
+// readVarint is binary.Varint with the one-byte case (most delta-of-deltas
+// and many value deltas) inline: decoding a frame reads one or two a sample.
+func readVarint(b []byte) (int64, int) {
+	if len(b) > 0 && b[0] < 0x80 {
+		return int64(b[0]>>1) ^ -int64(b[0]&1), 1
+	}
+	return binary.Varint(b)
 }

@@ -67,21 +67,22 @@ func (w *bitWriter) write(u uint64, nb uint) {
 // dod writes a timestamp's delta-of-delta: 0, or a size code and the delta
 // in 14, 17, 20 or 64 bits (a range of -(2^(k-1)-1) to 2^(k-1)).
 func (w *bitWriter) dod(dod int64) {
-	fits := func(k uint) bool { return -(1<<(k-1)-1) <= dod && dod <= 1<<(k-1) }
 	switch {
 	case dod == 0:
 		w.write(0, 1)
-	case fits(14):
+	case fitsBits(dod, 14):
 		w.write(0b10<<14|uint64(dod)&(1<<14-1), 16)
-	case fits(17):
+	case fitsBits(dod, 17):
 		w.write(0b110<<17|uint64(dod)&(1<<17-1), 20)
-	case fits(20):
+	case fitsBits(dod, 20):
 		w.write(0b1110<<20|uint64(dod)&(1<<20-1), 24)
 	default:
 		w.write(0b1111, 4)
 		w.write(uint64(dod), 64)
 	}
 }
+
+func fitsBits(x int64, k uint) bool { return -(1<<(k-1)-1) <= x && x <= 1<<(k-1) }
 
 // value writes a value XOR the previous one: 0 when equal, else 1, then 0
 // and the bits between the previous leading and trailing zeros when the
