@@ -67,6 +67,8 @@ type columnsEncoder struct {
 	ts      []int64
 	vs      []float64
 	ints    []int64
+	tds     []int64
+	xs      []uint64
 	xor     []byte
 }
 
@@ -135,7 +137,8 @@ func (e *columnsEncoder) samples(data []byte) bool {
 	if it.Err() != nil || len(e.ts) == 0 || len(e.ts) != c.NumSamples() {
 		return false
 	}
-	e.xor = appendXOR(e.xor[:0], e.ts, e.vs)
+	e.tds, e.xs = xorDeltas(e.ts, e.vs, e.tds, e.xs)
+	e.xor = appendXOR(e.xor[:0], e.ts[0], e.tds, e.xs)
 	return string(e.xor) == string(data)
 }
 
@@ -220,8 +223,8 @@ var errColumns = errors.New("malformed column frame")
 // buffers from one frame to the next.
 type columnsDecoder struct {
 	streams [columnStreams][]byte
-	ts      []int64
-	vs      []float64
+	tds     []int64
+	xs      []uint64
 	xor     []byte
 }
 
@@ -311,57 +314,58 @@ func (d *columnsDecoder) chunk(dst []byte, n int, mode byte, prevFirst *int64) (
 	}
 	s[colFirsts] = s[colFirsts][w:]
 	*prevFirst += first
-	d.ts = append(d.ts[:0], *prevFirst)
-	var delta int64
+	// The column form holds the timestamps as appendXOR takes them.
+	d.tds = d.tds[:0]
 	for i := 1; i < n; i++ {
-		dod, w := readVarint(s[colTimes])
+		td, w := readVarint(s[colTimes])
 		if w <= 0 {
 			return dst, fmt.Errorf("%w: timestamps short", errColumns)
 		}
 		s[colTimes] = s[colTimes][w:]
-		delta += dod
-		d.ts = append(d.ts, d.ts[i-1]+delta)
+		d.tds = append(d.tds, td)
 	}
 	var err error
-	if d.vs, err = d.values(d.vs[:0], n, mode); err != nil {
+	if d.xs, err = d.values(d.xs[:0], n, mode); err != nil {
 		return dst, err
 	}
-	d.xor = appendXOR(d.xor[:0], d.ts, d.vs)
+	d.xor = appendXOR(d.xor[:0], *prevFirst, d.tds, d.xs)
 	dst = binary.AppendUvarint(dst, uint64(len(d.xor)))
 	return append(append(dst, byte(chunkenc.EncXOR)), d.xor...), nil
 }
 
-// values appends a chunk's n values to vs.
-func (d *columnsDecoder) values(vs []float64, n int, mode byte) ([]float64, error) {
+// values appends a chunk's n values to xs, as appendXOR takes them (each
+// value's bits XOR the previous one's): float chunks hold them so.
+func (d *columnsDecoder) values(xs []uint64, n int, mode byte) ([]uint64, error) {
 	s := &d.streams
 	if mode == modeFloat {
 		if len(s[colFloats]) < 8*n {
-			return vs, fmt.Errorf("%w: float values short", errColumns)
+			return xs, fmt.Errorf("%w: float values short", errColumns)
 		}
-		var prev uint64
 		for i := range n {
-			prev ^= binary.LittleEndian.Uint64(s[colFloats][8*i:])
-			vs = append(vs, math.Float64frombits(prev))
+			xs = append(xs, binary.LittleEndian.Uint64(s[colFloats][8*i:]))
 		}
 		s[colFloats] = s[colFloats][8*n:]
-		return vs, nil
+		return xs, nil
 	}
 	var prev int64
+	var prevBits uint64
 	pow := math.Pow10(int(mode))
 	for range n {
 		delta, w := readVarint(s[colInts])
 		if w <= 0 {
-			return vs, fmt.Errorf("%w: decimal values short", errColumns)
+			return xs, fmt.Errorf("%w: decimal values short", errColumns)
 		}
 		s[colInts] = s[colInts][w:]
 		prev += delta
-		if mode == 0 { // integers: dividing by 1 changes nothing
-			vs = append(vs, float64(prev))
-		} else {
-			vs = append(vs, float64(prev)/pow) // decimalValue(prev, mode)
+		v := float64(prev)
+		if mode > 0 { // integers: dividing by 1 changes nothing
+			v /= pow // decimalValue(prev, mode)
 		}
+		x := math.Float64bits(v)
+		xs = append(xs, x^prevBits)
+		prevBits = x
 	}
-	return vs, nil
+	return xs, nil
 }
 
 // readVarint is binary.Varint with the one-byte case (most delta-of-deltas
