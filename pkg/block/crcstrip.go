@@ -45,7 +45,7 @@ const indexTOCLen = 6*8 + crc32.Size
 // (which stripping leaves as it is).
 func crcLayout(rel string, file []byte) (crcEntries, error) {
 	switch {
-	case strings.HasPrefix(rel, ChunksDirname+"/"):
+	case isSegment(rel):
 		// A segment: its header, then uvarint length, encoding byte, data, CRC.
 		return crcEntries{start: chunks.SegmentHeaderSize, end: -1, align: 1, extra: chunks.ChunkEncodingSize}, nil
 	case rel == IndexFilename:
@@ -63,6 +63,9 @@ func crcLayout(rel string, file []byte) (crcEntries, error) {
 	}
 	return crcEntries{}, fmt.Errorf("no CRC layout for %s", rel)
 }
+
+// isSegment reports whether the block file rel is a chunk segment.
+func isSegment(rel string) bool { return strings.HasPrefix(rel, ChunksDirname+"/") }
 
 // walkCRCs appends to out src, the bytes of the TSDB's file from offset base on (or
 // their stripped form when !strip), leaving out (strip) or putting back

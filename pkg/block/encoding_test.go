@@ -112,7 +112,7 @@ func TestUnexpectedLayoutKeepsItsCRCs(t *testing.T) {
 	if err := os.WriteFile(seg, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := encodeFrames("chunks/000001", b, true); err == nil {
+	if _, _, err := encodeFrames("chunks/000001", b, EncodingZstdNoCRC); err == nil {
 		t.Fatal("a segment with a wrong CRC stripped")
 	}
 	bkt, err := filesystem.NewBucket(t.TempDir())
@@ -151,7 +151,7 @@ func TestEveryFrameDecodesAlone(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, enc := range []string{EncodingZstd, EncodingZstdNoCRC} {
-			obj, frames, err := encodeFrames(rel, plain, enc == EncodingZstdNoCRC)
+			obj, frames, err := encodeFrames(rel, plain, enc)
 			if err != nil {
 				t.Fatalf("%s %s: %v", rel, enc, err)
 			}
@@ -197,7 +197,7 @@ func TestIndexFramesEndAtSections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	obj, frames, err := encodeFrames(IndexFilename, plain, true)
+	obj, frames, err := encodeFrames(IndexFilename, plain, EncodingZstdNoCRC)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -130,8 +130,8 @@ func ParseSeekTable(f File, tail []byte) (*SeekTable, error) {
 	}
 	r := tail[8+8*f.Frames:]
 	t.crc = crcEntries{start: int64(le.Uint64(r)), end: int64(le.Uint64(r[8:])), align: int64(le.Uint32(r[16:])), extra: int(le.Uint32(r[20:]))}
-	if f.Encoding == EncodingZstdNoCRC && t.crc.align <= 0 {
-		return nil, fmt.Errorf("%w: %s: zstd-nocrc without its CRC layout", ErrEncodedSize, f.RelPath)
+	if (f.Encoding == EncodingZstdNoCRC || f.Encoding == EncodingZstdColumns) && t.crc.align <= 0 {
+		return nil, fmt.Errorf("%w: %s: %s without its CRC layout", ErrEncodedSize, f.RelPath, f.Encoding)
 	}
 	return t, nil
 }
@@ -155,7 +155,16 @@ func AppendFrames(dst []byte, f File, t *SeekTable, first, last int, enc []byte)
 	dst = grown(dst, want)
 	var out []byte
 	var err error
-	if t.crc.align > 0 && t.crc.holds(a.Start, want) {
+	if f.Encoding == EncodingZstdColumns {
+		sp := stripped.Get().(*[]byte)
+		defer stripped.Put(sp)
+		if *sp, err = decodeColumnFrames((*sp)[:0], t, first, last, enc); err != nil {
+			return nil, fmt.Errorf("decode %s: %w", f.RelPath, err)
+		}
+		if out, err = walkCRCs(dst, *sp, t.crc, a.Start, false, nil); err != nil {
+			return nil, fmt.Errorf("%s: put back CRCs: %w", f.RelPath, err)
+		}
+	} else if t.crc.align > 0 && t.crc.holds(a.Start, want) {
 		// Decoded into scratch, then copied with the CRCs put back.
 		sp := stripped.Get().(*[]byte)
 		defer stripped.Put(sp)
@@ -187,10 +196,47 @@ func grown(b []byte, n int64) []byte {
 // stripped holds buffers for frames decoded before their CRCs are put back.
 var stripped = sync.Pool{New: func() any { return new([]byte) }}
 
-// encodeFrames encodes the TSDB file rel (plain) as an object of frames and
-// returns it with the number of frames. stripCRC leaves out the entries'
-// CRCs (an error: the file is not laid out as expected).
-func encodeFrames(rel string, plain []byte, stripCRC bool) ([]byte, int, error) {
+// columnFrames holds the scratch of decoding column frames: a frame's
+// column form and the decoder's buffers.
+type columnFrames struct {
+	form []byte
+	dec  columnsDecoder
+}
+
+var columnScratch = sync.Pool{New: func() any { return new(columnFrames) }}
+
+// decodeColumnFrames appends the CRC-stripped bytes that frames
+// first..last of an EncodingZstdColumns file hold to dst; enc is the
+// object's bytes of those frames. Each frame is decoded on its own: its
+// column form is a function of its bytes alone.
+func decodeColumnFrames(dst []byte, t *SeekTable, first, last int, enc []byte) ([]byte, error) {
+	s := columnScratch.Get().(*columnFrames)
+	defer columnScratch.Put(s)
+	base := t.Frames[first].EncStart
+	for _, fr := range t.Frames[first : last+1] {
+		var err error
+		if s.form, err = zstdDecoder.DecodeAll(enc[fr.EncStart-base:fr.EncStart-base+fr.EncSize], s.form[:0]); err != nil {
+			return nil, err
+		}
+		if dst, err = s.dec.decode(grown(dst, fr.Size), s.form, int(fr.Size)); err != nil {
+			return nil, fmt.Errorf("frame at %d: %w", fr.Start, err)
+		}
+	}
+	return dst, nil
+}
+
+// encodeFrames encodes the TSDB file rel (plain) as an object of frames in
+// enc and returns it with the number of frames. An error: the file is not
+// laid out as enc expects (its CRCs, a chunk segment for columns).
+func encodeFrames(rel string, plain []byte, enc string) ([]byte, int, error) {
+	stripCRC := enc == EncodingZstdNoCRC || enc == EncodingZstdColumns
+	var columns *columnsEncoder
+	if enc == EncodingZstdColumns {
+		if !isSegment(rel) {
+			return nil, 0, fmt.Errorf("%s: no column form but for chunk segments", rel)
+		}
+		columns = new(columnsEncoder)
+	}
 	content, cuts, l := plain, []int64{0}, crcEntries{}
 	at := func(p int64) int64 { return p }   // a cut's offset in content
 	next := func(p int64) int64 { return p } // where a frame wanting to end at p may end
@@ -241,10 +287,15 @@ func encodeFrames(rel string, plain []byte, stripCRC bool) ([]byte, int, error) 
 		cuts = append(cuts, 0)
 	}
 	le := binary.LittleEndian
-	var obj, table []byte
+	var obj, table, form []byte
 	for i := 1; i < len(cuts); i++ {
-		n := len(obj)
-		obj = zstdEncoder.EncodeAll(content[at(cuts[i-1]):at(cuts[i])], obj)
+		n, part := len(obj), content[at(cuts[i-1]):at(cuts[i])]
+		if columns != nil {
+			// The segment header (in the first frame) is not an entry.
+			form = columns.encode(form[:0], part, int(l.start-cuts[i-1]))
+			part = form
+		}
+		obj = zstdEncoder.EncodeAll(part, obj)
 		if cuts[i]-cuts[i-1] > 1<<31 || len(obj)-n > 1<<31 {
 			return nil, 0, errors.New("frame too large")
 		}

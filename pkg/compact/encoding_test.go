@@ -95,9 +95,11 @@ func TestEncodedDownsampledBlocksAnswerAlike(t *testing.T) {
 
 // TestEncodedRawBlocksAnswerAlike: the same days of GPU data shipped as 2h
 // blocks for two tenants and compacted, once with -compact.raw-encoding=none
-// (every raw block as the TSDB writes it, the default) and once with
-// zstd-nocrc: the compacted raw blocks (8h and larger) are stored zstd-encoded
-// without the TSDB's CRCs in under 60 % of the bytes, the shipped 2h blocks
+// (every raw block as the TSDB writes it, the default), once with
+// zstd-nocrc and once with zstd-columns: the compacted raw blocks (8h and
+// larger) are stored zstd-encoded without the TSDB's CRCs in under 60 % of
+// the bytes (zstd-columns: its chunks as columns, in fewer bytes than
+// zstd-nocrc's; its index as zstd-nocrc's), the shipped 2h blocks
 // stay as they are, and every answer over raw data is the same bit for bit:
 // the dashboard panels, every raw sample of random selectors (instant
 // queries of range vectors), and range queries at random starts, ranges
@@ -113,10 +115,10 @@ func TestEncodedRawBlocksAnswerAlike(t *testing.T) {
 		sl.Interval = time.Minute
 	}
 	dirs := sl.write(t, t.TempDir())
-	const plain, encoded = "plain", "encoded"
+	const plain, encoded, columns = "plain", "encoded", "columns"
 	live := map[string][]*block.Meta{}
 	sizes := map[string]int64{}
-	for tenant, enc := range map[string]string{plain: "none", encoded: block.EncodingZstdNoCRC} {
+	for tenant, enc := range map[string]string{plain: "none", encoded: block.EncodingZstdNoCRC, columns: block.EncodingZstdColumns} {
 		upload(t, bkt, tenant, nil, dirs...)
 		cfg := testConfig()
 		cfg.RawEncoding = enc
@@ -126,11 +128,15 @@ func TestEncodedRawBlocksAnswerAlike(t *testing.T) {
 		levels := map[int]int{}
 		for _, m := range st.live {
 			levels[m.Compaction.Level]++
-			want := block.EncodingNone
-			if tenant == encoded && m.Compaction.Level >= 2 {
-				want = block.EncodingZstdNoCRC
-			}
 			for _, f := range m.GPUStore.Files {
+				want := block.EncodingNone
+				switch {
+				case m.Compaction.Level < 2 || tenant == plain:
+				case tenant == columns && f.RelPath != block.IndexFilename:
+					want = block.EncodingZstdColumns
+				default:
+					want = block.EncodingZstdNoCRC
+				}
 				if f.Encoding != want {
 					t.Errorf("%s: level %d block %s file %s has encoding %q, want %q", tenant, m.Compaction.Level, m.ULID, f.RelPath, f.Encoding, want)
 				}
@@ -143,11 +149,25 @@ func TestEncodedRawBlocksAnswerAlike(t *testing.T) {
 			t.Fatalf("%s: want shipped 2h blocks and compacted ones of two levels at least, got blocks by level %v: %s", tenant, levels, st.spans())
 		}
 	}
-	t.Logf("compacted raw blocks: plain %d bytes, encoded %d (%.1f %%)", sizes[plain], sizes[encoded], 100*float64(sizes[encoded])/float64(sizes[plain]))
+	t.Logf("compacted raw blocks: plain %d bytes, zstd-nocrc %d (%.1f %%), zstd-columns %d (%.1f %%)", sizes[plain], sizes[encoded],
+		100*float64(sizes[encoded])/float64(sizes[plain]), sizes[columns], 100*float64(sizes[columns])/float64(sizes[plain]))
 	if sizes[encoded]*10 >= sizes[plain]*6 {
 		t.Errorf("encoded compacted raw blocks take %d bytes, plain ones %d: want under 60 %%", sizes[encoded], sizes[plain])
 	}
+	if sizes[columns] >= sizes[encoded] {
+		t.Errorf("zstd-columns compacted raw blocks take %d bytes, zstd-nocrc ones %d: want fewer", sizes[columns], sizes[encoded])
+	}
 	checkDecodesToTSDBFiles(t, bkt, live[plain], live[encoded])
+	checkDecodesToTSDBFiles(t, bkt, live[plain], live[columns])
+	for _, tenant := range []string{encoded, columns} {
+		t.Run(tenant, func(t *testing.T) { rawAnswersAlike(t, store, sl, plain, tenant) })
+	}
+}
+
+// rawAnswersAlike compares the answers of the tenants plain and encoded
+// holding the same data: the dashboard panels, every raw sample of random
+// selectors and range queries at random starts, ranges and steps.
+func rawAnswersAlike(t *testing.T, store testStore, sl simSlice, plain, encoded string) {
 
 	qa, qurl := startQuery(t, store.bucket())
 	if err := qa.BucketStore.Sync(context.Background()); err != nil {
@@ -216,7 +236,8 @@ func TestEncodedRawBlocksAnswerAlike(t *testing.T) {
 
 // checkDecodesToTSDBFiles: each encoded file of the encoded tenant's
 // compacted blocks decodes with a plain zstd decoder (to the TSDB's file
-// without its CRCs: as long, less four bytes per entry) and, through
+// without its CRCs: as long, less four bytes per entry; zstd-columns
+// segments to their column form) and, through
 // block.DownloadFile, to the very file the plain tenant's block of the same
 // sources stores.
 func checkDecodesToTSDBFiles(t *testing.T, bkt objstore.Bucket, plain, encoded []*block.Meta) {
@@ -244,7 +265,8 @@ func checkDecodesToTSDBFiles(t *testing.T, bkt objstore.Bucket, plain, encoded [
 			if err != nil {
 				t.Fatalf("%s of %s: a plain zstd decoder fails: %v", f.RelPath, m.ULID, err)
 			}
-			if len(stripped) >= len(want) || (len(want)-len(stripped))%4 != 0 {
+			// zstd-columns: the column form, of no length to check.
+			if f.Encoding != block.EncodingZstdColumns && (len(stripped) >= len(want) || (len(want)-len(stripped))%4 != 0) {
 				t.Errorf("%s of %s: plain zstd decoding gives %d bytes of the TSDB file's %d", f.RelPath, m.ULID, len(stripped), len(want))
 			}
 			dst := filepath.Join(t.TempDir(), "file")

@@ -1,6 +1,6 @@
 // Command rawbytes measures what a tenant's raw blocks take in a folder
 // bucket per raw sample, as they are and as each block file encoding would
-// store them (pkg/block: none, zstd, zstd-nocrc), beside a VictoriaMetrics
+// store them (pkg/block: none, zstd, zstd-nocrc, zstd-columns), beside a VictoriaMetrics
 // data directory holding the same samples (issue 41 item 6). With -rewrite
 // it re-encodes the raw blocks the compactor wrote (level 2 and up) in place,
 // as a compactor with -compact.raw-encoding would have written them, and
@@ -32,7 +32,7 @@ import (
 func main() {
 	bucketDir := flag.String("bucket", "", "Folder bucket (the directory holding the tenants).")
 	tenant := flag.String("tenant", "default", "Tenant.")
-	encodings := flag.String("encodings", "none,zstd,zstd-nocrc", "Encodings to measure.")
+	encodings := flag.String("encodings", "none,zstd,zstd-nocrc,zstd-columns", "Encodings to measure (zstd-columns: the chunk segments as columns, the index as zstd-nocrc).")
 	frames := flag.String("frame-bytes", "", "Comma-separated chunk-segment frame sizes to measure the encodings with, the first for -rewrite (default: block.FrameBytes).")
 	vmDir := flag.String("vm", "", "A VictoriaMetrics data directory holding the same data: its bytes per sample beside.")
 	vmSamples := flag.Int64("vm.samples", 0, "Samples written to VictoriaMetrics.")

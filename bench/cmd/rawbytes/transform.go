@@ -25,7 +25,8 @@ import (
 // checks that for every chunk, so the figure is one a real encoding could
 // reach. Only the columns are counted, compressed whole with zstd at the
 // level the block encoding uses and at the best level; the index and the
-// chunk lengths and references (small next to them) are not.
+// chunk lengths and references (small next to them) are not. The encoding
+// built from it, in frames, is pkg/block's zstd-columns (-encodings).
 func transformEstimate(dir string) error {
 	b, err := tsdb.OpenBlock(nil, dir, chunkenc.NewPool(), nil)
 	if err != nil {

@@ -107,7 +107,7 @@ var matcherSets = [][]*labels.Matcher{
 // requires identical answers for selects, chunk selects, label names and
 // label values, with and without matchers.
 func TestQueriesMatchTheLocalBlock(t *testing.T) {
-	for _, enc := range []string{block.EncodingNone, block.EncodingZstd, block.EncodingZstdNoCRC} {
+	for _, enc := range []string{block.EncodingNone, block.EncodingZstd, block.EncodingZstdNoCRC, block.EncodingZstdColumns} {
 		t.Run("encoding="+cmp.Or(enc, "none"), func(t *testing.T) { queriesMatchTheLocalBlock(t, enc) })
 	}
 	// Frames of 3000 bytes: pages and reads straddle frames.
@@ -116,6 +116,7 @@ func TestQueriesMatchTheLocalBlock(t *testing.T) {
 	}(block.FrameBytes, block.IndexFrameBytes, block.SeriesFrameBytes, block.PostingsFrameBytes)
 	block.FrameBytes, block.IndexFrameBytes, block.SeriesFrameBytes, block.PostingsFrameBytes = 3000, 3000, 3000, 3000
 	t.Run("encoding=zstd-nocrc,frames=3000", func(t *testing.T) { queriesMatchTheLocalBlock(t, block.EncodingZstdNoCRC) })
+	t.Run("encoding=zstd-columns,frames=3000", func(t *testing.T) { queriesMatchTheLocalBlock(t, block.EncodingZstdColumns) })
 	// An index cut evenly, not by section, as blocks written before were.
 	defer func() { block.SectionFrames = true }()
 	block.SectionFrames = false
@@ -131,7 +132,10 @@ func queriesMatchTheLocalBlock(t *testing.T, encoding string) {
 	ctx := context.Background()
 	dir := writeBlock(t, t.TempDir(), testSeries(6), 0, 30*minute, 15_000)
 	bkt := objstore.NewInMemBucket()
-	uploadEncodedBlock(t, bkt, "team-a", dir, encoding)
+	m := uploadEncodedBlock(t, bkt, "team-a", dir, encoding)
+	if f, _ := m.File("chunks/000001"); f.Encoding != encoding {
+		t.Fatalf("segment stored %q, not %q", f.Encoding, encoding)
+	}
 
 	local, err := tsdb.OpenBlock(quietLogger(), dir, nil, nil)
 	if err != nil {
