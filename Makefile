@@ -189,7 +189,7 @@ TOOL_STAMPS += $(TOOLS_DIR)/.golangci-lint-$(GOLANGCI_LINT_VERSION)
 MISSING_TOOLS = $(patsubst $(TOOLS_DIR)/.%,%,$(filter-out $(wildcard $(TOOL_STAMPS)),$(TOOL_STAMPS)))
 tools: tools-note $(TOOL_STAMPS)
 tools-note:
-	@$(if $(MISSING_TOOLS),echo "== installing test tools into $(TOOLS_DIR) at $$(date +%T): $(MISSING_TOOLS) (all of them: ~8 min on 2 cores, once per machine)")
+	@$(if $(MISSING_TOOLS),echo "== installing test tools into $(TOOLS_DIR) at $$(date +%T): $(MISSING_TOOLS) (all of them: ~7 min on 2 cores, once per machine)")
 
 # golangci-lint, from the Go module proxy (~1 min to build).
 $(TOOLS_DIR)/.golangci-lint-$(GOLANGCI_LINT_VERSION):
