@@ -26,7 +26,8 @@ AZURITE_VERSION    := 3.35.0
 # memberlist) to the race build for no concurrency of its own.
 # The longest under the race detector first (bucketstore ~150 s, the
 # query frontend and query ~90 s each): go test starts them in this order.
-RACE_PKGS := ./pkg/storage/bucketstore/... ./pkg/queryfrontend/... # pieces in parallel, the shared results cache
+RACE_PKGS := ./pkg/storage/bucketstore/... # queries and bucket syncs sharing the page cache
+RACE_PKGS += ./pkg/queryfrontend/... # pieces in parallel, the shared results cache
 RACE_PKGS += ./pkg/query/... ./pkg/ingest/... ./pkg/rules/... ./pkg/tenantdb/...
 RACE_PKGS += ./pkg/storage/shipper/... ./pkg/hatracker/... ./pkg/limits/...
 RACE_PKGS += ./pkg/server/... ./pkg/auth/... # write bound, drain; web config swapped under requests
@@ -131,7 +132,7 @@ lint: $(TOOLS_DIR)/.golangci-lint-$(GOLANGCI_LINT_VERSION)
 	$(TOOLS_DIR)/golangci-lint run ./...
 
 # The longest packages first: go test starts packages in the order it is
-# given them, -p at the cores' number, so test/e2e (~10 min, one test after
+# given them, -p at the cores' number, so test/e2e (~11 min, one test after
 # another) runs beside the rest rather than after it.
 test-unit:
 	@echo "== test-unit $$(date +%T)"
