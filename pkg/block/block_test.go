@@ -17,6 +17,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/thanos-io/objstore"
 	"github.com/thanos-io/objstore/providers/filesystem"
@@ -41,6 +42,13 @@ func writeLocalBlock(t *testing.T, tenant string) (string, Meta) {
 			}
 		}
 	}
+	return flushLocalBlock(t, w, app, parent, tenant)
+}
+
+// flushLocalBlock commits app, writes w's block under parent and returns
+// its directory and the meta a receiver of tenant would ship it with.
+func flushLocalBlock(t testing.TB, w *tsdb.BlockWriter, app storage.Appender, parent, tenant string) (string, Meta) {
+	t.Helper()
 	if err := app.Commit(); err != nil {
 		t.Fatal(err)
 	}

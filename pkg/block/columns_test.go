@@ -94,25 +94,7 @@ func writeGPUBlock(t testing.TB, seed uint64) (string, Meta) {
 			t.Fatal(err)
 		}
 	}
-	if err := app.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	id, err := w.Flush(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(parent, id.String())
-	bm, err := ReadLocalMeta(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir, Meta{BlockMeta: bm, GPUStore: GPUStoreMeta{
-		Version: MetaVersion, Tenant: "t", Labels: map[string]string{"receiver": "r0"},
-		Source: SourceReceive, Downsample: Downsample{Resolution: ResolutionRaw},
-	}}
+	return flushLocalBlock(t, w, app, parent, "t")
 }
 
 // columnItems counts the chunks a column form holds as columns and the
@@ -240,15 +222,7 @@ func TestColumnFramesDecodeAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	obj, frames, err := encodeFrames("chunks/000001", plain, EncodingZstdColumns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := File{RelPath: "chunks/000001", SizeBytes: int64(len(plain)), Encoding: EncodingZstdColumns, StoredBytes: int64(len(obj)), Frames: frames}
-	st, err := ParseSeekTable(f, obj[len(obj)-int(SeekTableLen(f)):])
-	if err != nil {
-		t.Fatal(err)
-	}
+	obj, f, st := encodeSegment(t, plain, EncodingZstdColumns)
 	if len(st.Frames) < len(plain)/4096 {
 		t.Fatalf("%d frames for %d bytes", len(st.Frames), len(plain))
 	}
@@ -341,15 +315,7 @@ func TestCorruptColumnsFailNotPanic(t *testing.T) {
 	// A frame whose column form is cut short, in a well-formed zstd frame
 	// (zstd's checksum guards the form in the bucket: this is a form the
 	// encoder got wrong, which uploading checks it does not).
-	obj, frames, err := encodeFrames("chunks/000001", plain, EncodingZstdColumns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := File{RelPath: "chunks/000001", SizeBytes: int64(len(plain)), Encoding: EncodingZstdColumns, StoredBytes: int64(len(obj)), Frames: frames}
-	st, err := ParseSeekTable(f, obj[len(obj)-int(SeekTableLen(f)):])
-	if err != nil {
-		t.Fatal(err)
-	}
+	obj, f, st := encodeSegment(t, plain, EncodingZstdColumns)
 	fr := st.Frames[0]
 	form, err = zstdDecoder.DecodeAll(obj[:fr.EncSize], nil)
 	if err != nil {
@@ -465,17 +431,10 @@ func BenchmarkDecodeFrame(b *testing.B) {
 		samples = int(meta.Stats.NumSamples)
 	}
 	for _, enc := range []string{EncodingZstdNoCRC, EncodingZstdColumns} {
-		obj, frames, err := encodeFrames("chunks/000001", plain, enc)
-		if err != nil {
-			b.Fatal(err)
-		}
-		f := File{RelPath: "chunks/000001", SizeBytes: int64(len(plain)), Encoding: enc, StoredBytes: int64(len(obj)), Frames: frames}
-		st, err := ParseSeekTable(f, obj[len(obj)-int(SeekTableLen(f)):])
-		if err != nil {
-			b.Fatal(err)
-		}
+		obj, f, st := encodeSegment(b, plain, enc)
 		b.Run(enc, func(b *testing.B) {
 			var buf []byte
+			var err error
 			b.SetBytes(int64(len(plain)))
 			for b.Loop() {
 				for k, fr := range st.Frames {
@@ -544,4 +503,20 @@ func TestAppendXORWritesWhatTheAppenderWrites(t *testing.T) {
 			t.Fatalf("%d samples: appendXOR writes %x, the appender %x", n, got[1:], c.Bytes())
 		}
 	}
+}
+
+// encodeSegment encodes the chunk segment plain in enc and returns the
+// object, its file entry and its seek table.
+func encodeSegment(t testing.TB, plain []byte, enc string) ([]byte, File, *SeekTable) {
+	t.Helper()
+	obj, frames, err := encodeFrames("chunks/000001", plain, enc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := File{RelPath: "chunks/000001", SizeBytes: int64(len(plain)), Encoding: enc, StoredBytes: int64(len(obj)), Frames: frames}
+	st, err := ParseSeekTable(f, obj[len(obj)-int(SeekTableLen(f)):])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return obj, f, st
 }
