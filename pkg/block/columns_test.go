@@ -498,8 +498,7 @@ func TestAppendXORWritesWhatTheAppenderWrites(t *testing.T) {
 		for i := range ts {
 			app.Append(0, ts[i], vs[i])
 		}
-		tds, xs := xorDeltas(ts, vs, nil, nil)
-		if got := appendXOR([]byte("x"), ts[0], tds, xs); string(got[1:]) != string(c.Bytes()) || got[0] != 'x' {
+		if got := appendXOR([]byte("x"), ts, vs); string(got[1:]) != string(c.Bytes()) || got[0] != 'x' {
 			t.Fatalf("%d samples: appendXOR writes %x, the appender %x", n, got[1:], c.Bytes())
 		}
 	}
