@@ -49,15 +49,17 @@ var (
 )
 
 // ColumnsFrameBytes is FrameBytes for a chunk segment in zstd-columns.
-// Writing a frame's chunks again costs about 10 ns a sample where
-// zstd-nocrc costs 1.6-5, and the series of one metric lie in every GPU's
+// Writing a frame's chunks again costs about 14 ns a sample where
+// zstd-nocrc costs 1.5-5, and the series of one metric lie in every GPU's
 // stretch of a segment (series are sorted by Hostname and UUID before
 // __name__): a query of one metric reads a page or two of every stretch,
 // and with 1 MiB frames decoded every frame whole. With frames about a page
-// long (the bucket store's 32 KiB), what it decodes is about what it reads
-// from a plain segment: a 24 h panel's cold first view took 1.4-1.7 s of
-// CPU instead of 1.8-2.1 on the 512-GPU day, for about 8 % more bytes
-// (bench/RESULTS.md). The index keeps its own frames.
+// long (the bucket store's 32 KiB) it decodes the frames under the pages it
+// reads. On the 512-GPU day at a 1 m scrape (stretches of 88 KB, so most
+// pages are still read) that cut a 24 h view's cold CPU from 1.8-2.2 s to
+// 1.5-1.8 (plain: 0.8-1.2), for 8-11 % more bytes (bench/RESULTS.md); at a
+// 15 s scrape a stretch is a few times longer and the cut larger (not
+// measured). The index keeps its own frames.
 //
 // SectionFrames false cuts an index evenly in frames of IndexFrameBytes,
 // as gpustore did before an index's sections had frames of their own
