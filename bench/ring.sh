@@ -23,6 +23,13 @@
 # traffic; at 100000 (38x real time) a series' samples arrive 0.4 s apart
 # and replicas stay alike. Every process shares this
 # machine's cores: compare topologies run here, not absolute throughput.
+#
+# LOAD=scale (issue 41 item 1: a ring at millions of series) replaces the
+# write and the panels with bench/cmd/scalebench driving the front at 15 s,
+# one run per step of STEPS (default "500000 1000000 2000000" active series,
+# gpusim's HGX cluster repeated, with job churn), and after each step prints
+# every receiver's head series, RSS and CPU cores over the step beside the
+# front's.
 set -euo pipefail
 topologies=${1:-"single 1:1 3:1 3:3 5:3"}
 rounds=${ROUNDS:-5}
@@ -37,6 +44,7 @@ panelsets=${PANELS:-dashboard}
 npanels() { case $1 in dashboard) echo 22 ;; issue42) echo 6 ;; *) echo "PANELS: dashboard or issue42" >&2; exit 2 ;; esac; }
 for ps in $panelsets; do npanels "$ps" >/dev/null; done
 go build -o "$work/loadgen" "$root/bench/cmd/loadgen"
+go build -o "$work/scalebench" "$root/bench/cmd/scalebench"
 pids=()
 stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
 trap 'stop; rm -rf "$work"' EXIT
@@ -46,6 +54,26 @@ cpu() { # utime+stime of the processes given (default: every process started), i
 	echo "scale=2; $t/$(getconf CLK_TCK)" | bc
 }
 front=127.0.0.1:19510
+rss() { awk '/^VmRSS/ {printf "%.0f MiB", $2/1024}' /proc/"$1"/status; }
+head_series() { curl -s "http://$1/metrics" | awk '/^prometheus_tsdb_head_series[{ ]/ {n += $NF} END {printf "%d", n}'; }
+# scale_steps: scalebench at each step, then every process's figures.
+scale_steps() {
+	local step p i t0 c0 cs
+	for step in ${STEPS:-500000 1000000 2000000}; do
+		t0=$(date +%s.%N) cs=()
+		for p in "${pids[@]}"; do cs+=("$(cpu "$p")"); done
+		"$work/scalebench" -url "http://$front" -steps "$step" | tail -1
+		i=0
+		for p in "${pids[@]}"; do
+			c0=${cs[$i]} i=$((i + 1))
+			local addr=$front
+			[ "$p" != "${pids[-1]}" ] && addr=127.0.0.1:1951$i
+			echo "  $([ "$p" = "${pids[-1]}" ] && echo front || echo r$i): head series $(head_series "$addr"), RSS $(rss "$p")," \
+				"$(echo "scale=3; ($(cpu "$p") - $c0)/($(date +%s.%N) - $t0)" | bc) cores"
+		done
+		echo "  load average $(cut -d' ' -f1-3 /proc/loadavg)"
+	done
+}
 for topo in $topologies; do
 	run=$work/$topo
 	mkdir -p "$run/bucket"
@@ -71,6 +99,11 @@ for topo in $topologies; do
 		until [ "$(curl -s "http://$front/ring" | grep -o ACTIVE | wc -l)" -ge "$n" ]; do sleep 0.5; done
 	fi
 	echo "== $topo (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+	if [ "${LOAD:-}" = scale ]; then
+		scale_steps
+		stop
+		continue
+	fi
 	c0=$(cpu)
 	"$work/loadgen" write -url "http://$front/api/v1/write" -cluster.nodes 32 -duration "${DURATION:-2h}" -end 2026-12-03T18:00:00Z \
 		-scrape.interval 15s -rate "${RATE:-0}" -pid "${pids[-1]}" 2>&1 | tail -2

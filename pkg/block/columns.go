@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
 	"github.com/prometheus/prometheus/tsdb/chunks"
@@ -119,7 +120,7 @@ func (e *columnsEncoder) flushVerbatim(b []byte) {
 
 // samples reads the XOR chunk data into e.ts and e.vs (and e.tds, e.xs)
 // and reports whether appendXOR writes them back as data exactly (and there
-// is a sample).
+// is a sample): only then does the column form give the chunk back.
 func (e *columnsEncoder) samples(data []byte) bool {
 	if len(data) < 2 { // no sample count: the iterator would panic
 		return false
@@ -137,13 +138,16 @@ func (e *columnsEncoder) samples(data []byte) bool {
 	if it.Err() != nil || len(e.ts) == 0 || len(e.ts) != c.NumSamples() {
 		return false
 	}
+	e.xor = appendXOR(e.xor[:0], e.ts, e.vs)
+	if string(e.xor) != string(data) {
+		return false
+	}
 	e.tds, e.xs = xorDeltas(e.ts, e.vs, e.tds, e.xs)
-	e.xor = appendXOR(e.xor[:0], e.ts[0], e.tds, e.xs)
-	return string(e.xor) == string(data)
+	return true
 }
 
 // appendChunk appends the chunk that samples read (e.ts, e.vs and, as
-// appendXOR takes them, e.tds and e.xs) to the streams.
+// the XOR writer takes them, e.tds and e.xs) to the streams.
 func (e *columnsEncoder) appendChunk() {
 	s := &e.streams
 	mode := byte(modeFloat)
@@ -165,6 +169,26 @@ func (e *columnsEncoder) appendChunk() {
 	for _, x := range e.xs {
 		s[colFloats] = binary.LittleEndian.AppendUint64(s[colFloats], x)
 	}
+}
+
+// xorDeltas returns the samples ts, vs as the XOR writer takes them: tds,
+// the second timestamp's delta then each delta-of-delta, and xs, each
+// value's float bits XOR the previous value's (the first's XOR 0).
+func xorDeltas(ts []int64, vs []float64, tds []int64, xs []uint64) ([]int64, []uint64) {
+	tds, xs = tds[:0], xs[:0]
+	var prevD int64
+	var prev uint64
+	for i, t := range ts {
+		if i > 0 {
+			d := t - ts[i-1]
+			tds = append(tds, d-prevD)
+			prevD = d
+		}
+		x := math.Float64bits(vs[i])
+		xs = append(xs, x^prev)
+		prev = x
+	}
+	return tds, xs
 }
 
 // decimalExp returns the smallest e ≤ maxDecimalExp such that every value
@@ -218,8 +242,6 @@ var errColumns = errors.New("malformed column frame")
 // buffers from one frame to the next.
 type columnsDecoder struct {
 	streams [columnStreams][]byte
-	tds     []int64
-	xs      []uint64
 	xor     []byte
 }
 
@@ -296,8 +318,10 @@ func (d *columnsDecoder) split(src []byte, limit int) (int, error) {
 }
 
 // chunk appends the entry (length, encoding, data) of the next chunk of n
-// samples to dst. The work is bounded by src's size: each sample takes at
-// least a byte of the timestamp and value streams.
+// samples to dst, reading each sample's timestamp and value from the
+// streams and writing it into the XOR chunk in one pass. The work is
+// bounded by src's size: each sample takes at least a byte of the
+// timestamp and value streams.
 func (d *columnsDecoder) chunk(dst []byte, n int, mode byte, prevFirst *int64) ([]byte, error) {
 	if n == 0 || n > math.MaxUint16 || (mode > maxDecimalExp && mode != modeFloat) {
 		return dst, fmt.Errorf("%w: chunk of %d samples, value mode %d", errColumns, n, mode)
@@ -309,58 +333,75 @@ func (d *columnsDecoder) chunk(dst []byte, n int, mode byte, prevFirst *int64) (
 	}
 	s[colFirsts] = s[colFirsts][w:]
 	*prevFirst += first
-	// The column form holds the timestamps as appendXOR takes them.
-	d.tds = d.tds[:0]
+	if mode == modeFloat && len(s[colFloats]) < 8*n {
+		return dst, fmt.Errorf("%w: float values short", errColumns)
+	}
+	v := valueReader{mode: mode, pow: 1}
+	if mode != modeFloat {
+		v.pow = math.Pow10(int(mode))
+	}
+	x, ok := v.next(s)
+	if !ok {
+		return dst, fmt.Errorf("%w: decimal values short", errColumns)
+	}
+	xw := startXOR(slices.Grow(d.xor[:0], 20+n*maxXORSampleBytes), n, *prevFirst, x)
+	// The column form holds the timestamps as the writer takes them: the
+	// second's delta, then delta-of-deltas.
+	times := s[colTimes]
 	for i := 1; i < n; i++ {
-		td, w := readVarint(s[colTimes])
+		td, w := readVarint(times)
 		if w <= 0 {
 			return dst, fmt.Errorf("%w: timestamps short", errColumns)
 		}
-		s[colTimes] = s[colTimes][w:]
-		d.tds = append(d.tds, td)
+		times = times[w:]
+		if x, ok = v.next(s); !ok {
+			return dst, fmt.Errorf("%w: decimal values short", errColumns)
+		}
+		if i == 1 {
+			xw.second(td, x)
+		} else {
+			xw.next(td, x)
+		}
 	}
-	var err error
-	if d.xs, err = d.values(d.xs[:0], n, mode); err != nil {
-		return dst, err
-	}
-	d.xor = appendXOR(d.xor[:0], *prevFirst, d.tds, d.xs)
+	s[colTimes] = times
+	d.xor = xw.finish()
 	dst = binary.AppendUvarint(dst, uint64(len(d.xor)))
 	return append(append(dst, byte(chunkenc.EncXOR)), d.xor...), nil
 }
 
-// values appends a chunk's n values to xs, as appendXOR takes them (each
-// value's bits XOR the previous one's): float chunks hold them so.
-func (d *columnsDecoder) values(xs []uint64, n int, mode byte) ([]uint64, error) {
-	s := &d.streams
-	if mode == modeFloat {
-		if len(s[colFloats]) < 8*n {
-			return xs, fmt.Errorf("%w: float values short", errColumns)
-		}
-		for i := range n {
-			xs = append(xs, binary.LittleEndian.Uint64(s[colFloats][8*i:]))
-		}
-		s[colFloats] = s[colFloats][8*n:]
-		return xs, nil
+// valueReader reads a chunk's values from the streams as the XOR writer
+// takes them, each value's bits XOR the previous one's: float chunks hold
+// them so (the caller checks there are enough), decimal chunks hold the
+// deltas of integers of 10^-mode.
+type valueReader struct {
+	mode     byte
+	pow      float64
+	n        int64
+	prevBits uint64
+}
+
+func (v *valueReader) next(s *[columnStreams][]byte) (uint64, bool) {
+	if v.mode == modeFloat {
+		x := binary.LittleEndian.Uint64(s[colFloats])
+		s[colFloats] = s[colFloats][8:]
+		return x, true
 	}
-	var prev int64
-	var prevBits uint64
-	pow := math.Pow10(int(mode))
-	for range n {
-		delta, w := readVarint(s[colInts])
-		if w <= 0 {
-			return xs, fmt.Errorf("%w: decimal values short", errColumns)
-		}
-		s[colInts] = s[colInts][w:]
-		prev += delta
-		v := float64(prev)
-		if mode > 0 { // integers: dividing by 1 changes nothing
-			v /= pow // decimalValue(prev, mode)
-		}
-		x := math.Float64bits(v)
-		xs = append(xs, x^prevBits)
-		prevBits = x
+	delta, w := readVarint(s[colInts])
+	if w <= 0 {
+		return 0, false
 	}
-	return xs, nil
+	s[colInts] = s[colInts][w:]
+	if delta == 0 { // the value again (a gauge holding still): its bits XOR themselves, no division
+		return 0, true
+	}
+	v.n += delta
+	f := float64(v.n)
+	if v.mode > 0 { // integers: dividing by 1 changes nothing
+		f /= v.pow // decimalValue(n, mode)
+	}
+	x := math.Float64bits(f)
+	x, v.prevBits = x^v.prevBits, x
+	return x, true
 }
 
 // readVarint is binary.Varint with the one-byte case (most delta-of-deltas

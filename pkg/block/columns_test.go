@@ -124,7 +124,7 @@ func columnItems(t testing.TB, form []byte) (chunks, runs int) {
 // every XOR chunk is in column form (the histograms' chunks are kept
 // verbatim), and the segment takes fewer bytes than zstd-nocrc.
 func TestColumnsRoundTripRealBlocks(t *testing.T) {
-	defer func(n int64) { FrameBytes = n }(FrameBytes)
+	defer func(n, c int64) { FrameBytes, ColumnsFrameBytes = n, c }(FrameBytes, ColumnsFrameBytes)
 	for seed := range uint64(3) {
 		dir, _ := writeGPUBlock(t, seed)
 		plain, err := os.ReadFile(filepath.Join(dir, "chunks", "000001"))
@@ -132,7 +132,7 @@ func TestColumnsRoundTripRealBlocks(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, fb := range []int64{1 << 20, 4 << 10} {
-			FrameBytes = fb
+			FrameBytes, ColumnsFrameBytes = fb, fb
 			stored := map[string]int{}
 			for _, enc := range []string{EncodingZstdNoCRC, EncodingZstdColumns} {
 				obj, frames, err := encodeFrames("chunks/000001", plain, enc)
@@ -215,8 +215,8 @@ func countChunks(t testing.TB, dir string) (xor, other int) {
 // (frames of 2 KiB) decodes on its own to its bytes of the TSDB's file,
 // appended after what a reused buffer holds, and so do runs of frames.
 func TestColumnFramesDecodeAlone(t *testing.T) {
-	defer func(n int64) { FrameBytes = n }(FrameBytes)
-	FrameBytes = 2 << 10
+	defer func(n int64) { ColumnsFrameBytes = n }(ColumnsFrameBytes)
+	ColumnsFrameBytes = 2 << 10
 	dir, _ := writeGPUBlock(t, 7)
 	plain, err := os.ReadFile(filepath.Join(dir, "chunks", "000001"))
 	if err != nil {
@@ -498,8 +498,7 @@ func TestAppendXORWritesWhatTheAppenderWrites(t *testing.T) {
 		for i := range ts {
 			app.Append(0, ts[i], vs[i])
 		}
-		tds, xs := xorDeltas(ts, vs, nil, nil)
-		if got := appendXOR([]byte("x"), ts[0], tds, xs); string(got[1:]) != string(c.Bytes()) || got[0] != 'x' {
+		if got := appendXOR([]byte("x"), ts, vs); string(got[1:]) != string(c.Bytes()) || got[0] != 'x' {
 			t.Fatalf("%d samples: appendXOR writes %x, the appender %x", n, got[1:], c.Bytes())
 		}
 	}
@@ -519,4 +518,28 @@ func encodeSegment(t testing.TB, plain []byte, enc string) ([]byte, File, *SeekT
 		t.Fatal(err)
 	}
 	return obj, f, st
+}
+
+// TestColumnFramesArePageSized: by default a zstd-columns segment is cut in
+// frames of about ColumnsFrameBytes, a bucket store page, not in the 1 MiB
+// frames of zstd-nocrc: a query of one metric reads a page of every GPU's
+// stretch of a segment, and each frame it touches is decoded whole.
+func TestColumnFramesArePageSized(t *testing.T) {
+	dir, _ := writeGPUBlock(t, 3)
+	plain, err := os.ReadFile(filepath.Join(dir, "chunks", "000001"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plain) < 4*int(ColumnsFrameBytes) || len(plain) > int(FrameBytes) {
+		t.Fatalf("segment of %d bytes: frame sizes cannot be told apart", len(plain))
+	}
+	if _, f, _ := encodeSegment(t, plain, EncodingZstdNoCRC); f.Frames != 1 {
+		t.Fatalf("zstd-nocrc: %d frames for %d bytes, want 1", f.Frames, len(plain))
+	}
+	_, f, st := encodeSegment(t, plain, EncodingZstdColumns)
+	for i, fr := range st.Frames[:len(st.Frames)-1] {
+		if fr.Size > ColumnsFrameBytes*9/8 || fr.Size < ColumnsFrameBytes/2 { // sizes count the CRCs (4 bytes an entry)
+			t.Fatalf("zstd-columns: frame %d of %d holds %d bytes of the segment, want about %d", i, f.Frames, fr.Size, ColumnsFrameBytes)
+		}
+	}
 }

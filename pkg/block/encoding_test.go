@@ -140,10 +140,10 @@ func TestUnexpectedLayoutKeepsItsCRCs(t *testing.T) {
 // its own to its bytes of the TSDB's file, with and without the CRCs, and
 // the seek table finds the frame of every offset.
 func TestEveryFrameDecodesAlone(t *testing.T) {
-	defer func(n, i, s, p int64) {
-		FrameBytes, IndexFrameBytes, SeriesFrameBytes, PostingsFrameBytes = n, i, s, p
-	}(FrameBytes, IndexFrameBytes, SeriesFrameBytes, PostingsFrameBytes)
-	FrameBytes, IndexFrameBytes, SeriesFrameBytes, PostingsFrameBytes = 100, 100, 100, 100
+	defer func(n, c, i, s, p int64) {
+		FrameBytes, ColumnsFrameBytes, IndexFrameBytes, SeriesFrameBytes, PostingsFrameBytes = n, c, i, s, p
+	}(FrameBytes, ColumnsFrameBytes, IndexFrameBytes, SeriesFrameBytes, PostingsFrameBytes)
+	FrameBytes, ColumnsFrameBytes, IndexFrameBytes, SeriesFrameBytes, PostingsFrameBytes = 100, 100, 100, 100, 100
 	dir, _ := writeLocalBlock(t, "t")
 	for _, rel := range []string{IndexFilename, "chunks/000001"} {
 		plain, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(rel)))

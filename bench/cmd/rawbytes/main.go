@@ -33,7 +33,7 @@ func main() {
 	bucketDir := flag.String("bucket", "", "Folder bucket (the directory holding the tenants).")
 	tenant := flag.String("tenant", "default", "Tenant.")
 	encodings := flag.String("encodings", "none,zstd,zstd-nocrc,zstd-columns", "Encodings to measure (zstd-columns: the chunk segments as columns, the index as zstd-nocrc).")
-	frames := flag.String("frame-bytes", "", "Comma-separated chunk-segment frame sizes to measure the encodings with, the first for -rewrite (default: block.FrameBytes).")
+	frames := flag.String("frame-bytes", "", "Comma-separated chunk-segment frame sizes to measure the encodings with, the first for -rewrite (default: block.FrameBytes, block.ColumnsFrameBytes for zstd-columns).")
 	vmDir := flag.String("vm", "", "A VictoriaMetrics data directory holding the same data: its bytes per sample beside.")
 	vmSamples := flag.Int64("vm.samples", 0, "Samples written to VictoriaMetrics.")
 	rewrite := flag.String("rewrite", "", "Re-encode the tenant's raw blocks of level 2 and up in place in this encoding.")
@@ -69,7 +69,7 @@ func run(ctx context.Context, dir, tenant, encodings, frames, vmDir string, vmSa
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	sizes := []int64{block.FrameBytes}
+	var sizes []int64 // nil: each encoding's default
 	if frames != "" {
 		sizes = nil
 		for _, s := range strings.Split(frames, ",") {
@@ -81,7 +81,9 @@ func run(ctx context.Context, dir, tenant, encodings, frames, vmDir string, vmSa
 		}
 	}
 	if rewrite != "" {
-		block.FrameBytes = sizes[0]
+		if sizes != nil {
+			block.FrameBytes, block.ColumnsFrameBytes = sizes[0], sizes[0]
+		}
 		return rewriteBlocks(ctx, bkt, tmp, tenant, metas, rewrite)
 	}
 
@@ -115,11 +117,15 @@ func run(ctx context.Context, dir, tenant, encodings, frames, vmDir string, vmSa
 			return err
 		}
 		fs := []int64{block.FrameBytes}
-		if enc != block.EncodingNone {
+		switch {
+		case enc != block.EncodingNone && sizes != nil:
 			fs = sizes
+		case enc == block.EncodingZstdColumns:
+			fs = []int64{block.ColumnsFrameBytes}
 		}
+		defaults := [2]int64{block.FrameBytes, block.ColumnsFrameBytes}
 		for _, fb := range fs {
-			block.FrameBytes = fb
+			block.FrameBytes, block.ColumnsFrameBytes = fb, fb
 			var i1, c1, i2, c2 int64
 			for _, m := range metas {
 				ib, cb, err := encodedBytes(ctx, bkt, tmp, m, enc)
@@ -138,6 +144,7 @@ func run(ctx context.Context, dir, tenant, encodings, frames, vmDir string, vmSa
 			row(tw, "all raw", "1+", all, name, strconv.FormatInt(fb>>10, 10)+" KiB", i1, c1)
 			row(tw, "compacted raw", "2+", upper, name, strconv.FormatInt(fb>>10, 10)+" KiB", i2, c2)
 		}
+		block.FrameBytes, block.ColumnsFrameBytes = defaults[0], defaults[1]
 	}
 	if vmDir != "" {
 		n, err := duBytes(vmDir)

@@ -111,10 +111,10 @@ func TestQueriesMatchTheLocalBlock(t *testing.T) {
 		t.Run("encoding="+cmp.Or(enc, "none"), func(t *testing.T) { queriesMatchTheLocalBlock(t, enc) })
 	}
 	// Frames of 3000 bytes: pages and reads straddle frames.
-	defer func(n, i, s, p int64) {
-		block.FrameBytes, block.IndexFrameBytes, block.SeriesFrameBytes, block.PostingsFrameBytes = n, i, s, p
-	}(block.FrameBytes, block.IndexFrameBytes, block.SeriesFrameBytes, block.PostingsFrameBytes)
-	block.FrameBytes, block.IndexFrameBytes, block.SeriesFrameBytes, block.PostingsFrameBytes = 3000, 3000, 3000, 3000
+	defer func(n, c, i, s, p int64) {
+		block.FrameBytes, block.ColumnsFrameBytes, block.IndexFrameBytes, block.SeriesFrameBytes, block.PostingsFrameBytes = n, c, i, s, p
+	}(block.FrameBytes, block.ColumnsFrameBytes, block.IndexFrameBytes, block.SeriesFrameBytes, block.PostingsFrameBytes)
+	block.FrameBytes, block.ColumnsFrameBytes, block.IndexFrameBytes, block.SeriesFrameBytes, block.PostingsFrameBytes = 3000, 3000, 3000, 3000, 3000
 	t.Run("encoding=zstd-nocrc,frames=3000", func(t *testing.T) { queriesMatchTheLocalBlock(t, block.EncodingZstdNoCRC) })
 	t.Run("encoding=zstd-columns,frames=3000", func(t *testing.T) { queriesMatchTheLocalBlock(t, block.EncodingZstdColumns) })
 	// An index cut evenly, not by section, as blocks written before were.
