@@ -183,6 +183,10 @@ func TestRestartsKeepEveryAcknowledgedSample(t *testing.T) {
 	}
 	db = m.Existing("team-a")
 	sameSamples(t, "after a clean restart (snapshot)", dump(t, db), want)
+	// The snapshot's series go through the series-limit callbacks as the WAL's do.
+	if top, _ := db.TopMetrics(1); len(top) != 1 || top[0].Series != 200 {
+		t.Fatalf("after a clean restart the per-metric counts are %v, want 200 series of DCGM_FI_DEV_GPU_TEMP", top)
+	}
 
 	// Writes after the snapshot's restart, new series among them, then a kill -9.
 	appendRange(t, db, 300, 45, 50, want)
