@@ -153,6 +153,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&c.TSDB.BlockDuration, "storage.tsdb.block-duration", "Duration of a head block (2h in production; minutes in tests).")
 	fs.Var(&c.TSDB.Retention, "storage.tsdb.retention.time", "How long local blocks are kept.")
 	fs.IntVar(&c.TSDB.StripeSize, "storage.tsdb.stripe-size", c.TSDB.StripeSize, "Shards of each tenant's head series map, a power of two: each costs ~250 bytes per tenant, more shards mean less lock contention on many cores.")
+	fs.BoolVar(&c.TSDB.MemorySnapshotOnShutdown, "storage.tsdb.memory-snapshot-on-shutdown", c.TSDB.MemorySnapshotOnShutdown, "On a clean stop write each tenant's head to a snapshot that the next start loads instead of replaying the WAL (a kill -9 still replays it).")
 	fs.BoolVar(&c.TSDB.Isolation, "storage.tsdb.isolation", c.TSDB.Isolation, "Hide a commit in progress from queries (the TSDB's isolation). Off: remote write never delivers a scrape in one commit, and isolation costs memory per series and a lock per commit.")
 	fs.Int64Var(&c.TSDB.MaxExemplars, "storage.tsdb.max-exemplars", c.TSDB.MaxExemplars, "Exemplars kept in memory per tenant; 0 disables exemplar storage.")
 	fs.StringVar(&c.Tenant.DefaultTenant, "tenant.default", c.Tenant.DefaultTenant, "Tenant of requests without X-Scope-OrgID or THANOS-TENANT.")
