@@ -71,7 +71,6 @@ func run(ctx context.Context, dir, tenant, encodings, frames, vmDir string, vmSa
 	defer os.RemoveAll(tmp)
 	var sizes []int64 // nil: each encoding's default
 	if frames != "" {
-		sizes = nil
 		for _, s := range strings.Split(frames, ",") {
 			v, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
 			if err != nil {
