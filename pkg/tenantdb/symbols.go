@@ -42,40 +42,16 @@ func (db *DB) Symbols() *labels.SymbolTable {
 		return nil
 	}
 	if n := int64(st.Len()); n > 2*max(db.symbols.builtLen.Load(), minSymbolsToRebuild/2) && db.symbols.rebuilding.CompareAndSwap(false, true) {
-		db.startSymbolsRebuild()
+		db.symbols.mtx.Lock()
+		if !db.symbols.closed {
+			db.symbols.rebuilds.Go(func() {
+				defer db.symbols.rebuilding.Store(false)
+				db.rebuildSymbols()
+			})
+		}
+		db.symbols.mtx.Unlock()
 	}
 	return st
-}
-
-// initSymbols gives a just-opened tenant a table for its new series at once
-// and rebuilds the replayed series' labels into one table in the
-// background: done before the open returned, the rebuild held the receiver
-// unready for 7 % of a 1 M-series replay's CPU (bench/RESULTS.md, issue 41
-// item 1). Series created before the rebuild swaps tables keep the first one
-// alive until they die or the next rebuild, as during any rebuild.
-func (db *DB) initSymbols() {
-	st := labels.NewSymbolTable()
-	if st == nil {
-		return // not a dedupelabels build
-	}
-	db.symbols.cur.Store(st)
-	db.symbols.rebuilding.Store(true)
-	db.startSymbolsRebuild()
-}
-
-// startSymbolsRebuild runs rebuildSymbols in the background unless the
-// database is closing; the caller has set symbols.rebuilding.
-func (db *DB) startSymbolsRebuild() {
-	db.symbols.mtx.Lock()
-	defer db.symbols.mtx.Unlock()
-	if db.symbols.closed {
-		db.symbols.rebuilding.Store(false)
-		return
-	}
-	db.symbols.rebuilds.Go(func() {
-		defer db.symbols.rebuilding.Store(false)
-		db.rebuildSymbols()
-	})
 }
 
 // rebuildSymbols rebuilds every head series' labels into a new table

@@ -5,7 +5,6 @@ package tenantdb
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -25,7 +24,6 @@ func TestSymbolsRebuiltAfterChurn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db.symbols.rebuilds.Wait() // the rebuild every open starts
 	st0 := db.Symbols()
 	if st0 == nil {
 		t.Fatal("no symbol table under the dedupelabels build")
@@ -101,53 +99,4 @@ func TestSymbolsRebuiltAfterChurn(t *testing.T) {
 	if got := read(); !slices.Equal(got, live) {
 		t.Fatalf("series built in the old and new tables: read %d, want %d", len(got), len(live))
 	}
-}
-
-// A reopened tenant hands out a table for its new series at once, while the
-// replayed series' labels are rebuilt into one table in the background; the
-// replayed series, those created during the rebuild and those after it read
-// back with their labels.
-func TestSymbolsAfterReplay(t *testing.T) {
-	dir := t.TempDir()
-	want := map[string][]string{}
-	m := openManager(t, dir, false, slog.DiscardHandler)
-	db, err := m.Get("team-a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	appendRange(t, db, 100, 0, 1, want)
-	if err := m.Close(); err != nil {
-		t.Fatal(err)
-	}
-
-	m = openManager(t, dir, false, slog.DiscardHandler)
-	t.Cleanup(func() { _ = m.Close() })
-	db = m.Existing("team-a")
-	st := db.Symbols()
-	if st == nil {
-		t.Fatal("no symbol table right after the open")
-	}
-	add := func(st *labels.SymbolTable, pod string, ts int64) {
-		b := labels.NewScratchBuilderWithSymbolTable(st, 2)
-		b.Add(model.MetricNameLabel, "DCGM_FI_DEV_GPU_UTIL")
-		b.Add("pod", pod)
-		b.Sort()
-		ls := b.Labels()
-		app := db.Appender(context.Background())
-		if _, err := app.Append(0, ls, ts, 1); err != nil {
-			t.Fatal(err)
-		}
-		if err := app.Commit(); err != nil {
-			t.Fatal(err)
-		}
-		want[ls.String()] = append(want[ls.String()], fmt.Sprintf("%d=1", ts))
-	}
-	add(st, "during", 60_000)
-	db.symbols.rebuilds.Wait()
-	rebuilt := db.Symbols()
-	if rebuilt == st || rebuilt.Len() < 100/8 {
-		t.Fatalf("the open's rebuild left a table of %d symbols (the same one: %v)", rebuilt.Len(), rebuilt == st)
-	}
-	add(rebuilt, "after", 75_000)
-	sameSamples(t, "replayed and new series", dump(t, db), want)
 }
