@@ -64,8 +64,9 @@ func newCluster(t *testing.T, n, rf int, ha *hatracker.Tracker) *cluster {
 	return newShardedCluster(t, n, rf, ha, nil)
 }
 
-// newShardedCluster is newCluster with tenants' shuffle shards.
-func newShardedCluster(t *testing.T, n, rf int, ha *hatracker.Tracker, shard ShardSize) *cluster {
+// newShardedCluster is newCluster with tenants' shuffle shards; opts
+// change the distributor's ring configuration.
+func newShardedCluster(t *testing.T, n, rf int, ha *hatracker.Tracker, shard ShardSize, opts ...func(*receiverring.Config)) *cluster {
 	t.Helper()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	lim, err := limits.New(limits.DefaultConfig(), logger, prometheus.NewRegistry())
@@ -108,6 +109,9 @@ func newShardedCluster(t *testing.T, n, rf int, ha *hatracker.Tracker, shard Sha
 	}
 	rcfg := receiverring.DefaultConfig()
 	rcfg.ReplicationFactor = rf
+	for _, o := range opts {
+		o(&rcfg)
+	}
 	rg, err := ring.NewWithStoreClientAndStrategy(ring.Config{HeartbeatTimeout: time.Hour, ReplicationFactor: rf},
 		receiverring.Name, receiverring.Key, store, ring.NewDefaultReplicationStrategy(), prometheus.NewRegistry(), logging.GoKit(logger))
 	if err != nil {
