@@ -305,7 +305,8 @@ func (t *tenant) resolve(ref storage.SeriesRef, ls labels.Labels) (*series, erro
 }
 
 // newSeries makes the series of ls (of hash h) under a new reference. An
-// uncached series keeps no labels: only its encoding and name are read.
+// uncached series keeps no labels: only its encoding and name are read. A
+// cached one is made under t.mtx, an uncached one without it.
 func (t *tenant) newSeries(h uint64, ls labels.Labels, cached bool) *series {
 	// The token hashes tenant and labels: a series lands on the same
 	// receivers whoever sends it, and tenants spread independently.
@@ -317,6 +318,9 @@ func (t *tenant) newSeries(h uint64, ls labels.Labels, cached bool) *series {
 	} else {
 		// The ingester may build the next series' labels in the same memory.
 		s.name = strings.Clone(ls.Get(model.MetricNameLabel))
+		// Its family is looked up once here, not by each replica's request.
+		gen := t.metaGen.Load()
+		s.meta.Store(&seriesMeta{gen: gen, fm: t.metadataOf(s.name)})
 	}
 	s.pbLabels = encodeLabels(ls)
 	return s
@@ -591,18 +595,27 @@ func appendMessage(b []byte, num protowire.Number, m marshaler) []byte {
 	return b[:len(b)+n]
 }
 
-// encodeLabels encodes ls as the labels field of a remote write 1.0 TimeSeries.
+// encodeLabels encodes ls as the labels field of a remote write 1.0
+// TimeSeries, into one allocation of its size: a series forwarded uncached
+// is encoded at every write.
 func encodeLabels(ls labels.Labels) []byte {
-	var b, l []byte
-	ls.Range(func(lb labels.Label) {
-		l = protowire.AppendTag(l[:0], 1, protowire.BytesType)
-		l = protowire.AppendString(l, lb.Name)
-		l = protowire.AppendTag(l, 2, protowire.BytesType)
-		l = protowire.AppendString(l, lb.Value)
+	n := 0
+	ls.Range(func(l labels.Label) { n += messageSize(labelSize(l)) })
+	b := make([]byte, 0, n)
+	ls.Range(func(l labels.Label) {
 		b = protowire.AppendTag(b, 1, protowire.BytesType)
-		b = protowire.AppendBytes(b, l)
+		b = protowire.AppendVarint(b, uint64(labelSize(l)))
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendString(b, l.Name)
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendString(b, l.Value)
 	})
 	return b
+}
+
+// labelSize is the size of a prompb.Label of l.
+func labelSize(l labels.Label) int {
+	return 1 + protowire.SizeBytes(len(l.Name)) + 1 + protowire.SizeBytes(len(l.Value))
 }
 
 // encoder is the scratch space of request and the request body it made;

@@ -1,8 +1,10 @@
 package distributor
 
 import (
+	"bytes"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -204,5 +206,27 @@ func TestForgottenReferenceIsUnknown(t *testing.T) {
 	}
 	if s, err := tn.resolve(refs[2], labels.EmptyLabels()); err != nil || s.ref != refs[2] {
 		t.Fatalf("the cached series' reference: %v, %v", s, err)
+	}
+}
+
+// TestEncodeLabels: a series' labels encoded once are those prompb
+// marshals in a TimeSeries, to the byte, whatever the lengths' varints.
+func TestEncodeLabels(t *testing.T) {
+	long := strings.Repeat("v", 300)
+	for _, ls := range []labels.Labels{
+		labels.EmptyLabels(),
+		labels.FromStrings("__name__", "up"),
+		labels.FromStrings("__name__", "DCGM_FI_DEV_GPU_UTIL", "gpu", "0", "long", long, strings.Repeat("n", 130), long),
+	} {
+		var ts prompb.TimeSeries
+		ls.Range(func(l labels.Label) { ts.Labels = append(ts.Labels, prompb.Label{Name: l.Name, Value: l.Value}) })
+		want, err := ts.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := encodeLabels(ls)
+		if !bytes.Equal(got, want) || cap(got) != len(want) {
+			t.Errorf("%s: %x (cap %d), want %x", ls, got, cap(got), want)
+		}
 	}
 }
