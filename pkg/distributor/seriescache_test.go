@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -227,6 +228,49 @@ func TestEncodeLabels(t *testing.T) {
 		got := encodeLabels(ls)
 		if !bytes.Equal(got, want) || cap(got) != len(want) {
 			t.Errorf("%s: %x (cap %d), want %x", ls, got, cap(got), want)
+		}
+	}
+}
+
+// TestSeriesCacheBoundConcurrent: writes resolving new and known series at
+// once, in two tenants, with sweeps between, never take more places than
+// the bound, and the places counted are the series cached.
+func TestSeriesCacheBoundConcurrent(t *testing.T) {
+	c := newShardedCluster(t, 3, 3, nil, nil, withMaxSeries(100))
+	var wg sync.WaitGroup
+	for w := range 4 {
+		ten, err := c.dist.Tenant(fmt.Sprintf("team-%d", w%2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tn := ten.(*tenant)
+		wg.Go(func() {
+			for i := range 2000 {
+				// Half the workers share their series with the other
+				// worker of their tenant, so both race to create them.
+				id := i % 300
+				if w >= 2 {
+					id += 1000 * w
+				}
+				s, err := tn.resolve(0, labels.FromStrings("__name__", "up", "id", fmt.Sprint(id)))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				s.used.Store(true)
+				if i%500 == 499 {
+					tn.sweep()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := c.dist.cached.Load(); n > 100 || int(n) != c.cachedSeries() {
+		t.Fatalf("%d places taken, %d series cached, bound 100", n, c.cachedSeries())
+	}
+	for _, id := range []string{"team-0", "team-1"} {
+		if got, want := testutil.ToFloat64(c.dist.metrics.cached.WithLabelValues(id)), len(c.dist.tenants[id].byRef); got != float64(want) {
+			t.Errorf("%s: gpustore_distributor_cached_series %g, want %d", id, got, want)
 		}
 	}
 }
