@@ -88,12 +88,11 @@ func New(cfg receiverring.Config, r Ring, shard ShardSize, logger *slog.Logger, 
 	if err != nil {
 		return nil, fmt.Errorf("ring.client: %w", err)
 	}
-	d := &Distributor{
+	maxSeries := int64(max(0, cfg.DistributorSeriesCacheMaxSeries))
+	return &Distributor{
 		ring: r, shard: shard, client: client, scheme: cfg.Scheme, timeout: time.Duration(cfg.RemoteTimeout),
-		logger: logger, maxSeries: int64(max(0, cfg.DistributorSeriesCacheMaxSeries)), tenants: map[string]*tenant{},
-	}
-	d.metrics = newMetrics(reg, d)
-	return d, nil
+		logger: logger, metrics: newMetrics(reg, maxSeries), maxSeries: maxSeries, tenants: map[string]*tenant{},
+	}, nil
 }
 
 // admit takes a place in the series cache for a new series; false: the
@@ -701,7 +700,7 @@ const (
 	writeNoQuorum = "no_quorum" // too few receivers took some series (503, retried)
 )
 
-func newMetrics(reg prometheus.Registerer, d *Distributor) *metrics {
+func newMetrics(reg prometheus.Registerer, maxSeries int64) *metrics {
 	f := promauto.With(reg)
 	m := &metrics{
 		requests: f.NewCounterVec(prometheus.CounterOpts{
@@ -727,17 +726,17 @@ func newMetrics(reg prometheus.Registerer, d *Distributor) *metrics {
 		}, []string{"tenant"}),
 		uncached: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpustore_distributor_uncached_series_total",
-			Help: "New series a write forwarded uncached because the series cache was full, one per series and write: each of these writes resolved the series from its labels again.",
+			Help: "Series forwarded uncached because the series cache was full, one per series and write: each such write resolved the series from its labels again.",
 		}, []string{"tenant"}),
 		swept: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpustore_distributor_series_cache_swept_total",
-			Help: "Cached series forgotten by the periodic sweep (no write for a block period).",
+			Help: "Cached series forgotten by the sweep every block period (no write since the previous sweep).",
 		}, []string{"tenant"}),
 	}
 	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "gpustore_distributor_series_cache_max_series",
 		Help: "The bound on the distributor's cached series over all tenants (ring.distributor_series_cache_max_series; 0: none).",
-	}, func() float64 { return float64(d.maxSeries) })
+	}, func() float64 { return float64(maxSeries) })
 	// Every result exists from the start: a rate over a counter that
 	// appears with its first failure misses that failure.
 	for _, r := range []string{writeOK, writeRejected, writeNoQuorum} {
