@@ -71,6 +71,10 @@ type Distributor struct {
 	// including those acknowledged at quorum while the last replica's send
 	// goes on.
 	inflight atomic.Int64
+	// maxSeries bounds cached, the series cached over all tenants (0: no
+	// bound). Past it a new series is forwarded uncached (tenant.resolve).
+	maxSeries int64
+	cached    atomic.Int64
 
 	mtx     sync.RWMutex
 	tenants map[string]*tenant
@@ -84,11 +88,32 @@ func New(cfg receiverring.Config, r Ring, shard ShardSize, logger *slog.Logger, 
 	if err != nil {
 		return nil, fmt.Errorf("ring.client: %w", err)
 	}
+	maxSeries := int64(max(0, cfg.DistributorSeriesCacheMaxSeries))
 	return &Distributor{
 		ring: r, shard: shard, client: client, scheme: cfg.Scheme, timeout: time.Duration(cfg.RemoteTimeout),
-		logger: logger, metrics: newMetrics(reg), tenants: map[string]*tenant{},
+		logger: logger, metrics: newMetrics(reg, maxSeries), maxSeries: maxSeries, tenants: map[string]*tenant{},
 	}, nil
 }
+
+// admit takes a place in the series cache for a new series; false: the
+// cache is full. The place is given back by release.
+func (d *Distributor) admit() bool {
+	if d.maxSeries == 0 {
+		d.cached.Add(1)
+		return true
+	}
+	for {
+		n := d.cached.Load()
+		if n >= d.maxSeries {
+			return false
+		}
+		if d.cached.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+func (d *Distributor) release(n int) { d.cached.Add(-int64(n)) }
 
 // Tenant implements ingest.Store.
 func (d *Distributor) Tenant(id string) (ingest.TenantStore, error) {
@@ -106,7 +131,9 @@ func (d *Distributor) Tenant(id string) (ingest.TenantStore, error) {
 	t = &tenant{
 		d: d, id: id, idHash: xxhash.Sum64String(id),
 		byRef: map[storage.SeriesRef]*series{}, byHash: map[uint64]storage.SeriesRef{},
-		meta: map[string]*familyMetadata{},
+		meta:   map[string]*familyMetadata{},
+		cached: d.metrics.cached.WithLabelValues(id), uncached: d.metrics.uncached.WithLabelValues(id),
+		swept: d.metrics.swept.WithLabelValues(id),
 	}
 	d.tenants[id] = t
 	return t, nil
@@ -127,6 +154,14 @@ func (d *Distributor) Sweep() {
 // building its labels) and the metadata of its metric families, which is
 // sent with every series of the family so every receiver holding the series
 // has it.
+//
+// References are the ingester's only name for a series: it keeps every one
+// it was handed (keyed by the labels it arrived with) until its own sweep,
+// and appends by it with no labels. So a reference is never handed out
+// twice, not after its series was swept, nor for a series forwarded
+// uncached: lastRef only grows, and a tenant is never dropped and made
+// anew (its references would start again at 1). A forgotten reference is
+// then unknown here (errUnknownRef), never another series'.
 type tenant struct {
 	d      *Distributor
 	id     string
@@ -135,8 +170,13 @@ type tenant struct {
 	mtx     sync.RWMutex
 	byRef   map[storage.SeriesRef]*series
 	byHash  map[uint64]storage.SeriesRef
-	nextRef storage.SeriesRef
+	lastRef atomic.Uint64
 	meta    map[string]*familyMetadata
+	// cached is len(byRef); uncached counts series forwarded uncached
+	// because the distributor's cache was full; swept, those the sweeps
+	// forgot.
+	cached          prometheus.Gauge
+	uncached, swept prometheus.Counter
 	// metaGen advances with every metadata change; a series' cached
 	// family (series.meta) of an older generation is looked up again.
 	metaGen atomic.Uint64
@@ -213,7 +253,15 @@ func (t *tenant) metadataOf(name string) *familyMetadata {
 // as it does when the TSDB garbage-collected a series.
 var errUnknownRef = fmt.Errorf("%w: series reference forgotten by the distributor", tsdb.ErrInvalidSample)
 
-// resolve finds (or creates) the series of ref or ls.
+// resolve finds (or creates) the series of ref or ls. A new series is
+// cached while the distributor's cache has room. Past that it is forwarded
+// uncached: the series lives as long as the request and its reference is
+// unknown to the next one, which the ingester then resolves again from its
+// labels. The series cached first stay (until a sweep forgets them) rather
+// than making way: every active series is written every scrape interval, so
+// with more active series than the bound, evicting the least recently used
+// would evict each series before its next write (no write would find its
+// series) and pay an eviction and an insertion for each.
 func (t *tenant) resolve(ref storage.SeriesRef, ls labels.Labels) (*series, error) {
 	if ref != 0 {
 		t.mtx.RLock()
@@ -236,28 +284,51 @@ func (t *tenant) resolve(ref storage.SeriesRef, ls labels.Labels) (*series, erro
 	if ok && labels.Equal(s.ls, ls) {
 		return s, nil
 	}
+	if !t.d.admit() {
+		t.uncached.Inc()
+		return t.newSeries(h, ls, false), nil
+	}
 	t.mtx.Lock()
 	defer t.mtx.Unlock()
 	if s, ok := t.byRef[t.byHash[h]]; ok && labels.Equal(s.ls, ls) {
+		t.d.release(1) // another write created it meanwhile
 		return s, nil
 	}
-	t.nextRef++
-	// The token hashes tenant and labels: a series lands on the same
-	// receivers whoever sends it, and tenants spread independently.
-	x := h ^ t.idHash
-	s = &series{ref: t.nextRef, ls: ls.Copy(), hash: h, token: uint32(x ^ x>>32)}
-	s.name = s.ls.Get(model.MetricNameLabel)
-	s.pbLabels = encodeLabels(s.ls)
+	s = t.newSeries(h, ls, true)
 	t.byRef[s.ref] = s
 	if _, taken := t.byHash[h]; !taken {
 		t.byHash[h] = s.ref // a colliding second series is found by ref only
 	}
+	t.cached.Inc()
 	return s, nil
+}
+
+// newSeries makes the series of ls (of hash h) under a new reference. An
+// uncached series keeps no labels: only its encoding and name are read. A
+// cached one is made under t.mtx, an uncached one without it.
+func (t *tenant) newSeries(h uint64, ls labels.Labels, cached bool) *series {
+	// The token hashes tenant and labels: a series lands on the same
+	// receivers whoever sends it, and tenants spread independently.
+	x := h ^ t.idHash
+	s := &series{ref: storage.SeriesRef(t.lastRef.Add(1)), hash: h, token: uint32(x ^ x>>32)}
+	if cached {
+		s.ls = ls.Copy()
+		s.name = s.ls.Get(model.MetricNameLabel)
+	} else {
+		// The ingester may build the next series' labels in the same memory.
+		s.name = strings.Clone(ls.Get(model.MetricNameLabel))
+		// Its family is looked up once here, not by each replica's request.
+		gen := t.metaGen.Load()
+		s.meta.Store(&seriesMeta{gen: gen, fm: t.metadataOf(s.name)})
+	}
+	s.pbLabels = encodeLabels(ls)
+	return s
 }
 
 func (t *tenant) sweep() {
 	t.mtx.Lock()
 	defer t.mtx.Unlock()
+	n := len(t.byRef)
 	for ref, s := range t.byRef {
 		if s.used.Swap(false) {
 			continue
@@ -267,6 +338,10 @@ func (t *tenant) sweep() {
 			delete(t.byHash, s.hash)
 		}
 	}
+	removed := n - len(t.byRef)
+	t.d.release(removed)
+	t.cached.Sub(float64(removed))
+	t.swept.Add(float64(removed))
 }
 
 // AppenderV2 implements storage.AppendableV2: one request's appends.
@@ -519,18 +594,27 @@ func appendMessage(b []byte, num protowire.Number, m marshaler) []byte {
 	return b[:len(b)+n]
 }
 
-// encodeLabels encodes ls as the labels field of a remote write 1.0 TimeSeries.
+// encodeLabels encodes ls as the labels field of a remote write 1.0
+// TimeSeries, into one allocation of its size: a series forwarded uncached
+// is encoded at every write.
 func encodeLabels(ls labels.Labels) []byte {
-	var b, l []byte
-	ls.Range(func(lb labels.Label) {
-		l = protowire.AppendTag(l[:0], 1, protowire.BytesType)
-		l = protowire.AppendString(l, lb.Name)
-		l = protowire.AppendTag(l, 2, protowire.BytesType)
-		l = protowire.AppendString(l, lb.Value)
+	n := 0
+	ls.Range(func(l labels.Label) { n += messageSize(labelSize(l)) })
+	b := make([]byte, 0, n)
+	ls.Range(func(l labels.Label) {
 		b = protowire.AppendTag(b, 1, protowire.BytesType)
-		b = protowire.AppendBytes(b, l)
+		b = protowire.AppendVarint(b, uint64(labelSize(l)))
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendString(b, l.Name)
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendString(b, l.Value)
 	})
 	return b
+}
+
+// labelSize is the size of a prompb.Label of l.
+func labelSize(l labels.Label) int {
+	return 1 + protowire.SizeBytes(len(l.Name)) + 1 + protowire.SizeBytes(len(l.Value))
 }
 
 // encoder is the scratch space of request and the request body it made;
@@ -604,6 +688,9 @@ type metrics struct {
 	writes   *prometheus.CounterVec
 	duration prometheus.Histogram
 	series   prometheus.Counter
+	// The series cache, by tenant.
+	cached          *prometheus.GaugeVec
+	uncached, swept *prometheus.CounterVec
 }
 
 // Outcomes of a distributor's write (gpustore_distributor_writes_total).
@@ -613,7 +700,7 @@ const (
 	writeNoQuorum = "no_quorum" // too few receivers took some series (503, retried)
 )
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer, maxSeries int64) *metrics {
 	f := promauto.With(reg)
 	m := &metrics{
 		requests: f.NewCounterVec(prometheus.CounterOpts{
@@ -633,7 +720,23 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "gpustore_distributor_series_sent_total",
 			Help: "Series the distributor's writes carried to receivers that took them, one per replica.",
 		}),
+		cached: f.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpustore_distributor_cached_series",
+			Help: "Series the distributor keeps cached (labels and their remote-write encoding), by tenant; all tenants' are bounded by ring.distributor_series_cache_max_series.",
+		}, []string{"tenant"}),
+		uncached: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_distributor_uncached_series_total",
+			Help: "Series forwarded uncached because the series cache was full, one per series and write: each such write resolved the series from its labels again.",
+		}, []string{"tenant"}),
+		swept: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpustore_distributor_series_cache_swept_total",
+			Help: "Cached series forgotten by the sweep every block period (no write since the previous sweep).",
+		}, []string{"tenant"}),
 	}
+	f.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "gpustore_distributor_series_cache_max_series",
+		Help: "The bound on the distributor's cached series over all tenants (ring.distributor_series_cache_max_series; 0: none).",
+	}, func() float64 { return float64(maxSeries) })
 	// Every result exists from the start: a rate over a counter that
 	// appears with its first failure misses that failure.
 	for _, r := range []string{writeOK, writeRejected, writeNoQuorum} {

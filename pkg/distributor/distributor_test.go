@@ -64,18 +64,17 @@ func newCluster(t *testing.T, n, rf int, ha *hatracker.Tracker) *cluster {
 	return newShardedCluster(t, n, rf, ha, nil)
 }
 
-// newShardedCluster is newCluster with tenants' shuffle shards.
-func newShardedCluster(t *testing.T, n, rf int, ha *hatracker.Tracker, shard ShardSize) *cluster {
+// newShardedCluster is newCluster with tenants' shuffle shards; opts
+// change the distributor's ring configuration.
+func newShardedCluster(t *testing.T, n, rf int, ha *hatracker.Tracker, shard ShardSize, opts ...func(*receiverring.Config)) *cluster {
 	t.Helper()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	lim, err := limits.New(limits.DefaultConfig(), logger, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, closer := consul.NewInMemoryClient(ring.GetCodec(), logging.GoKit(logger), nil)
-	t.Cleanup(func() { _ = closer.Close() })
 	c := &cluster{}
-	desc := ring.NewDesc()
+	var urls []string
 	for i := range n {
 		cfg := tenantdb.DefaultConfig()
 		cfg.Dir = t.TempDir()
@@ -97,26 +96,14 @@ func newShardedCluster(t *testing.T, n, rf int, ha *hatracker.Tracker, shard Sha
 		r := &receiver{c: c, id: fmt.Sprintf("r%d", i), dbs: dbs, srv: httptest.NewServer(mux)}
 		t.Cleanup(r.srv.Close)
 		c.receivers = append(c.receivers, r)
-		tokens := make([]uint32, 0, 64)
-		for j := range 64 {
-			tokens = append(tokens, uint32(j*n+i)*(math.MaxUint32/uint32(64*n)))
-		}
-		desc.AddIngester(r.id, strings.TrimPrefix(r.srv.URL, "http://"), "", tokens, ring.ACTIVE, time.Now(), false, time.Time{}, nil)
-	}
-	if err := store.CAS(context.Background(), receiverring.Key, func(any) (any, bool, error) { return desc, true, nil }); err != nil {
-		t.Fatal(err)
+		urls = append(urls, r.srv.URL)
 	}
 	rcfg := receiverring.DefaultConfig()
 	rcfg.ReplicationFactor = rf
-	rg, err := ring.NewWithStoreClientAndStrategy(ring.Config{HeartbeatTimeout: time.Hour, ReplicationFactor: rf},
-		receiverring.Name, receiverring.Key, store, ring.NewDefaultReplicationStrategy(), prometheus.NewRegistry(), logging.GoKit(logger))
-	if err != nil {
-		t.Fatal(err)
+	for _, o := range opts {
+		o(&rcfg)
 	}
-	if err := services.StartAndAwaitRunning(context.Background(), rg); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), rg) })
+	rg := newTestRing(t, urls, rf)
 	c.ring = rg
 	c.dist, err = New(rcfg, rg, shard, logger, prometheus.NewRegistry())
 	if err != nil {
@@ -132,6 +119,37 @@ func newShardedCluster(t *testing.T, n, rf int, ha *hatracker.Tracker, shard Sha
 	c.front = httptest.NewServer(c.ingester)
 	t.Cleanup(c.front.Close)
 	return c
+}
+
+// newTestRing is a running ring (in-memory KV) of receivers at urls, 64
+// evenly spread tokens each.
+func newTestRing(t testing.TB, urls []string, rf int) *ring.Ring {
+	t.Helper()
+	logger := slog.New(slog.DiscardHandler)
+	store, closer := consul.NewInMemoryClient(ring.GetCodec(), logging.GoKit(logger), nil)
+	t.Cleanup(func() { _ = closer.Close() })
+	desc := ring.NewDesc()
+	n := len(urls)
+	for i, u := range urls {
+		tokens := make([]uint32, 0, 64)
+		for j := range 64 {
+			tokens = append(tokens, uint32(j*n+i)*(math.MaxUint32/uint32(64*n)))
+		}
+		desc.AddIngester(fmt.Sprintf("r%d", i), strings.TrimPrefix(u, "http://"), "", tokens, ring.ACTIVE, time.Now(), false, time.Time{}, nil)
+	}
+	if err := store.CAS(context.Background(), receiverring.Key, func(any) (any, bool, error) { return desc, true, nil }); err != nil {
+		t.Fatal(err)
+	}
+	rg, err := ring.NewWithStoreClientAndStrategy(ring.Config{HeartbeatTimeout: time.Hour, ReplicationFactor: rf},
+		receiverring.Name, receiverring.Key, store, ring.NewDefaultReplicationStrategy(), prometheus.NewRegistry(), logging.GoKit(logger))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := services.StartAndAwaitRunning(context.Background(), rg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), rg) })
+	return rg
 }
 
 // write sends a remote write 1.0 request to the distributor.

@@ -85,6 +85,11 @@ type Config struct {
 	PeerIdentities flagext.StringSliceCSV `yaml:"peer_identities"`
 	// RemoteTimeout bounds one call to a receiver.
 	RemoteTimeout model.Duration `yaml:"remote_timeout"`
+	// DistributorSeriesCacheMaxSeries bounds the series a distributor
+	// keeps cached over all its tenants (0: no bound). Every distributor
+	// behind a load balancer sees every series, so without a bound each
+	// holds all of them; past it a new series is forwarded uncached.
+	DistributorSeriesCacheMaxSeries int `yaml:"distributor_series_cache_max_series"`
 	// FlushOnShutdown: a stopping receiver turns LEAVING, flushes its heads
 	// into blocks and ships them before it leaves the ring.
 	FlushOnShutdown bool `yaml:"flush_on_shutdown"`
@@ -112,6 +117,12 @@ func DefaultConfig() Config {
 		Scheme: "http", Client: config_util.DefaultHTTPClientConfig,
 		RemoteTimeout:   model.Duration(10 * time.Second),
 		FlushOnShutdown: true,
+		// About 0.7 GiB of heap (1 GiB of RSS) at 0.7 KiB per cached
+		// series: every series of a fleet of 3,500 GPUs (283 series each)
+		// is cached, and a distributor of a larger fleet still fits a
+		// container of a few GiB, for more CPU per sample over the bound
+		// (docs/scale-out.md, Sizing).
+		DistributorSeriesCacheMaxSeries: 1_000_000,
 	}
 }
 
@@ -128,6 +139,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.ZoneAwarenessEnabled, "ring.zone-awareness-enabled", c.ZoneAwarenessEnabled, "Replicate each series to receivers in replication-factor different zones (-ring.instance-zone), so losing a whole zone loses no write quorum and no read; set it on every process of the ring, and run receivers in at least replication-factor zones.")
 	fs.StringVar(&c.InstanceZone, "ring.instance-zone", c.InstanceZone, "This receiver's availability zone (required on receivers with -ring.zone-awareness-enabled).")
 	fs.Var(&c.ShuffleShardingLookback, "ring.shuffle-sharding-lookback", "How long reads of a shuffle-sharded tenant (limits' ingestion_shard_size) still ask the receivers its shard had before a receiver joined or the size changed; at least the heads' span (1.5 block durations) and the shipping delay (0: storage.tsdb.retention.time plus a block duration).")
+	fs.IntVar(&c.DistributorSeriesCacheMaxSeries, "distributor.series-cache.max-series", c.DistributorSeriesCacheMaxSeries, "Series a distributor keeps cached (labels and their remote-write encoding, about 0.7 KiB of heap each) over all tenants; past it new series are forwarded uncached, each write resolving them again from their labels (0: no bound).")
 	fs.BoolVar(&c.FlushOnShutdown, "ring.flush-on-shutdown", c.FlushOnShutdown, "A stopping receiver stops taking writes, flushes its heads into blocks and ships them before it leaves the ring (so scale-in leaves nothing in a WAL).")
 }
 
@@ -148,6 +160,9 @@ func (c Config) Validate() error {
 	}
 	if c.HeartbeatPeriod <= 0 || c.HeartbeatTimeout <= c.HeartbeatPeriod {
 		errs = append(errs, errors.New("ring.heartbeat_timeout must exceed a positive ring.heartbeat_period"))
+	}
+	if c.DistributorSeriesCacheMaxSeries < 0 {
+		errs = append(errs, errors.New("ring.distributor_series_cache_max_series must not be negative (0: no bound)"))
 	}
 	if c.ShuffleShardingLookback < 0 {
 		errs = append(errs, errors.New("ring.shuffle_sharding_lookback must not be negative (0: the receivers' retention and a block)"))
