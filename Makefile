@@ -33,6 +33,7 @@ RACE_PKGS += ./pkg/storage/shipper/... ./pkg/hatracker/... ./pkg/limits/...
 RACE_PKGS += ./pkg/server/... ./pkg/auth/... # write bound, drain; web config swapped under requests
 RACE_PKGS += ./pkg/blockquery/... ./pkg/seriesset/... # one series cache for every querier
 RACE_PKGS += ./pkg/distributor/... ./pkg/ringread/... # quorum sends that outlive the request; concurrent fan-out reads
+RACE_PKGS += ./pkg/block/... # a column frame's chunks written back by the queries that share it
 UNIT_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list ./...))
 # pkg/compact runs whole in test-unit (its week, downsampling and crash tests
 # take minutes under the race detector) and again under it for the tests of

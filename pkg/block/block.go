@@ -237,12 +237,37 @@ type Linker interface {
 // block (after a failed or crashed attempt) overwrites what is there. A
 // bucket that is a Linker takes the segments and the index by hard link.
 func Upload(ctx context.Context, bkt objstore.Bucket, dir string, meta Meta) error {
-	return UploadEncoded(ctx, bkt, dir, &meta, EncodingNone)
+	return UploadEncoded(ctx, bkt, dir, &meta, Uniform(EncodingNone))
+}
+
+// Encodings say how a block's files are stored in the bucket: its chunk
+// segments and its index (an index asked zstd-columns is stored
+// zstd-nocrc: it has no chunks).
+type Encodings struct{ Chunks, Index string }
+
+// Uniform stores every file of a block in enc.
+func Uniform(enc string) Encodings { return Encodings{Chunks: enc, Index: enc} }
+
+// EncodingsOf are the encodings the block m was stored with. A file too
+// large to encode is stored plain beside encoded ones: any encoded file of
+// a kind says how that kind was asked.
+func EncodingsOf(m *Meta) Encodings {
+	var e Encodings
+	for _, f := range m.GPUStore.Files {
+		kind := &e.Index
+		if isSegment(f.RelPath) {
+			kind = &e.Chunks
+		}
+		if f.Encoding != EncodingNone {
+			*kind = f.Encoding
+		}
+	}
+	return e
 }
 
 // UploadEncoded is Upload with the segments and the index stored in the
-// given encoding; it sets meta's file list to what it uploaded.
-func UploadEncoded(ctx context.Context, bkt objstore.Bucket, dir string, meta *Meta, encoding string) error {
+// given encodings; it sets meta's file list to what it uploaded.
+func UploadEncoded(ctx context.Context, bkt objstore.Bucket, dir string, meta *Meta, enc Encodings) error {
 	files, err := LocalFiles(dir)
 	if err != nil {
 		return err
@@ -253,6 +278,10 @@ func UploadEncoded(ctx context.Context, bkt objstore.Bucket, dir string, meta *M
 	}
 	for i, f := range files {
 		src := filepath.Join(dir, filepath.FromSlash(f.RelPath))
+		encoding := enc.Index
+		if isSegment(f.RelPath) {
+			encoding = enc.Chunks
+		}
 		if encoding == EncodingNone || f.SizeBytes > MaxEncodedFileBytes {
 			err = uploadFile(ctx, bkt, src, ObjectName(meta.GPUStore.Tenant, meta.ULID, f.RelPath))
 		} else {

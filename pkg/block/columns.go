@@ -36,15 +36,22 @@ import (
 //	then six streams, each as its length and its bytes:
 //	items:  per item, n<<1|1 for an XOR chunk of n samples followed by its
 //	        value mode byte (0-9: decimals of 10^-mode, modeFloat: float
-//	        bits), or n<<1 for n verbatim bytes
+//	        bits) and the length of its XOR data, or n<<1 for n verbatim
+//	        bytes
 //	firsts: per chunk, its first timestamp less the previous chunk's (varint)
 //	times:  per chunk, the second sample's delta, then the delta-of-deltas (varints)
 //	ints:   decimal chunks' values as integers of 10^-mode, deltas from the
 //	        previous value of the chunk, the first from 0 (varints)
 //	floats: float chunks' value bits, each XOR the previous (8 bytes, LE)
 //	raw:    the verbatim bytes
+//
+// Version 1 had no XOR data lengths in items: a chunk's offset in the
+// TSDB's file was known only by writing every chunk before it again, so a
+// read of one chunk decoded its whole frame. With the lengths a frame's
+// entries are laid out by reading its columns' varints, and one chunk is
+// written again alone (ColumnFrame). Version 1 frames still decode.
 const (
-	columnsVersion = 1
+	columnsVersion = 2
 	modeFloat      = 0xff
 	maxDecimalExp  = 9
 	columnStreams  = 6
@@ -155,6 +162,7 @@ func (e *columnsEncoder) appendChunk() {
 		mode = byte(exp)
 	}
 	s[colItems] = append(binary.AppendUvarint(s[colItems], uint64(len(e.ts))<<1|1), mode)
+	s[colItems] = binary.AppendUvarint(s[colItems], uint64(len(e.xor))) // samples left it the chunk's data
 	for _, td := range e.tds {
 		s[colTimes] = binary.AppendVarint(s[colTimes], td)
 	}
@@ -249,35 +257,40 @@ type columnsDecoder struct {
 // form is src; they are at most limit bytes (the frame's size in the TSDB's
 // file), or src is malformed.
 func (d *columnsDecoder) decode(dst, src []byte, limit int) ([]byte, error) {
-	size, err := d.split(src, limit)
+	version, size, err := d.split(src, limit)
 	if err != nil {
 		return dst, err
 	}
 	start := len(dst)
 	var prevFirst int64
 	for items := d.streams[colItems]; len(items) > 0; {
-		it, w := binary.Uvarint(items)
-		if w <= 0 {
-			return dst, fmt.Errorf("%w: item unreadable", errColumns)
-		}
-		items = items[w:]
-		n := it >> 1
-		if it&1 == 0 {
-			raw := d.streams[colRaw]
-			if uint64(len(raw)) < n || n > uint64(size-(len(dst)-start)) {
-				return dst, fmt.Errorf("%w: verbatim bytes short or past the frame's %d bytes", errColumns, size)
-			}
-			dst, d.streams[colRaw] = append(dst, raw[:n]...), raw[n:]
-			continue
-		}
-		if len(items) == 0 {
-			return dst, fmt.Errorf("%w: chunk without its value mode", errColumns)
-		}
-		mode := items[0]
-		items = items[1:]
-		if dst, err = d.chunk(dst, int(n), mode, &prevFirst); err != nil {
+		it, err := readItem(&items, version)
+		if err != nil {
 			return dst, err
 		}
+		if !it.chunk {
+			raw := d.streams[colRaw]
+			if uint64(len(raw)) < it.n || it.n > uint64(size-(len(dst)-start)) {
+				return dst, fmt.Errorf("%w: verbatim bytes short or past the frame's %d bytes", errColumns, size)
+			}
+			dst, d.streams[colRaw] = append(dst, raw[:it.n]...), raw[it.n:]
+			continue
+		}
+		first, w := binary.Varint(d.streams[colFirsts])
+		if w <= 0 {
+			return dst, fmt.Errorf("%w: first timestamp unreadable", errColumns)
+		}
+		d.streams[colFirsts] = d.streams[colFirsts][w:]
+		prevFirst += first
+		vals := &d.streams[colInts]
+		if it.mode == modeFloat {
+			vals = &d.streams[colFloats]
+		}
+		if d.xor, d.streams[colTimes], *vals, err = xorChunk(d.xor[:0], it, prevFirst, d.streams[colTimes], *vals); err != nil {
+			return dst, err
+		}
+		dst = binary.AppendUvarint(dst, uint64(len(d.xor)))
+		dst = append(append(dst, byte(chunkenc.EncXOR)), d.xor...)
 		if len(dst)-start > size {
 			return dst, fmt.Errorf("%w: chunks past the frame's %d bytes", errColumns, size)
 		}
@@ -294,68 +307,102 @@ func (d *columnsDecoder) decode(dst, src []byte, limit int) ([]byte, error) {
 }
 
 // split reads the version, the frame's size and the streams of src.
-func (d *columnsDecoder) split(src []byte, limit int) (int, error) {
-	if len(src) == 0 || src[0] != columnsVersion {
-		return 0, fmt.Errorf("%w: not version %d", errColumns, columnsVersion)
+func (d *columnsDecoder) split(src []byte, limit int) (version byte, size int, err error) {
+	if len(src) == 0 || (src[0] != columnsVersion && src[0] != 1) {
+		return 0, 0, fmt.Errorf("%w: not version 1 or %d", errColumns, columnsVersion)
 	}
-	src = src[1:]
-	size, w := binary.Uvarint(src)
-	if w <= 0 || size > uint64(limit) {
-		return 0, fmt.Errorf("%w: frame size unreadable or over %d", errColumns, limit)
+	version, src = src[0], src[1:]
+	n, w := binary.Uvarint(src)
+	if w <= 0 || n > uint64(limit) {
+		return 0, 0, fmt.Errorf("%w: frame size unreadable or over %d", errColumns, limit)
 	}
 	src = src[w:]
 	for i := range d.streams {
 		n, w := binary.Uvarint(src)
 		if w <= 0 || n > uint64(len(src)-w) {
-			return 0, fmt.Errorf("%w: stream %d runs past the end", errColumns, i)
+			return 0, 0, fmt.Errorf("%w: stream %d runs past the end", errColumns, i)
 		}
 		d.streams[i], src = src[w:w+int(n)], src[w+int(n):]
 	}
 	if len(src) > 0 {
-		return 0, fmt.Errorf("%w: %d bytes after the streams", errColumns, len(src))
+		return 0, 0, fmt.Errorf("%w: %d bytes after the streams", errColumns, len(src))
 	}
-	return int(size), nil
+	return version, int(n), nil
 }
 
-// chunk appends the entry (length, encoding, data) of the next chunk of n
-// samples to dst, reading each sample's timestamp and value from the
-// streams and writing it into the XOR chunk in one pass. The work is
-// bounded by src's size: each sample takes at least a byte of the
-// timestamp and value streams.
-func (d *columnsDecoder) chunk(dst []byte, n int, mode byte, prevFirst *int64) ([]byte, error) {
-	if n == 0 || n > math.MaxUint16 || (mode > maxDecimalExp && mode != modeFloat) {
-		return dst, fmt.Errorf("%w: chunk of %d samples, value mode %d", errColumns, n, mode)
-	}
-	s := &d.streams
-	first, w := binary.Varint(s[colFirsts])
+// columnItem is one item of a frame's column form: n verbatim bytes, or
+// an XOR chunk of n samples in value mode mode, of dataLen bytes of XOR
+// data (version 2; -1 in version 1, which did not say).
+type columnItem struct {
+	chunk   bool
+	n       uint64
+	mode    byte
+	dataLen int
+}
+
+// readItem reads the next item of the items stream *items.
+func readItem(items *[]byte, version byte) (columnItem, error) {
+	b := *items
+	v, w := binary.Uvarint(b)
 	if w <= 0 {
-		return dst, fmt.Errorf("%w: first timestamp unreadable", errColumns)
+		return columnItem{}, fmt.Errorf("%w: item unreadable", errColumns)
 	}
-	s[colFirsts] = s[colFirsts][w:]
-	*prevFirst += first
-	if mode == modeFloat && len(s[colFloats]) < 8*n {
-		return dst, fmt.Errorf("%w: float values short", errColumns)
+	b = b[w:]
+	it := columnItem{chunk: v&1 == 1, n: v >> 1, dataLen: -1}
+	if it.chunk {
+		if len(b) == 0 {
+			return it, fmt.Errorf("%w: chunk without its value mode", errColumns)
+		}
+		it.mode, b = b[0], b[1:]
+		if it.n == 0 || it.n > math.MaxUint16 || (it.mode > maxDecimalExp && it.mode != modeFloat) {
+			return it, fmt.Errorf("%w: chunk of %d samples, value mode %d", errColumns, it.n, it.mode)
+		}
+		if version >= 2 {
+			l, w := binary.Uvarint(b)
+			if w <= 0 || l > math.MaxInt32 {
+				return it, fmt.Errorf("%w: chunk length unreadable", errColumns)
+			}
+			it.dataLen, b = int(l), b[w:]
+		}
 	}
-	v := valueReader{mode: mode, pow: 1}
-	if mode != modeFloat {
-		v.pow = math.Pow10(int(mode))
+	*items = b
+	return it, nil
+}
+
+// xorChunk appends to dst the XOR data of chunk it, its first sample at
+// first, reading each sample's timestamp from times and value from vals
+// (the ints or floats stream, by its mode) and writing it into the XOR
+// chunk in one pass; it returns the data and what is left of times and
+// vals. The work is bounded by the streams' size: each sample takes at
+// least a byte of the timestamp and value streams.
+func xorChunk(dst []byte, it columnItem, first int64, times, vals []byte) ([]byte, []byte, []byte, error) {
+	n := int(it.n)
+	if it.mode == modeFloat && len(vals) < 8*n {
+		return dst, times, vals, fmt.Errorf("%w: float values short", errColumns)
 	}
-	x, ok := v.next(s)
+	v := valueReader{mode: it.mode, pow: 1, b: vals}
+	if it.mode != modeFloat {
+		v.pow = math.Pow10(int(it.mode))
+	}
+	x, ok := v.next()
 	if !ok {
-		return dst, fmt.Errorf("%w: decimal values short", errColumns)
+		return dst, times, vals, fmt.Errorf("%w: decimal values short", errColumns)
 	}
-	xw := startXOR(slices.Grow(d.xor[:0], 20+n*maxXORSampleBytes), n, *prevFirst, x)
+	start, room := len(dst), 20+n*maxXORSampleBytes
+	if it.dataLen >= 0 {
+		room = it.dataLen // exactly: a ColumnFrame writes in place, into a slice of this capacity
+	}
+	xw := startXOR(slices.Grow(dst, room), n, first, x)
 	// The column form holds the timestamps as the writer takes them: the
 	// second's delta, then delta-of-deltas.
-	times := s[colTimes]
 	for i := 1; i < n; i++ {
 		td, w := readVarint(times)
 		if w <= 0 {
-			return dst, fmt.Errorf("%w: timestamps short", errColumns)
+			return dst, times, vals, fmt.Errorf("%w: timestamps short", errColumns)
 		}
 		times = times[w:]
-		if x, ok = v.next(s); !ok {
-			return dst, fmt.Errorf("%w: decimal values short", errColumns)
+		if x, ok = v.next(); !ok {
+			return dst, times, vals, fmt.Errorf("%w: decimal values short", errColumns)
 		}
 		if i == 1 {
 			xw.second(td, x)
@@ -363,13 +410,14 @@ func (d *columnsDecoder) chunk(dst []byte, n int, mode byte, prevFirst *int64) (
 			xw.next(td, x)
 		}
 	}
-	s[colTimes] = times
-	d.xor = xw.finish()
-	dst = binary.AppendUvarint(dst, uint64(len(d.xor)))
-	return append(append(dst, byte(chunkenc.EncXOR)), d.xor...), nil
+	dst = xw.finish()
+	if it.dataLen >= 0 && len(dst)-start != it.dataLen {
+		return dst, times, vals, fmt.Errorf("%w: a chunk of %d bytes, its item says %d", errColumns, len(dst)-start, it.dataLen)
+	}
+	return dst, times, v.b, nil
 }
 
-// valueReader reads a chunk's values from the streams as the XOR writer
+// valueReader reads a chunk's values from its stream b as the XOR writer
 // takes them, each value's bits XOR the previous one's: float chunks hold
 // them so (the caller checks there are enough), decimal chunks hold the
 // deltas of integers of 10^-mode.
@@ -378,19 +426,20 @@ type valueReader struct {
 	pow      float64
 	n        int64
 	prevBits uint64
+	b        []byte
 }
 
-func (v *valueReader) next(s *[columnStreams][]byte) (uint64, bool) {
+func (v *valueReader) next() (uint64, bool) {
 	if v.mode == modeFloat {
-		x := binary.LittleEndian.Uint64(s[colFloats])
-		s[colFloats] = s[colFloats][8:]
+		x := binary.LittleEndian.Uint64(v.b)
+		v.b = v.b[8:]
 		return x, true
 	}
-	delta, w := readVarint(s[colInts])
+	delta, w := readVarint(v.b)
 	if w <= 0 {
 		return 0, false
 	}
-	s[colInts] = s[colInts][w:]
+	v.b = v.b[w:]
 	if delta == 0 { // the value again (a gauge holding still): its bits XOR themselves, no division
 		return 0, true
 	}

@@ -102,15 +102,17 @@ func writeGPUBlock(t testing.TB, seed uint64) (string, Meta) {
 func columnItems(t testing.TB, form []byte) (chunks, runs int) {
 	t.Helper()
 	var d columnsDecoder
-	if _, err := d.split(form, math.MaxInt32); err != nil {
+	version, _, err := d.split(form, math.MaxInt32)
+	if err != nil {
 		t.Fatal(err)
 	}
 	for items := d.streams[colItems]; len(items) > 0; {
-		it, w := binary.Uvarint(items)
-		items = items[w:]
-		if it&1 == 1 {
+		it, err := readItem(&items, version)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if it.chunk {
 			chunks++
-			items = items[1:]
 		} else {
 			runs++
 		}
@@ -338,7 +340,7 @@ func TestColumnsUploadFallsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := UploadEncoded(ctx, bkt, dir, &meta, EncodingZstdColumns); err != nil {
+	if err := UploadEncoded(ctx, bkt, dir, &meta, Uniform(EncodingZstdColumns)); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range meta.GPUStore.Files {
@@ -364,7 +366,7 @@ func TestColumnsUploadFallsBack(t *testing.T) {
 	if err := os.WriteFile(seg, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := UploadEncoded(ctx, bkt, dir, &meta, EncodingZstdColumns); err != nil {
+	if err := UploadEncoded(ctx, bkt, dir, &meta, Uniform(EncodingZstdColumns)); err != nil {
 		t.Fatal(err)
 	}
 	if f, _ := meta.File("chunks/000001"); f.Encoding != EncodingZstd {

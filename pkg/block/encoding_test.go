@@ -38,7 +38,7 @@ func encodedUploadDownloadsAlike(t *testing.T, dir string, meta Meta, encoding s
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := UploadEncoded(ctx, bkt, dir, &meta, encoding); err != nil {
+	if err := UploadEncoded(ctx, bkt, dir, &meta, Uniform(encoding)); err != nil {
 		t.Fatal(err)
 	}
 	got, err := ReadMeta(ctx, bkt, "t", meta.ULID)
@@ -119,7 +119,7 @@ func TestUnexpectedLayoutKeepsItsCRCs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := UploadEncoded(context.Background(), bkt, dir, &meta, EncodingZstdNoCRC); err != nil {
+	if err := UploadEncoded(context.Background(), bkt, dir, &meta, Uniform(EncodingZstdNoCRC)); err != nil {
 		t.Fatal(err)
 	}
 	f, _ := meta.File("chunks/000001")
@@ -259,7 +259,7 @@ func TestLargeFilesStoredPlain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := UploadEncoded(ctx, bkt, dir, &meta, EncodingZstdNoCRC); err != nil {
+	if err := UploadEncoded(ctx, bkt, dir, &meta, Uniform(EncodingZstdNoCRC)); err != nil {
 		t.Fatal(err)
 	}
 	got, err := ReadMeta(ctx, bkt, "t", meta.ULID)

@@ -382,7 +382,7 @@ func uploadDir(ctx context.Context, bkt objstore.Bucket, b *Bucket, dir string, 
 	if meta.GPUStore.Labels == nil {
 		meta.GPUStore.Labels = map[string]string{}
 	}
-	if err := block.UploadEncoded(ctx, bkt, dir, meta, block.EncodingNone); err != nil {
+	if err := block.UploadEncoded(ctx, bkt, dir, meta, block.Uniform(block.EncodingNone)); err != nil {
 		return nil, fmt.Errorf("upload block %s: %w", bm.ULID, err)
 	}
 	return meta, nil

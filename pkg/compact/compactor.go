@@ -88,7 +88,7 @@ type Compactor struct {
 	fold   *downsample.Fold // labels merged away at downsampling (nil: none)
 	// encoding and rawEncoding: how downsampled blocks' files and the raw
 	// blocks the compactor writes are stored (block.Encoding*).
-	encoding, rawEncoding string
+	encoding, rawEncoding block.Encodings
 
 	// afterCompact is a test hook: called with the plan's working directory
 	// when the result is written, before anything is removed.
@@ -117,9 +117,11 @@ func New(cfg Config, bkt objstore.Bucket, dataDir string, limits Limits, logger 
 		indexes: map[string]*bucketindex.Index{},
 		empty:   map[ulid.ULID]struct{}{},
 	}
-	c.fold, _ = cfg.fold()                                      // validated
-	c.encoding, _ = block.ParseEncoding(cfg.DownsampleEncoding) // validated
-	c.rawEncoding, _ = block.ParseEncoding(cfg.RawEncoding)
+	c.fold, _ = cfg.fold()                               // validated
+	ds, _ := block.ParseEncoding(cfg.DownsampleEncoding) // validated
+	raw, _ := block.ParseEncoding(cfg.RawEncoding)
+	rawIndex, _ := block.ParseEncoding(cfg.RawIndexEncoding)
+	c.encoding, c.rawEncoding = block.Uniform(ds), block.Encodings{Chunks: raw, Index: rawIndex}
 	c.m = newMetrics(reg)
 	return c, nil
 }

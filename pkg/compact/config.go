@@ -67,16 +67,24 @@ type Config struct {
 	// with; readers read both.
 	DownsampleEncoding string `yaml:"downsample_encoding"`
 	// RawEncoding is how the raw blocks the compactor writes (8h and
-	// larger: level 2 and up) store their index and chunk files, in the
-	// same encodings. The receivers' 2h blocks are always stored as the
-	// TSDB writes them. zstd-nocrc takes about half the bytes of the plain
-	// files on GPU data (bench/RESULTS.md, issue 41 item 6) and reads a
-	// frame at a time through the page cache; the default stays none
-	// because a panel's first, cold view of encoded blocks costs 1.2-2.5x
-	// the CPU (it decodes 1 MiB frames where a plain block reads a page).
-	// zstd-columns stores the chunks in a fifth of zstd-nocrc's bytes, at
-	// under VictoriaMetrics' bytes per sample, for more CPU a decoded frame.
+	// larger: level 2 and up) store their chunk segments, in the same
+	// encodings. The receivers' 2h blocks are always stored as the TSDB
+	// writes them. zstd-columns (the default) stores a 1024-GPU cluster's
+	// raw chunks and plain index in 0.68 bytes a sample, under
+	// VictoriaMetrics' 1.06 on the same data, against 4.26 plain; a query
+	// reads each chunk alone from its frame (block.ColumnFrame), so panels
+	// cost what they cost over plain blocks warm and about 1.1× the CPU on
+	// a cold first view (bench/RESULTS.md, issue 41 item 6). none keeps
+	// the plain files.
 	RawEncoding string `yaml:"raw_encoding"`
+	// RawIndexEncoding is how those raw blocks store their index, apart
+	// from their chunks: a query of one metric reads a series entry in
+	// every GPU's stretch of the index's series section (Hostname and UUID
+	// sort before __name__), so a cold read of an encoded index decodes
+	// nearly all of it, where a plain one range-reads a page a GPU. Plain by
+	// default: an index is a small part of a compacted raw block's bytes
+	// (bench/RESULTS.md, issue 41 item 6).
+	RawIndexEncoding string `yaml:"raw_index_encoding"`
 }
 
 // DefaultConfig: 2h → 8h → 2d → 14d, a pass every 5 minutes, deletion 48h
@@ -98,7 +106,8 @@ func DefaultConfig() Config {
 		// data hold. When on, its scope is dcgm-exporter's metrics.
 		DownsampleFoldMetrics: "DCGM_.+",
 		DownsampleEncoding:    block.EncodingZstdNoCRC,
-		RawEncoding:           "none",
+		RawEncoding:           block.EncodingZstdColumns,
+		RawIndexEncoding:      "none",
 	}
 }
 
@@ -139,6 +148,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := block.ParseEncoding(c.RawEncoding); err != nil {
 		errs = append(errs, fmt.Errorf("compact.raw-encoding: %w", err))
+	}
+	if _, err := block.ParseEncoding(c.RawIndexEncoding); err != nil {
+		errs = append(errs, fmt.Errorf("compact.raw-index-encoding: %w", err))
 	}
 	if c.LeaseTTL <= 0 || c.LeaseSettle < 0 || c.LeaseSettle >= c.LeaseTTL/3 {
 		errs = append(errs, fmt.Errorf("compact lease: want ttl > 0 and 0 <= settle (%s) < ttl/3 (%s)", c.LeaseSettle, c.LeaseTTL/3))
@@ -189,7 +201,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&c.DownsampleFoldLabels, "compact.downsample.fold-labels", "Comma-separated labels merged away when raw data is downsampled, for the gauges among the metrics of -compact.downsample.fold-metrics (e.g. pod: one 5m/1h series per GPU instead of one per GPU and pod; counters are never folded; queries naming them read raw data where it exists). Empty (the default): keep every label.")
 	fs.StringVar(&c.DownsampleFoldMetrics, "compact.downsample.fold-metrics", c.DownsampleFoldMetrics, "Regular expression (anchored) of the metric names whose series -compact.downsample.fold-labels applies to.")
 	fs.StringVar(&c.DownsampleEncoding, "compact.downsample.encoding", c.DownsampleEncoding, "How 5m and 1h blocks' index and chunk files are stored in the bucket: zstd-nocrc (compressed without the TSDB's per-chunk and per-series CRC32s, which readers recompute: about a fifth of the bytes; read a frame at a time), zstd-columns (zstd-nocrc with the chunks' samples rewritten as columns of timestamps and values before compressing: fewer bytes, more CPU to decode), zstd (compressed as they are) or none (as the TSDB writes them). Blocks keep the encoding they were written with.")
-	fs.StringVar(&c.RawEncoding, "compact.raw-encoding", c.RawEncoding, "How the raw blocks the compactor writes (8h and larger) store their index and chunk files in the bucket, as -compact.downsample.encoding (zstd-nocrc, zstd-columns, zstd or none). The receivers' 2h blocks are always stored as the TSDB writes them; blocks keep the encoding they were written with.")
+	fs.StringVar(&c.RawEncoding, "compact.raw-encoding", c.RawEncoding, "How the raw blocks the compactor writes (8h and larger) store their chunk files in the bucket, as -compact.downsample.encoding (zstd-columns: a fifth of zstd-nocrc's bytes, each chunk read alone; zstd-nocrc, zstd or none). The receivers' 2h blocks are always stored as the TSDB writes them; blocks keep the encoding they were written with.")
+	fs.StringVar(&c.RawIndexEncoding, "compact.raw-index-encoding", c.RawIndexEncoding, "How those raw blocks store their index (none, zstd-nocrc or zstd): plain by default, since a cold query of one metric reads a series entry in every GPU's stretch of the index.")
 	fs.Var(&c.LeaseSettle, "compact.lease-settle", "Wait between writing a tenant's lease and reading it back; must exceed how long a bucket write can lag (below lease-ttl/3).")
 }
 

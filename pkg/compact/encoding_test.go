@@ -45,7 +45,7 @@ func TestEncodedDownsampledBlocksAnswerAlike(t *testing.T) {
 		cfg := testConfig()
 		cfg.Downsample = true
 		cfg.RetentionRaw = model.Duration(day) // the slice is months old
-		cfg.DownsampleEncoding, cfg.RawEncoding = enc, enc
+		cfg.DownsampleEncoding, cfg.RawEncoding, cfg.RawIndexEncoding = enc, enc, enc
 		c, _ := newCompactor(t, cfg, bkt, nil)
 		st := compactUntilStable(t, c, bkt, tenant)
 		blocks, bytes := byResolution(st)
@@ -95,7 +95,7 @@ func TestEncodedDownsampledBlocksAnswerAlike(t *testing.T) {
 
 // TestEncodedRawBlocksAnswerAlike: the same days of GPU data shipped as 2h
 // blocks for two tenants and compacted, once with -compact.raw-encoding=none
-// (every raw block as the TSDB writes it, the default), once with
+// (every raw block as the TSDB writes it), once with
 // zstd-nocrc and once with zstd-columns: the compacted raw blocks (8h and
 // larger) are stored zstd-encoded without the TSDB's CRCs in under 60 % of
 // the bytes (zstd-columns: its chunks as columns, in fewer bytes than
@@ -122,6 +122,9 @@ func TestEncodedRawBlocksAnswerAlike(t *testing.T) {
 		upload(t, bkt, tenant, nil, dirs...)
 		cfg := testConfig()
 		cfg.RawEncoding = enc
+		if enc == block.EncodingZstdNoCRC {
+			cfg.RawIndexEncoding = enc // zstd-columns keeps the default: the index plain
+		}
 		c, _ := newCompactor(t, cfg, bkt, nil)
 		st := compactUntilStable(t, c, bkt, tenant)
 		live[tenant] = st.live
@@ -134,6 +137,7 @@ func TestEncodedRawBlocksAnswerAlike(t *testing.T) {
 				case m.Compaction.Level < 2 || tenant == plain:
 				case tenant == columns && f.RelPath != block.IndexFilename:
 					want = block.EncodingZstdColumns
+				case tenant == columns: // the index, plain
 				default:
 					want = block.EncodingZstdNoCRC
 				}
@@ -261,13 +265,15 @@ func checkDecodesToTSDBFiles(t *testing.T, bkt objstore.Bucket, plain, encoded [
 		for _, f := range m.GPUStore.Files {
 			obj := readObject(t, bkt, block.ObjectName(m.GPUStore.Tenant, m.ULID, f.ObjectRel()))
 			want := readObject(t, bkt, block.ObjectName(p.GPUStore.Tenant, p.ULID, f.RelPath))
-			stripped, err := dec.DecodeAll(obj, nil)
-			if err != nil {
-				t.Fatalf("%s of %s: a plain zstd decoder fails: %v", f.RelPath, m.ULID, err)
-			}
-			// zstd-columns: the column form, of no length to check.
-			if f.Encoding != block.EncodingZstdColumns && (len(stripped) >= len(want) || (len(want)-len(stripped))%4 != 0) {
-				t.Errorf("%s of %s: plain zstd decoding gives %d bytes of the TSDB file's %d", f.RelPath, m.ULID, len(stripped), len(want))
+			if f.Encoding != block.EncodingNone { // a zstd-columns block's index is plain
+				stripped, err := dec.DecodeAll(obj, nil)
+				if err != nil {
+					t.Fatalf("%s of %s: a plain zstd decoder fails: %v", f.RelPath, m.ULID, err)
+				}
+				// zstd-columns: the column form, of no length to check.
+				if f.Encoding != block.EncodingZstdColumns && (len(stripped) >= len(want) || (len(want)-len(stripped))%4 != 0) {
+					t.Errorf("%s of %s: plain zstd decoding gives %d bytes of the TSDB file's %d", f.RelPath, m.ULID, len(stripped), len(want))
+				}
 			}
 			dst := filepath.Join(t.TempDir(), "file")
 			if err := block.DownloadFile(ctx, bkt, block.ObjectName(m.GPUStore.Tenant, m.ULID, f.ObjectRel()), dst, f, errors.New("bad")); err != nil {

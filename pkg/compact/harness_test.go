@@ -177,6 +177,10 @@ func testConfig() compact.Config {
 	// any retention as the calendar moves on (365 days for downsampled
 	// data would empty the 2026 slices' 5m and 1h blocks in 2027).
 	cfg.RetentionRaw, cfg.Retention5m, cfg.Retention1h = 0, 0, 0
+	// Raw blocks as the TSDB writes them: the encodings have their own
+	// tests (encoding_test.go), and encoding every compacted block of every
+	// test would add minutes.
+	cfg.RawEncoding = block.EncodingNone
 	// The compaction tests count blocks and samples of one resolution;
 	// downsampling has its own tests (downsample_test.go).
 	cfg.Downsample = false

@@ -65,16 +65,7 @@ func RewriteBlock(ctx context.Context, bkt objstore.Bucket, held *Held, tenant s
 				return Rewritten{}, err
 			}
 		}
-		// The old block's encoding: that of any encoded file (a file too
-		// large to encode is stored plain beside encoded ones).
-		enc := block.EncodingNone
-		for _, f := range m.GPUStore.Files {
-			if f.Encoding != block.EncodingNone {
-				enc = f.Encoding
-				break
-			}
-		}
-		if err := block.UploadEncoded(ctx, bkt, res.Dir, nm, enc); err != nil {
+		if err := block.UploadEncoded(ctx, bkt, res.Dir, nm, block.EncodingsOf(m)); err != nil { // as the old block
 			return Rewritten{}, err
 		}
 		out.New = nm

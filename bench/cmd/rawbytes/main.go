@@ -36,7 +36,8 @@ func main() {
 	frames := flag.String("frame-bytes", "", "Comma-separated chunk-segment frame sizes to measure the encodings with, the first for -rewrite (default: block.FrameBytes, block.ColumnsFrameBytes for zstd-columns).")
 	vmDir := flag.String("vm", "", "A VictoriaMetrics data directory holding the same data: its bytes per sample beside.")
 	vmSamples := flag.Int64("vm.samples", 0, "Samples written to VictoriaMetrics.")
-	rewrite := flag.String("rewrite", "", "Re-encode the tenant's raw blocks of level 2 and up in place in this encoding.")
+	rewrite := flag.String("rewrite", "", "Re-encode the tenant's raw blocks of level 2 and up in place: their chunk segments in this encoding.")
+	rewriteIndex := flag.String("rewrite-index", "none", "With -rewrite: their index in this encoding (-compact.raw-index-encoding).")
 	transform := flag.String("transform", "", "A local TSDB block directory: estimate a reversible column transform of its chunks (transform.go) instead.")
 	flag.Parse()
 	if *transform != "" {
@@ -46,13 +47,13 @@ func main() {
 		}
 		return
 	}
-	if err := run(context.Background(), *bucketDir, *tenant, *encodings, *frames, *vmDir, *vmSamples, *rewrite); err != nil {
+	if err := run(context.Background(), *bucketDir, *tenant, *encodings, *frames, *vmDir, *vmSamples, *rewrite, *rewriteIndex); err != nil {
 		fmt.Fprintln(os.Stderr, "rawbytes:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, dir, tenant, encodings, frames, vmDir string, vmSamples int64, rewrite string) error {
+func run(ctx context.Context, dir, tenant, encodings, frames, vmDir string, vmSamples int64, rewrite, rewriteIndex string) error {
 	if dir == "" {
 		return fmt.Errorf("-bucket is required")
 	}
@@ -83,7 +84,7 @@ func run(ctx context.Context, dir, tenant, encodings, frames, vmDir string, vmSa
 		if sizes != nil {
 			block.FrameBytes, block.ColumnsFrameBytes = sizes[0], sizes[0]
 		}
-		return rewriteBlocks(ctx, bkt, tmp, tenant, metas, rewrite)
+		return rewriteBlocks(ctx, bkt, tmp, tenant, metas, rewrite, rewriteIndex)
 	}
 
 	tw := tabwriter.NewWriter(os.Stdout, 0, 8, 2, ' ', tabwriter.AlignRight)
@@ -210,7 +211,7 @@ func encodedBytes(ctx context.Context, bkt objstore.Bucket, tmp string, m *block
 	}
 	defer os.RemoveAll(filepath.Join(tmp, "scratch"))
 	nm := *m
-	if err := block.UploadEncoded(ctx, scratch, local, &nm, enc); err != nil {
+	if err := block.UploadEncoded(ctx, scratch, local, &nm, block.Uniform(enc)); err != nil {
 		return 0, 0, err
 	}
 	for _, f := range nm.GPUStore.Files {
@@ -219,15 +220,20 @@ func encodedBytes(ctx context.Context, bkt objstore.Bucket, tmp string, m *block
 	return idx, chk, nil
 }
 
-// rewriteBlocks stores the compacted raw blocks in enc, meta.json last, then
-// removes the objects of their old encoding and rebuilds the bucket index.
-func rewriteBlocks(ctx context.Context, bkt objstore.Bucket, tmp, tenant string, metas []*block.Meta, enc string) error {
-	enc, err := block.ParseEncoding(enc)
-	if err != nil {
+// rewriteBlocks stores the compacted raw blocks' chunks in enc and their
+// index in indexEnc, meta.json last, then removes the objects of their old
+// encoding and rebuilds the bucket index.
+func rewriteBlocks(ctx context.Context, bkt objstore.Bucket, tmp, tenant string, metas []*block.Meta, enc, indexEnc string) error {
+	var want block.Encodings
+	var err error
+	if want.Chunks, err = block.ParseEncoding(enc); err != nil {
+		return err
+	}
+	if want.Index, err = block.ParseEncoding(indexEnc); err != nil {
 		return err
 	}
 	for _, m := range metas {
-		if m.Compaction.Level < 2 || len(m.GPUStore.Files) == 0 || m.GPUStore.Files[0].Encoding == enc {
+		if m.Compaction.Level < 2 || len(m.GPUStore.Files) == 0 || block.EncodingsOf(m) == want {
 			continue
 		}
 		local := filepath.Join(tmp, m.ULID.String())
@@ -236,7 +242,7 @@ func rewriteBlocks(ctx context.Context, bkt objstore.Bucket, tmp, tenant string,
 		}
 		old := m.GPUStore.Files
 		nm := *m
-		if err := block.UploadEncoded(ctx, bkt, local, &nm, enc); err != nil {
+		if err := block.UploadEncoded(ctx, bkt, local, &nm, want); err != nil {
 			return err
 		}
 		keep := map[string]bool{}
@@ -251,7 +257,7 @@ func rewriteBlocks(ctx context.Context, bkt objstore.Bucket, tmp, tenant string,
 			}
 		}
 		_ = os.RemoveAll(local)
-		fmt.Printf("%s: level %d, %d bytes -> %d (%s)\n", m.ULID, m.Compaction.Level, m.BucketBytes(), nm.BucketBytes(), enc)
+		fmt.Printf("%s: level %d, %d bytes -> %d (chunks %s, index %s)\n", m.ULID, m.Compaction.Level, m.BucketBytes(), nm.BucketBytes(), enc, indexEnc)
 	}
 	x, err := bucketindex.Update(ctx, bkt, tenant, nil)
 	if err != nil {

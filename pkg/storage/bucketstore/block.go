@@ -199,7 +199,8 @@ type queryState struct {
 	symbols *window
 
 	cmtx   sync.Mutex
-	chunks []*window // one per segment file, read in ascending order
+	chunks []*window            // one per segment file, read in ascending order
+	frames []*block.ColumnFrame // per zstd-columns segment file: the last frame read
 }
 
 func newView(ctx context.Context, b *bucketBlock, mint, maxt int64) view {
@@ -209,6 +210,7 @@ func newView(ctx context.Context, b *bucketBlock, mint, maxt int64) view {
 		syms:    map[uint32]string{},
 		symbols: &window{c: b.cache, o: b.index, maxPages: b.readahead},
 		chunks:  make([]*window, len(b.segments)),
+		frames:  make([]*block.ColumnFrame, len(b.segments)),
 	}
 	for i, o := range b.segments {
 		st.chunks[i] = &window{c: b.cache, o: o, maxPages: b.readahead, streaming: true}
@@ -259,6 +261,9 @@ func (v view) readChunk(m chunks.Meta) (chunkenc.Chunk, error) {
 	}
 	v.st.cmtx.Lock()
 	defer v.st.cmtx.Unlock()
+	if o.file.Encoding == block.EncodingZstdColumns {
+		return v.readColumnChunk(seq, o, start)
+	}
 	w := v.st.chunks[seq]
 	hb, err := w.read(v.ctx, start, min(o.size, start+chunks.MaxChunkLengthFieldSize))
 	if err != nil {
@@ -286,5 +291,29 @@ func (v view) readChunk(m chunks.Meta) (chunkenc.Chunk, error) {
 	if err != nil {
 		return nil, v.b.storageErr(v.ctx, err)
 	}
+	return chk, nil
+}
+
+// readColumnChunk reads the chunk at off of a zstd-columns segment: from
+// the frame that holds it, written again alone (block.ColumnFrame), not by
+// decoding the frame's pages whole. The query keeps the last frame it read
+// of each segment: a series' chunks lie next to each other.
+func (v view) readColumnChunk(seq int, o object, off int64) (chunkenc.Chunk, error) {
+	f := v.st.frames[seq]
+	if f == nil || off < f.Start() || off >= f.Start()+f.Size() {
+		t, err := v.b.cache.seekTable(v.ctx, o)
+		if err != nil {
+			return nil, v.b.storageErr(v.ctx, err)
+		}
+		if f, err = v.b.cache.columnFrame(v.ctx, o, t.FrameAt(off)); err != nil {
+			return nil, v.b.storageErr(v.ctx, err)
+		}
+		v.st.frames[seq] = f
+	}
+	chk, written, err := f.Chunk(off)
+	if err != nil {
+		return nil, v.b.storageErr(v.ctx, fmt.Errorf("%s: %w", o.name, err))
+	}
+	v.b.cache.decodedBytes.Add(int64(written))
 	return chk, nil
 }

@@ -44,10 +44,17 @@ type pageKey struct {
 	page   int64
 }
 
+// page is a cached page of an object, or (pageKey.page < 0) a frame of a
+// zstd-columns chunk segment that gives out its chunks one at a time.
 type page struct {
-	key  pageKey
-	data []byte
+	key   pageKey
+	data  []byte
+	frame *block.ColumnFrame
+	size  int64 // what it holds (the budget's share)
 }
+
+// frameKey is the cache key of frame i of a zstd-columns segment.
+func frameKey(o object, i int) pageKey { return pageKey{o.name, -1 - int64(i)} }
 
 // fetch is one page being read from the bucket by the query that missed it
 // first; the other queries that miss it meanwhile wait for it.
@@ -202,7 +209,7 @@ func (c *PageCache) getPages(ctx context.Context, o object, first, last int64) (
 			} else {
 				f.data = data[p-runFirst]
 				out[p-first] = f.data
-				c.insertLocked(k, f.data)
+				c.insertLocked(&page{key: k, data: f.data, size: int64(len(f.data))})
 			}
 			close(f.done)
 		}
@@ -350,6 +357,42 @@ func (c *PageCache) frame(ctx context.Context, o object, t *block.SeekTable, i i
 	})
 }
 
+// columnFrame returns frame i of a zstd-columns chunk segment, opened once
+// for all the queries that ask meanwhile and kept in the cache. Its budget
+// share is what it holds once every chunk of it was read: the column form,
+// the entries' layout and the chunks written again.
+func (c *PageCache) columnFrame(ctx context.Context, o object, i int) (*block.ColumnFrame, error) {
+	k := frameKey(o, i)
+	c.mtx.Lock()
+	if e, ok := c.pages[k]; ok {
+		c.lru.MoveToFront(e)
+		c.mtx.Unlock()
+		c.hits.Add(1)
+		return e.Value.(*page).frame, nil
+	}
+	c.mtx.Unlock()
+	c.misses.Add(1)
+	t, err := c.seekTable(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	return shared(c, ctx, fmt.Sprintf("%s#columns%d", o.name, i), func() (*block.ColumnFrame, error) {
+		fr := t.Frames[i]
+		enc, err := c.fetch(ctx, o, fr.EncStart, fr.EncSize)
+		if err != nil {
+			return nil, err
+		}
+		f, err := block.OpenColumnFrame(t, i, enc)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", o.name, err)
+		}
+		c.mtx.Lock()
+		c.insertLocked(&page{key: k, frame: f, size: f.Bytes()})
+		c.mtx.Unlock()
+		return f, nil
+	})
+}
+
 func (c *PageCache) pageLen(o object, p int64) int64 {
 	return min(o.size, (p+1)*c.pageSize) - p*c.pageSize
 }
@@ -426,12 +469,12 @@ func (c *PageCache) readHeaderRange(ctx context.Context, o object, off, length i
 
 // insertLocked adds a page, evicting the least recently used ones to stay
 // within the budget. A page larger than the whole budget is not kept.
-func (c *PageCache) insertLocked(k pageKey, data []byte) {
-	n := int64(len(data))
+func (c *PageCache) insertLocked(p *page) {
+	n := p.size
 	if n > c.maxBytes {
 		return
 	}
-	if _, ok := c.pages[k]; ok {
+	if _, ok := c.pages[p.key]; ok {
 		return
 	}
 	for c.bytes+n > c.maxBytes {
@@ -442,7 +485,7 @@ func (c *PageCache) insertLocked(k pageKey, data []byte) {
 		c.removeLocked(back)
 		c.evictions.Add(1)
 	}
-	c.pages[k] = c.lru.PushFront(&page{key: k, data: data})
+	c.pages[p.key] = c.lru.PushFront(p)
 	c.bytes += n
 }
 
@@ -450,7 +493,7 @@ func (c *PageCache) removeLocked(e *list.Element) {
 	p := e.Value.(*page)
 	c.lru.Remove(e)
 	delete(c.pages, p.key)
-	c.bytes -= int64(len(p.data))
+	c.bytes -= p.size
 }
 
 // offer caches the whole pages of o within buf, which holds o's bytes from
@@ -470,7 +513,7 @@ func (c *PageCache) offer(o object, off int64, buf []byte) *framePages {
 	defer c.mtx.Unlock()
 	for k, data := range fp.pages {
 		if p := fp.first + int64(k); int64(len(data)) == c.pageLen(o, p) {
-			c.insertLocked(pageKey{o.name, p}, data)
+			c.insertLocked(&page{key: pageKey{o.name, p}, data: data, size: int64(len(data))})
 		}
 	}
 	return fp

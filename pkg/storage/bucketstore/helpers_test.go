@@ -95,7 +95,7 @@ func uploadEncodedBlock(t testing.TB, bkt objstore.Bucket, tenant, dir, encoding
 	meta := block.Meta{BlockMeta: bm, GPUStore: block.GPUStoreMeta{
 		Version: block.MetaVersion, Tenant: tenant, Labels: map[string]string{}, Source: block.SourceReceive,
 	}}
-	if err := block.UploadEncoded(context.Background(), bkt, dir, &meta, encoding); err != nil {
+	if err := block.UploadEncoded(context.Background(), bkt, dir, &meta, block.Uniform(encoding)); err != nil {
 		t.Fatal(err)
 	}
 	return meta
