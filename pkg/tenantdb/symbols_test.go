@@ -5,12 +5,17 @@ package tenantdb
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"math"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/exemplar"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/storage"
 )
 
 // TestSymbolsRebuiltAfterChurn: a tenant's symbol table that has doubled
@@ -24,6 +29,7 @@ func TestSymbolsRebuiltAfterChurn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	db.symbols.rebuilds.Wait() // the rebuild every open starts
 	st0 := db.Symbols()
 	if st0 == nil {
 		t.Fatal("no symbol table under the dedupelabels build")
@@ -98,5 +104,111 @@ func TestSymbolsRebuiltAfterChurn(t *testing.T) {
 	slices.Sort(live)
 	if got := read(); !slices.Equal(got, live) {
 		t.Fatalf("series built in the old and new tables: read %d, want %d", len(got), len(live))
+	}
+}
+
+// A reopened tenant hands out a table for its new series at once, while the
+// replayed series' labels are rebuilt into one table in the background; the
+// replayed series, those created during the rebuild and those after it read
+// back with their labels.
+func TestSymbolsAfterReplay(t *testing.T) {
+	dir := t.TempDir()
+	want := map[string][]string{}
+	m := openManager(t, dir, false, slog.DiscardHandler)
+	db, err := m.Get("team-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendRange(t, db, 100, 0, 1, want)
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	m = openManager(t, dir, false, slog.DiscardHandler)
+	t.Cleanup(func() { _ = m.Close() })
+	db = m.Existing("team-a")
+	st := db.Symbols()
+	if st == nil {
+		t.Fatal("no symbol table right after the open")
+	}
+	add := func(st *labels.SymbolTable, pod string, ts int64) {
+		b := labels.NewScratchBuilderWithSymbolTable(st, 2)
+		b.Add(model.MetricNameLabel, "DCGM_FI_DEV_GPU_UTIL")
+		b.Add("pod", pod)
+		b.Sort()
+		ls := b.Labels()
+		app := db.Appender(context.Background())
+		if _, err := app.Append(0, ls, ts, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := app.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		want[ls.String()] = append(want[ls.String()], fmt.Sprintf("%d=1", ts))
+	}
+	add(st, "during", 60_000)
+	db.symbols.rebuilds.Wait()
+	rebuilt := db.Symbols()
+	if rebuilt == st || rebuilt.Len() < 100/8 {
+		t.Fatalf("the open's rebuild left a table of %d symbols (the same one: %v)", rebuilt.Len(), rebuilt == st)
+	}
+	add(rebuilt, "after", 75_000)
+	sameSamples(t, "replayed and new series", dump(t, db), want)
+}
+
+// TestExemplarQueriesDuringSymbolRebuilds: exemplar queries and symbol
+// table rebuilds (each open's, churn's) run at once and every query reads
+// the exemplars; under the race detector (make test-race) it fails without
+// symbols.exemplars: the TSDB's rebuild rewrites the exemplars' labels
+// holding only their storage's read lock.
+func TestExemplarQueriesDuringSymbolRebuilds(t *testing.T) {
+	m, err := NewManager(Config{Dir: t.TempDir(), BlockDuration: DefaultConfig().BlockDuration, Retention: DefaultConfig().Retention, MaxExemplars: 1000}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	db, err := m.Get("traced")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UnixMilli()
+	app := db.AppenderV2(context.Background())
+	for i := range 50 {
+		ls := labels.FromStrings("__name__", "training_step_seconds_bucket", "le", "0.5", "rank", fmt.Sprint(i))
+		ex := []exemplar.Exemplar{{Labels: labels.FromStrings("trace_id", fmt.Sprintf("%016x", i)), Value: float64(i), Ts: now, HasTs: true}}
+		if _, err := app.Append(0, ls, 0, now, 3, nil, nil, storage.AOptions{Exemplars: ex}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := app.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 20 {
+			db.rebuildSymbols()
+		}
+	}()
+	name := labels.MustNewMatcher(labels.MatchEqual, "__name__", "training_step_seconds_bucket")
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		q, err := db.ExemplarQuerier(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := q.Select(math.MinInt64, math.MaxInt64, []*labels.Matcher{name})
+		if err != nil || len(res) != 50 {
+			t.Fatalf("%d series of exemplars (%v), want 50", len(res), err)
+		}
+		for _, r := range res {
+			if len(r.Exemplars) != 1 || r.Exemplars[0].Labels.Get("trace_id") != fmt.Sprintf("%016x", int(r.Exemplars[0].Value)) {
+				t.Fatalf("exemplars of %s: %v", r.SeriesLabels, r.Exemplars)
+			}
+		}
 	}
 }

@@ -470,10 +470,7 @@ func (m *Manager) open(tenantID string, gate DeletionGate) (*DB, error) {
 	m.logger.Info("opened tenant database", "tenant", tenantID, "dir", dir, "duration", time.Since(start))
 	db := &DB{DB: tdb, Tenant: tenantID, Metadata: md, openedWindow: opts.OutOfOrderTimeWindow, logger: m.logger.With("tenant", tenantID), exemplars: ring, reads: reads, series: series}
 	ring.grow = func() error { return m.applyLimits(tenantID, db) }
-	// The replayed series' labels and the new ones share one table. Rebuilt
-	// before the DB is handed out, not in the background: the TSDB rewrites
-	// exemplar labels under a read lock, a race with exemplar queries.
-	db.rebuildSymbols()
+	db.initSymbols()
 	return db, nil
 }
 
