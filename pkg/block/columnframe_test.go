@@ -204,19 +204,7 @@ func TestColumnFrameSharedByQueries(t *testing.T) {
 // fails, without panicking; a form the whole-frame decoder accepts gives,
 // chunk by chunk, what that decoder writes.
 func FuzzColumnFrame(f *testing.F) {
-	xc := chunkenc.NewXORChunk()
-	app, _ := xc.Appender()
-	for i := range 130 {
-		app.Append(0, 1_796_627_100_000+int64(i)*15_000+int64(i%3), float64(i%11)*0.25)
-	}
-	var content []byte
-	content = append(content, "\x01\x30\xbc\x91\x01\x00\x00\x00"...)
-	for k := range 3 {
-		content = append(append(binary.AppendUvarint(content, uint64(len(xc.Bytes()))), byte(chunkenc.EncXOR)), xc.Bytes()...)
-		if k == 1 {
-			content = append(content, 4, byte(chunkenc.EncHistogram), 0, 1, 2, 3)
-		}
-	}
+	content := fuzzSegment(true)
 	var e columnsEncoder
 	f.Add(e.encode(nil, content, 8))
 	f.Add(e.encode(nil, []byte{1, 2, 3}, 8))

@@ -378,16 +378,7 @@ func TestColumnsUploadFallsBack(t *testing.T) {
 // most the limit's bytes, without panicking; what it gives encodes to a
 // column form that decodes back to it.
 func FuzzColumnsDecode(f *testing.F) {
-	xc := chunkenc.NewXORChunk()
-	app, _ := xc.Appender()
-	for i := range 130 {
-		app.Append(0, 1_796_627_100_000+int64(i)*15_000+int64(i%3), float64(i%11)*0.25)
-	}
-	var content []byte
-	content = append(content, "\x01\x30\xbc\x91\x01\x00\x00\x00"...)
-	for range 3 {
-		content = append(append(binary.AppendUvarint(content, uint64(len(xc.Bytes()))), byte(chunkenc.EncXOR)), xc.Bytes()...)
-	}
+	content := fuzzSegment(false)
 	var e columnsEncoder
 	f.Add(e.encode(nil, content, 8))
 	f.Add(e.encode(nil, content[8:], 0))
@@ -409,6 +400,26 @@ func FuzzColumnsDecode(f *testing.F) {
 			t.Fatalf("%x: re-encoded, decodes to %x (%v)", out, again, err)
 		}
 	})
+}
+
+// fuzzSegment is the fuzz targets' seed: a segment's header and three XOR
+// chunks of 130 samples, a histogram chunk's entry after the second with
+// other.
+func fuzzSegment(other bool) []byte {
+	xc := chunkenc.NewXORChunk()
+	app, _ := xc.Appender()
+	for i := range 130 {
+		app.Append(0, 1_796_627_100_000+int64(i)*15_000+int64(i%3), float64(i%11)*0.25)
+	}
+	var content []byte
+	content = append(content, "\x01\x30\xbc\x91\x01\x00\x00\x00"...)
+	for k := range 3 {
+		content = append(append(binary.AppendUvarint(content, uint64(len(xc.Bytes()))), byte(chunkenc.EncXOR)), xc.Bytes()...)
+		if k == 1 && other {
+			content = append(content, 4, byte(chunkenc.EncHistogram), 0, 1, 2, 3)
+		}
+	}
+	return content
 }
 
 // BenchmarkDecodeFrame: the CPU a cold query pays to decode one 1 MiB
