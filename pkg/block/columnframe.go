@@ -286,13 +286,14 @@ func (f *ColumnFrame) plainChunk(off int64) (chunkenc.Chunk, int, error) {
 	return c, 0, err
 }
 
-// Bytes is the most memory the frame holds once every chunk was read.
+// Bytes is the memory the frame holds before any chunk is read: each
+// chunk written back adds its bytes (Chunk says how many).
 func (f *ColumnFrame) Bytes() int64 {
 	if f.plain != nil {
 		return int64(cap(f.plain))
 	}
 	const entryBytes = 32 + 4 // unsafe.Sizeof(columnEntry{}) and its place in at
-	return int64(cap(f.form)) + f.size + int64(cap(f.entries))*entryBytes
+	return int64(cap(f.form)) + int64(cap(f.entries))*entryBytes
 }
 
 // Start and Size are the frame's bytes in the TSDB's file.

@@ -199,8 +199,14 @@ type queryState struct {
 	symbols *window
 
 	cmtx   sync.Mutex
-	chunks []*window            // one per segment file, read in ascending order
-	frames []*block.ColumnFrame // per zstd-columns segment file: the last frame read
+	chunks []*window   // one per segment file, read in ascending order
+	frames []lastFrame // per zstd-columns segment file: the last frame read
+}
+
+// lastFrame is the last frame a query read of a zstd-columns segment.
+type lastFrame struct {
+	frame *block.ColumnFrame
+	index int
 }
 
 func newView(ctx context.Context, b *bucketBlock, mint, maxt int64) view {
@@ -210,7 +216,7 @@ func newView(ctx context.Context, b *bucketBlock, mint, maxt int64) view {
 		syms:    map[uint32]string{},
 		symbols: &window{c: b.cache, o: b.index, maxPages: b.readahead},
 		chunks:  make([]*window, len(b.segments)),
-		frames:  make([]*block.ColumnFrame, len(b.segments)),
+		frames:  make([]lastFrame, len(b.segments)),
 	}
 	for i, o := range b.segments {
 		st.chunks[i] = &window{c: b.cache, o: o, maxPages: b.readahead, streaming: true}
@@ -299,21 +305,22 @@ func (v view) readChunk(m chunks.Meta) (chunkenc.Chunk, error) {
 // decoding the frame's pages whole. The query keeps the last frame it read
 // of each segment: a series' chunks lie next to each other.
 func (v view) readColumnChunk(seq int, o object, off int64) (chunkenc.Chunk, error) {
-	f := v.st.frames[seq]
-	if f == nil || off < f.Start() || off >= f.Start()+f.Size() {
+	f := &v.st.frames[seq]
+	if f.frame == nil || off < f.frame.Start() || off >= f.frame.Start()+f.frame.Size() {
 		t, err := v.b.cache.seekTable(v.ctx, o)
 		if err != nil {
 			return nil, v.b.storageErr(v.ctx, err)
 		}
-		if f, err = v.b.cache.columnFrame(v.ctx, o, t.FrameAt(off)); err != nil {
+		f.index = t.FrameAt(off)
+		if f.frame, err = v.b.cache.columnFrame(v.ctx, o, f.index); err != nil {
 			return nil, v.b.storageErr(v.ctx, err)
 		}
-		v.st.frames[seq] = f
 	}
-	chk, written, err := f.Chunk(off)
+	chk, written, err := f.frame.Chunk(off)
 	if err != nil {
 		return nil, v.b.storageErr(v.ctx, fmt.Errorf("%s: %w", o.name, err))
 	}
 	v.b.cache.decodedBytes.Add(int64(written))
+	v.b.cache.grew(o, f.index, int64(written))
 	return chk, nil
 }

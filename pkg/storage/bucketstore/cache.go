@@ -359,8 +359,8 @@ func (c *PageCache) frame(ctx context.Context, o object, t *block.SeekTable, i i
 
 // columnFrame returns frame i of a zstd-columns chunk segment, opened once
 // for all the queries that ask meanwhile and kept in the cache. Its budget
-// share is what it holds once every chunk of it was read: the column form,
-// the entries' layout and the chunks written again.
+// share is what it holds: the column form and the entries' layout, then
+// the chunks written back as they are read (grew).
 func (c *PageCache) columnFrame(ctx context.Context, o object, i int) (*block.ColumnFrame, error) {
 	k := frameKey(o, i)
 	c.mtx.Lock()
@@ -391,6 +391,31 @@ func (c *PageCache) columnFrame(ctx context.Context, o object, i int) (*block.Co
 		c.mtx.Unlock()
 		return f, nil
 	})
+}
+
+// grew adds n bytes to the budget share of the cached frame i of o (the
+// chunks a read wrote back), evicting others to stay within the budget. A
+// frame no longer cached is not counted: its readers free it.
+func (c *PageCache) grew(o object, i int, n int64) {
+	if n == 0 {
+		return
+	}
+	c.mtx.Lock()
+	defer c.mtx.Unlock()
+	e, ok := c.pages[frameKey(o, i)]
+	if !ok {
+		return
+	}
+	e.Value.(*page).size += n
+	c.bytes += n
+	for c.bytes > c.maxBytes {
+		back := c.lru.Back()
+		if back == nil {
+			break
+		}
+		c.removeLocked(back)
+		c.evictions.Add(1)
+	}
 }
 
 func (c *PageCache) pageLen(o object, p int64) int64 {

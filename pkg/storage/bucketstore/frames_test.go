@@ -134,9 +134,10 @@ func TestColdMetricReadWritesOnlyItsChunks(t *testing.T) {
 	metric := labels.MustNewMatcher(labels.MatchEqual, "__name__", "DCGM_FI_DEV_07")
 	want := localChunkBytes(t, dir, metric)
 
-	s := newTestStore(t, bkt, 32<<10, 256<<20)
-	for round := range 2 { // the second, warm: nothing written again
+	query := func(s *Store, round int) {
+		t.Helper()
 		q := mustQuerier(t, s, "t", 0, 2*hour, nil)
+		defer q.Close()
 		ss := q.Select(ctx, false, nil, metric)
 		n, samples := 0, 0
 		for ss.Next() {
@@ -149,10 +150,25 @@ func TestColdMetricReadWritesOnlyItsChunks(t *testing.T) {
 		if ss.Err() != nil || n != 64 || samples != 64*480 {
 			t.Fatalf("round %d: %d series, %d samples: %v", round, n, samples, ss.Err())
 		}
-		q.Close()
-		if got := s.cache.Stats().DecodedBytes; got != want {
-			t.Fatalf("round %d: a query of one metric wrote %d bytes of chunks again, want its chunks' %d (the segment holds %d)", round, got, want, seg.SizeBytes)
+	}
+	s := newTestStore(t, bkt, 32<<10, 256<<20)
+	for round := range 2 { // the second, warm: nothing written again
+		query(s, round)
+		st := s.cache.Stats()
+		if st.DecodedBytes != want {
+			t.Fatalf("round %d: a query of one metric wrote %d bytes of chunks again, want its chunks' %d (the segment holds %d)", round, st.DecodedBytes, want, seg.SizeBytes)
 		}
+		// The frames' budget share counts the chunks written back.
+		if st.Bytes < want || st.Bytes > st.MaxBytes {
+			t.Fatalf("round %d: the cache holds %d bytes by its count, with %d of chunks written back, budget %d", round, st.Bytes, want, st.MaxBytes)
+		}
+	}
+	// A budget of a few frames: frames evicted as chunks are written back
+	// into them, answers the same.
+	small := newTestStore(t, bkt, 32<<10, 40<<10)
+	query(small, 0)
+	if st := small.cache.Stats(); st.Bytes > st.MaxBytes || st.Evictions == 0 {
+		t.Fatalf("a budget of %d: the cache holds %d bytes by its count after %d evictions", st.MaxBytes, st.Bytes, st.Evictions)
 	}
 }
 
