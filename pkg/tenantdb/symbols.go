@@ -69,6 +69,9 @@ func (db *DB) initSymbols() {
 		return // not a dedupelabels build
 	}
 	db.symbols.cur.Store(st)
+	if db.Head().NumSeries() == 0 {
+		return // a new tenant, or nothing replayed: no labels to move
+	}
 	db.symbols.rebuilding.Store(true)
 	db.startSymbolsRebuild()
 }
