@@ -73,7 +73,7 @@ type Config struct {
 	// raw chunks and plain index in 0.68 bytes a sample, under
 	// VictoriaMetrics' 1.06 on the same data, against 4.26 plain; a query
 	// reads each chunk alone from its frame (block.ColumnFrame), so panels
-	// cost what they cost over plain blocks warm and about 1.1× the CPU on
+	// cost what they cost over plain blocks warm and 1.09-1.13× the CPU on
 	// a cold first view (bench/RESULTS.md, issue 41 item 6). none keeps
 	// the plain files.
 	RawEncoding string `yaml:"raw_encoding"`
