@@ -125,9 +125,6 @@ func newShardedCluster(t *testing.T, n, rf int, ha *hatracker.Tracker, shard Sha
 // evenly spread tokens each.
 func newTestRing(t testing.TB, urls []string, rf int) *ring.Ring {
 	t.Helper()
-	logger := slog.New(slog.DiscardHandler)
-	store, closer := consul.NewInMemoryClient(ring.GetCodec(), logging.GoKit(logger), nil)
-	t.Cleanup(func() { _ = closer.Close() })
 	desc := ring.NewDesc()
 	n := len(urls)
 	for i, u := range urls {
@@ -137,11 +134,21 @@ func newTestRing(t testing.TB, urls []string, rf int) *ring.Ring {
 		}
 		desc.AddIngester(fmt.Sprintf("r%d", i), strings.TrimPrefix(u, "http://"), "", tokens, ring.ACTIVE, time.Now(), false, time.Time{}, nil)
 	}
+	return startRing(t, desc, rf)
+}
+
+// startRing runs a ring of replication factor rf over an in-memory KV
+// holding desc.
+func startRing(t testing.TB, desc *ring.Desc, rf int) *ring.Ring {
+	t.Helper()
+	logger := logging.GoKit(slog.New(slog.DiscardHandler))
+	store, closer := consul.NewInMemoryClient(ring.GetCodec(), logger, nil)
+	t.Cleanup(func() { _ = closer.Close() })
 	if err := store.CAS(context.Background(), receiverring.Key, func(any) (any, bool, error) { return desc, true, nil }); err != nil {
 		t.Fatal(err)
 	}
 	rg, err := ring.NewWithStoreClientAndStrategy(ring.Config{HeartbeatTimeout: time.Hour, ReplicationFactor: rf},
-		receiverring.Name, receiverring.Key, store, ring.NewDefaultReplicationStrategy(), prometheus.NewRegistry(), logging.GoKit(logger))
+		receiverring.Name, receiverring.Key, store, ring.NewDefaultReplicationStrategy(), prometheus.NewRegistry(), logger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -612,26 +619,13 @@ func TestShuffleShardWrites(t *testing.T) {
 // the shard until the ring changes), against the whole ring.
 func BenchmarkRingOf(b *testing.B) {
 	logger := slog.New(slog.DiscardHandler)
-	store, closer := consul.NewInMemoryClient(ring.GetCodec(), logging.GoKit(logger), nil)
-	b.Cleanup(func() { _ = closer.Close() })
 	desc := ring.NewDesc()
 	gen := ring.NewRandomTokenGenerator()
 	for i := range 60 {
 		id := fmt.Sprintf("r%d", i)
 		desc.AddIngester(id, id+":9201", "", gen.GenerateTokens(128, desc.GetTokens()), ring.ACTIVE, time.Now(), false, time.Time{}, nil)
 	}
-	if err := store.CAS(context.Background(), receiverring.Key, func(any) (any, bool, error) { return desc, true, nil }); err != nil {
-		b.Fatal(err)
-	}
-	rg, err := ring.NewWithStoreClientAndStrategy(ring.Config{HeartbeatTimeout: time.Hour, ReplicationFactor: 3},
-		receiverring.Name, receiverring.Key, store, ring.NewDefaultReplicationStrategy(), prometheus.NewRegistry(), logging.GoKit(logger))
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := services.StartAndAwaitRunning(context.Background(), rg); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), rg) })
+	rg := startRing(b, desc, 3)
 	for rg.InstancesCount() != 60 {
 		time.Sleep(time.Millisecond)
 	}
