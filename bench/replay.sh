@@ -11,7 +11,9 @@
 # A restart prints seconds to /-/ready, prometheus_tsdb_data_replay_duration_seconds, the CPU seconds the process
 # used until ready (utime + stime), its RSS and VmHWM then, and the load average before it. PROF=SECONDS also writes
 # a CPU profile of the replay (from /debug/pprof, which the server answers before ready) to WORK/LABEL/RUN.pprof.
-# Binaries from BIN (default bin/: go build -o bin/ ./cmd/gpustore ./bench/cmd/scalebench), data under WORK.
+# RECOVERED=1 (with -storage.tsdb.recover-wal-aside=on) then waits until the set-aside head is recovered into blocks
+# and prints that time, the CPU seconds and VmHWM then; FEED="SCALEBENCH-ARGS" sends a write meanwhile (e.g. "-steps=N
+# -once": every series of the new head). Binaries from BIN (default bin/: go build -o bin/ ./cmd/gpustore ./bench/cmd/scalebench), data under WORK.
 set -euo pipefail
 cmd=$1 label=$2; shift 2
 B=${BIN:-bin}; W=${WORK:-/tmp/replay}/$label; port=${PORT:-19730}; url=http://127.0.0.1:$port
@@ -33,9 +35,17 @@ restart() { # restart RUN FLAGS...: time a start on $W/data to ready, then kill 
 	local cpu; cpu=$(awk -v hz="$(getconf CLK_TCK)" '{printf "%.1f", ($14 + $15) / hz}' /proc/$pid/stat)
 	local rss hwm; rss=$(awk '/^VmRSS/{printf "%.0f", $2/1024}' /proc/$pid/status); hwm=$(awk '/^VmHWM/{printf "%.0f", $2/1024}' /proc/$pid/status)
 	local replay; replay=$(curl -s $url/metrics | awk '/^prometheus_tsdb_data_replay_duration_seconds/{printf "%.1f", $2}')
+	local rec=
+	if [ -n "${RECOVERED:-}" ]; then # with -storage.tsdb.recover-wal-aside=on: until the set-aside head is in blocks
+		[ -z "${FEED:-}" ] || $B/scalebench -url=$url $FEED > "$W/$run.feed.out" 2>&1
+		until curl -s $url/metrics | grep -q '^gpustore_tsdb_head_recoveries_pending 0'; do sleep 0.2; done
+		local t2; t2=$(date +%s.%N)
+		rec=$(awk -v hz="$(getconf CLK_TCK)" -v t="$(echo "$t2 - $t0" | bc)" '{printf ", recovered %.1f s, CPU %.1f s", t, ($14 + $15) / hz}' /proc/$pid/stat)
+		rec="$rec, VmHWM $(awk '/^VmHWM/{printf "%.0f", $2/1024}' /proc/$pid/status) MiB"
+	fi
 	[ -z "$prof" ] || wait $prof
 	kill -9 $pid; wait $pid 2> /dev/null || true
-	echo "$label $run: ready $(echo "$t1 - $t0" | bc | xargs printf '%.1f') s, replay $replay s, CPU $cpu s, RSS $rss MiB, VmHWM $hwm MiB, load $load"
+	echo "$label $run: ready $(echo "$t1 - $t0" | bc | xargs printf '%.1f') s, replay $replay s, CPU $cpu s, RSS $rss MiB, VmHWM $hwm MiB$rec, load $load"
 }
 case $cmd in
 feed)

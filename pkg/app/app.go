@@ -291,8 +291,22 @@ func (a *App) storageReady() error {
 	}
 }
 
+// tsdbConfig is the TSDB's configuration with "auto" resolved: a crashed
+// head is recovered aside only where other replicas answer for its samples
+// meanwhile, a ring at RF ≥ 2.
+func (a *App) tsdbConfig() tenantdb.Config {
+	c := a.Cfg.TSDB
+	if c.RecoverWALAside == "auto" || c.RecoverWALAside == "" {
+		c.RecoverWALAside = "off"
+		if a.Cfg.Ring.Enabled && a.Cfg.Ring.ReplicationFactor >= 2 {
+			c.RecoverWALAside = "on"
+		}
+	}
+	return c
+}
+
 func (a *App) initStorage() (services.Service, error) {
-	dbs, err := tenantdb.NewManager(a.Cfg.TSDB, a.Logger.With("component", "tsdb"), a.Registry)
+	dbs, err := tenantdb.NewManager(a.tsdbConfig(), a.Logger.With("component", "tsdb"), a.Registry)
 	if err != nil {
 		return nil, err
 	}

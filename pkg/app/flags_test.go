@@ -70,3 +70,30 @@ func TestRetentionsThatWouldDropData(t *testing.T) {
 		}
 	}
 }
+
+// TestRecoverWALAsideAuto: "auto" sets a crashed head aside only in a ring
+// at RF ≥ 2, where other replicas answer for its samples meanwhile; an
+// explicit on or off holds anywhere.
+func TestRecoverWALAsideAuto(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "off"},
+		{[]string{"-storage.tsdb.recover-wal-aside=on"}, "on"},
+		{[]string{"-ring.enabled", "-ring.replication-factor=3"}, "on"},
+		{[]string{"-ring.enabled", "-ring.replication-factor=1"}, "off"},
+		{[]string{"-ring.enabled", "-ring.replication-factor=3", "-storage.tsdb.recover-wal-aside=off"}, "off"},
+	} {
+		cfg, _, err := Load(flag.NewFlagSet("r", flag.ContinueOnError), append([]string{"-storage.tsdb.path=" + t.TempDir()}, c.args...))
+		if err != nil {
+			t.Fatalf("%q: %v", c.args, err)
+		}
+		if got := (&App{Cfg: cfg}).tsdbConfig().RecoverWALAside; got != c.want {
+			t.Errorf("%q: recover_wal_aside resolved to %q, want %q", c.args, got, c.want)
+		}
+	}
+	if _, _, err := Load(flag.NewFlagSet("b", flag.ContinueOnError), []string{"-storage.tsdb.path=" + t.TempDir(), "-storage.tsdb.recover-wal-aside=yes"}); err == nil || !strings.Contains(err.Error(), "recover_wal_aside") {
+		t.Errorf("recover-wal-aside=yes: %v, want an error naming recover_wal_aside", err)
+	}
+}

@@ -110,9 +110,13 @@ func dump(t *testing.T, db *DB) map[string][]string {
 	return out
 }
 
+func equalSamples(got, want map[string][]string) bool {
+	return maps.EqualFunc(got, want, func(a, b []string) bool { return strings.Join(a, ",") == strings.Join(b, ",") })
+}
+
 func sameSamples(t *testing.T, what string, got, want map[string][]string) {
 	t.Helper()
-	if !maps.EqualFunc(got, want, func(a, b []string) bool { return strings.Join(a, ",") == strings.Join(b, ",") }) {
+	if !equalSamples(got, want) {
 		n := func(m map[string][]string) (k int) {
 			for _, s := range m {
 				k += len(s)

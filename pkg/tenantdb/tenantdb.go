@@ -62,6 +62,17 @@ type Config struct {
 	// writes none; the open then loads the last clean close's snapshot, if
 	// the WAL still holds everything after it, and replays the rest.
 	MemorySnapshotOnShutdown bool `yaml:"memory_snapshot_on_shutdown"`
+	// RecoverWALAside, "on", "off" or "auto", sets a crashed head aside at
+	// open (recover.go): the tenant opens with an empty head at once and
+	// the crashed one is replayed into blocks in the background, instead of
+	// the receiver staying unready for the replay (minutes at millions of
+	// series). Its answers lack those samples until then, so "auto" (the
+	// default) turns it on only in a ring at RF ≥ 2, where the other
+	// replicas answer for them; the app resolves "auto".
+	RecoverWALAside string `yaml:"recover_wal_aside"`
+	// RecoverAsideMinWALBytes is the WAL to replay from which a head is set
+	// aside: below it the replay takes seconds.
+	RecoverAsideMinWALBytes int64 `yaml:"recover_aside_min_wal_bytes"`
 }
 
 // DefaultConfig returns the embedded defaults.
@@ -81,6 +92,9 @@ func DefaultConfig() Config {
 		// against the WAL's 106, and writing it took 4.9 s of the clean
 		// stop (bench/RESULTS.md, "WAL replay taken apart").
 		MemorySnapshotOnShutdown: true,
+		RecoverWALAside:          "auto",
+		// ≈ 7 M samples: 3–5 s of replay (bench/RESULTS.md).
+		RecoverAsideMinWALBytes: 64 << 20,
 	}
 }
 
@@ -102,6 +116,11 @@ func (c Config) Validate() error {
 	}
 	if c.Retention < c.BlockDuration {
 		return fmt.Errorf("tsdb retention %s is shorter than the block duration %s", c.Retention, c.BlockDuration)
+	}
+	switch c.RecoverWALAside {
+	case "", "auto", "on", "off":
+	default:
+		return fmt.Errorf("tsdb recover_wal_aside %q is not one of auto, on, off", c.RecoverWALAside)
 	}
 	if c.StripeSize < 0 || c.StripeSize&(c.StripeSize-1) != 0 {
 		return fmt.Errorf("tsdb stripe_size %d is not a power of two (0: the default)", c.StripeSize)
@@ -171,6 +190,8 @@ type Manager struct {
 
 	// openTSDB is tsdb.Open; tests wrap it to make one tenant's open slow.
 	openTSDB func(dir string, l *slog.Logger, r prometheus.Registerer, opts *tsdb.Options) (*tsdb.DB, error)
+
+	recoveries *recoveries // crashed heads set aside at open (recover.go)
 }
 
 // DeletionGate reports whether a tenant's local block that is past the local
@@ -204,7 +225,7 @@ func NewManager(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Ma
 	if err := os.MkdirAll(filepath.Join(cfg.Dir, "tenants"), 0o755); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
-	return &Manager{cfg: cfg, logger: logger, reg: reg, limits: noLimits{}, dbs: map[string]*DB{}, opening: map[string]*opening{}, openTSDB: openTSDB}, nil
+	return &Manager{cfg: cfg, logger: logger, reg: reg, limits: noLimits{}, dbs: map[string]*DB{}, opening: map[string]*opening{}, openTSDB: openTSDB, recoveries: newRecoveries(reg)}, nil
 }
 
 // SetLimits installs the per-tenant limits; call it before any database is opened.
@@ -450,6 +471,10 @@ func (m *Manager) open(tenantID string, gate DeletionGate) (*DB, error) {
 			return del
 		}
 	}
+	heads, err := m.setAside(tenantID, dir)
+	if err != nil {
+		return nil, err
+	}
 	reg := &undoRegisterer{Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"tenant": tenantID}, m.reg)}
 	start := time.Now()
 	tdb, err := m.openTSDB(dir, m.logger.With("tenant", tenantID), reg, opts)
@@ -471,6 +496,7 @@ func (m *Manager) open(tenantID string, gate DeletionGate) (*DB, error) {
 	db := &DB{DB: tdb, Tenant: tenantID, Metadata: md, openedWindow: opts.OutOfOrderTimeWindow, logger: m.logger.With("tenant", tenantID), exemplars: ring, reads: reads, series: series}
 	ring.grow = func() error { return m.applyLimits(tenantID, db) }
 	db.initSymbols()
+	m.recoveries.start(dir, heads, m.asideOptions(opts.OutOfOrderTimeWindow), db.logger)
 	return db, nil
 }
 
@@ -494,14 +520,16 @@ func (m *Manager) FlushHeads(ctx context.Context) error {
 	rng := time.Duration(m.cfg.BlockDuration).Milliseconds()
 	var errs []error
 	for _, db := range dbs {
-		if err := db.flushHead(ctx, rng); err != nil {
+		if err := flushHead(ctx, db.DB, rng); err != nil {
 			errs = append(errs, fmt.Errorf("flush head of tenant %q: %w", db.Tenant, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func (db *DB) flushHead(ctx context.Context, rng int64) error {
+// flushHead writes db's head into blocks: the out-of-order head first, then
+// the in-order head one block range (rng) at a time.
+func flushHead(ctx context.Context, db *tsdb.DB, rng int64) error {
 	if err := db.CompactOOOHead(ctx); err != nil {
 		return err
 	}
@@ -547,6 +575,7 @@ func (m *Manager) Close() error {
 	for _, op := range inflight {
 		<-op.done
 	}
+	m.recoveries.stop()
 
 	m.mtx.Lock()
 	defer m.mtx.Unlock()
