@@ -414,6 +414,8 @@ func (a *App) receiversSource() (query.Source, error) {
 			return nil, err
 		}
 		cfg.Self = id
+		// Its own data lacks a crashed head it still recovers.
+		cfg.SelfRecovering = func(tenant string) bool { return a.DBs != nil && a.DBs.Recovering(tenant) }
 	}
 	return ringread.NewSource(cfg, a.Ring, a.Logger.With("component", "receivers"), a.Registry)
 }

@@ -57,7 +57,22 @@ const (
 // A streamed answer carries LocalBlocksHeader: the tenant's blocks on this
 // receiver's disk.
 func ReadHandler(dbs *tenantdb.Manager, tenants tenancy.Config, logger *slog.Logger, reg prometheus.Registerer) http.Handler {
-	return readHandler(receiverQueryable{SampleAndChunkQueryable: query.TenantQueryable{DBs: dbs}, dbs: dbs, blocks: localBlocks(dbs)}, tenants, logger, reg)
+	return refuseRecovering(dbs.Recovering, tenants, readHandler(receiverQueryable{SampleAndChunkQueryable: query.TenantQueryable{DBs: dbs}, dbs: dbs, blocks: localBlocks(dbs)}, tenants, logger, reg))
+}
+
+// refuseRecovering answers 503 for a tenant whose crashed head this
+// receiver is still recovering (tenantdb.Manager.Recovering): its answer
+// would lack that head's samples, yet count toward the read quorum. Refused,
+// the querier asks another replica instead, and a read quorum of the others
+// holds every acknowledged sample (each went to a write quorum).
+func refuseRecovering(recovering func(tenant string) bool, tenants tenancy.Config, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id, err := tenants.FromRequest(r); err == nil && recovering(id) {
+			http.Error(w, fmt.Sprintf("recovering a crashed head of tenant %q into blocks: its samples are not readable here yet, read the replicas", id), http.StatusServiceUnavailable)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // LocalBlocksHeader lists, in a receiver's streamed answer, the ULIDs of

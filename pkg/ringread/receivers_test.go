@@ -66,7 +66,13 @@ type receiver struct {
 
 func newReceiver(t *testing.T, id string, tenants tenancy.Config) *receiver {
 	t.Helper()
-	r := &receiver{id: id, dbs: newManager(t), reads: map[string]int{}}
+	return newReceiverOn(t, id, tenants, newManager(t))
+}
+
+// newReceiverOn serves the tenant databases of dbs.
+func newReceiverOn(t *testing.T, id string, tenants tenancy.Config, dbs *tenantdb.Manager) *receiver {
+	t.Helper()
+	r := &receiver{id: id, dbs: dbs, reads: map[string]int{}}
 	mux := http.NewServeMux()
 	read := ReadHandler(r.dbs, tenants, quiet, prometheus.NewRegistry())
 	mux.Handle(ReadPath, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {

@@ -47,6 +47,10 @@ type SourceConfig struct {
 	// data the caller already reads from disk; it is never asked, and
 	// counts as answered. "" when the process runs no receiver.
 	Self string
+	// SelfRecovering reports whether Self is recovering the tenant's
+	// crashed head (tenantdb.Manager.Recovering): its data on disk lacks
+	// that head's samples, so it does not count as answered.
+	SelfRecovering func(tenant string) bool
 	// Timeout bounds each request to a receiver; 0 is DefaultTimeout.
 	Timeout time.Duration
 	// MaxLookback, when not 0, skips the receivers for queries ending
@@ -445,8 +449,11 @@ func (s *Source) read(ctx context.Context, tenant string, pq *prompb.Query, seri
 	}
 	s.forgetServed(rs.Instances)
 	// Self answers (from disk) without being asked: one fewer to ask,
-	// and as many may fail.
-	rs.Instances = slices.DeleteFunc(slices.Clone(rs.Instances), func(i ring.InstanceDesc) bool { return s.cfg.Self != "" && i.Id == s.cfg.Self })
+	// and as many may fail. Not while it recovers the tenant's crashed
+	// head: then it is asked, refuses, and counts as failed.
+	if s.cfg.Self != "" && (s.cfg.SelfRecovering == nil || !s.cfg.SelfRecovering(tenant)) {
+		rs.Instances = slices.DeleteFunc(slices.Clone(rs.Instances), func(i ring.InstanceDesc) bool { return i.Id == s.cfg.Self })
+	}
 	if len(rs.Instances) == 0 {
 		return readResult{}, nil
 	}

@@ -221,14 +221,15 @@ func writeAsideBlocks(ctx context.Context, aside string, opts *tsdb.Options, l *
 
 // adoptBlocks moves the blocks written in a set-aside head's directory into
 // the tenant's and removes the directory; it returns the blocks moved.
-func adoptBlocks(aside, dir string) (int, error) {
+func adoptBlocks(aside, dir string) ([]ulid.ULID, error) {
 	entries, err := os.ReadDir(aside)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	moved := 0
+	var moved []ulid.ULID
 	for _, e := range entries {
-		if _, err := ulid.ParseStrict(e.Name()); err != nil || !e.IsDir() {
+		id, err := ulid.ParseStrict(e.Name())
+		if err != nil || !e.IsDir() {
 			continue
 		}
 		if _, err := os.Stat(filepath.Join(aside, e.Name(), "meta.json")); err != nil {
@@ -237,7 +238,7 @@ func adoptBlocks(aside, dir string) (int, error) {
 		if err := os.Rename(filepath.Join(aside, e.Name()), filepath.Join(dir, e.Name())); err != nil {
 			return moved, err
 		}
-		moved++
+		moved = append(moved, id)
 	}
 	// The renames are durable before the set-aside directory (its WAL gone
 	// already) is removed.
@@ -260,6 +261,9 @@ type recoveries struct {
 	wg     sync.WaitGroup
 	one    sync.Mutex
 
+	mtx     sync.Mutex
+	pending map[string]int // set-aside heads not recovered yet, by tenant
+
 	inProgress prometheus.Gauge
 	failed     prometheus.Counter
 	duration   prometheus.Histogram
@@ -268,7 +272,7 @@ type recoveries struct {
 func newRecoveries(reg prometheus.Registerer) *recoveries {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &recoveries{
-		ctx: ctx, cancel: cancel,
+		ctx: ctx, cancel: cancel, pending: map[string]int{},
 		inProgress: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "gpustore_tsdb_head_recoveries_pending",
 			Help: "Crashed heads set aside at open and not yet written into blocks: until 0, this receiver's answers lack their samples.",
@@ -290,36 +294,77 @@ func newRecoveries(reg prometheus.Registerer) *recoveries {
 }
 
 // start recovers the tenant's set-aside heads in the background.
-func (r *recoveries) start(dir string, heads []string, opts *tsdb.Options, l *slog.Logger) {
+func (r *recoveries) start(db *tsdb.DB, tenantID, dir string, heads []string, opts *tsdb.Options, l *slog.Logger) {
 	if len(heads) == 0 {
 		return
 	}
 	r.inProgress.Add(float64(len(heads)))
+	r.mtx.Lock()
+	r.pending[tenantID] += len(heads)
+	r.mtx.Unlock()
+	done := func() {
+		r.inProgress.Dec()
+		r.mtx.Lock()
+		defer r.mtx.Unlock()
+		if r.pending[tenantID]--; r.pending[tenantID] <= 0 {
+			delete(r.pending, tenantID)
+		}
+	}
 	r.wg.Go(func() {
 		r.one.Lock()
 		defer r.one.Unlock()
 		for _, aside := range heads {
 			if r.ctx.Err() != nil {
-				r.inProgress.Dec()
+				done()
 				continue
 			}
 			start := time.Now()
 			l.Info("recovering a set-aside head into blocks", "dir", aside)
 			err := writeAsideBlocks(r.ctx, aside, opts, l.With("recovering", filepath.Base(aside)))
-			var blocks int
+			var blocks []ulid.ULID
 			if err == nil {
 				blocks, err = adoptBlocks(aside, dir)
 			}
-			r.inProgress.Dec()
+			if err == nil {
+				// The database loads the adopted blocks at its next
+				// reload: until then the tenant still counts as
+				// recovering, so that reads keep going to its replicas.
+				r.waitLoaded(db, blocks, 2*opts.BlockReloadInterval+5*time.Second)
+			}
+			done()
 			if err != nil {
 				r.failed.Inc()
 				l.Error("recovering a set-aside head failed; the next start tries again", "dir", aside, "err", err)
 				continue
 			}
 			r.duration.Observe(time.Since(start).Seconds())
-			l.Info("recovered a set-aside head", "blocks", blocks, "duration", time.Since(start))
+			l.Info("recovered a set-aside head", "blocks", len(blocks), "duration", time.Since(start))
 		}
 	})
+}
+
+// waitLoaded waits until db has loaded the blocks, or for at most max (a
+// block retention deleted at once never shows).
+func (r *recoveries) waitLoaded(db *tsdb.DB, ids []ulid.ULID, max time.Duration) {
+	deadline := time.Now().Add(max)
+	for time.Now().Before(deadline) && r.ctx.Err() == nil {
+		loaded := map[ulid.ULID]bool{}
+		for _, b := range db.Blocks() {
+			loaded[b.Meta().ULID] = true
+		}
+		if !slices.ContainsFunc(ids, func(id ulid.ULID) bool { return !loaded[id] }) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// recovering reports whether the tenant has a set-aside head not yet
+// recovered: its database's answers lack that head's samples.
+func (r *recoveries) recovering(tenantID string) bool {
+	r.mtx.Lock()
+	defer r.mtx.Unlock()
+	return r.pending[tenantID] > 0
 }
 
 // stop cancels the recoveries between their steps and waits for them: an
@@ -328,6 +373,11 @@ func (r *recoveries) stop() {
 	r.cancel()
 	r.wg.Wait()
 }
+
+// Recovering reports whether the tenant has a crashed head set aside and not
+// yet recovered into blocks the database reads (recover.go): until then its
+// answers lack that head's samples, and a ring's reads ask its replicas.
+func (m *Manager) Recovering(tenantID string) bool { return m.recoveries.recovering(tenantID) }
 
 // setAside runs before a tenant's open: it undoes an interrupted set-aside,
 // sets the head aside when RecoverWALAside is on and its replay would be
@@ -366,6 +416,7 @@ func (m *Manager) asideOptions(oooWindow int64) *tsdb.Options {
 	o.MaxExemplars = 0
 	o.StripeSize = cmp.Or(m.cfg.StripeSize, defaultStripeSize)
 	o.EnableMemorySnapshotOnShutdown = true
+	o.BlockReloadInterval = m.cfg.blockReloadInterval()
 	if m.cfg.WALCompression {
 		o.WALCompression = compression.Snappy
 	}

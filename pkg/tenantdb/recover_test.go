@@ -84,6 +84,9 @@ func TestCrashedHeadRecoveredAside(t *testing.T) {
 		// Without recovery aside the open replays the WAL: 100 series.
 		t.Fatalf("the open after a kill -9 replayed %d series before returning, want the head set aside", n)
 	}
+	if !mk.Recovering("team-a") {
+		t.Fatal("the tenant does not report its recovery: a ring's reads would count its incomplete answers")
+	}
 	// A sender retries its last request (the samples at 45 s) and goes on.
 	app := db.Appender(context.Background())
 	for i := range 100 {
@@ -100,6 +103,11 @@ func TestCrashedHeadRecoveredAside(t *testing.T) {
 		t.Fatal("the new head alone reads every sample back: the test would not see a recovery")
 	}
 	eventually(t, "after a kill -9, recovered aside", db, want)
+	for deadline := time.Now().Add(20 * time.Second); mk.Recovering("team-a"); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the tenant still reports a recovery after its samples came back")
+		}
+	}
 	mk.recoveries.stop()
 	if got := testutil.ToFloat64(mk.recoveries.inProgress); got != 0 {
 		t.Errorf("%g recoveries pending after the samples came back", got)

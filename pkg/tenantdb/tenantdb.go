@@ -106,6 +106,13 @@ func DefaultConfig() Config {
 // shards leave contention to the hundreds of cores.
 const defaultStripeSize = 1024
 
+// blockReloadInterval is how often a tenant's database reloads its blocks
+// (and so applies retention): at least every eighth of a block period, so
+// that minute-long test blocks leave the disk within seconds of upload.
+func (c Config) blockReloadInterval() time.Duration {
+	return min(time.Minute, max(time.Second, time.Duration(c.BlockDuration)/8))
+}
+
 // Validate reports configuration errors before anything is opened.
 func (c Config) Validate() error {
 	if c.Dir == "" {
@@ -451,9 +458,7 @@ func (m *Manager) open(tenantID string, gate DeletionGate) (*DB, error) {
 	if m.cfg.WALCompression {
 		opts.WALCompression = compression.Snappy
 	}
-	// Reload blocks (and so apply retention) at least every eighth of a block
-	// period: minute-long test blocks leave the disk within seconds of upload.
-	opts.BlockReloadInterval = min(time.Minute, max(time.Second, time.Duration(m.cfg.BlockDuration)/8))
+	opts.BlockReloadInterval = m.cfg.blockReloadInterval()
 	var self atomic.Pointer[tsdb.DB]
 	if gate != nil {
 		opts.EnableOverlappingCompaction = false
@@ -496,7 +501,7 @@ func (m *Manager) open(tenantID string, gate DeletionGate) (*DB, error) {
 	db := &DB{DB: tdb, Tenant: tenantID, Metadata: md, openedWindow: opts.OutOfOrderTimeWindow, logger: m.logger.With("tenant", tenantID), exemplars: ring, reads: reads, series: series}
 	ring.grow = func() error { return m.applyLimits(tenantID, db) }
 	db.initSymbols()
-	m.recoveries.start(dir, heads, m.asideOptions(opts.OutOfOrderTimeWindow), db.logger)
+	m.recoveries.start(tdb, tenantID, dir, heads, m.asideOptions(opts.OutOfOrderTimeWindow), db.logger)
 	return db, nil
 }
 

@@ -345,9 +345,10 @@ func ringOTLP(t *testing.T, c *ringCluster) {
 // go on: every write is still acknowledged; a query at once returns every
 // acknowledged sample, with a warning naming the dead receiver; the ring
 // marks it UNHEALTHY after the heartbeat timeout, and writes and queries go
-// on. Restarted with the same data dir and instance ID, it rejoins ACTIVE,
-// still has the samples of the seconds before its kill (WAL) and takes
-// writes again. At the end the query process returns exactly the
+// on. Restarted with the same data dir and instance ID, it rejoins ACTIVE
+// at once, its crashed head set aside (queries read around it while it
+// recovers that head into blocks), then has the samples of the seconds
+// before its kill again, and takes writes. At the end the query process returns exactly the
 // acknowledged samples, by value, over the whole test, merged from
 // receivers and bucket. With two
 // receivers down (more than RF 3 over 4 receivers tolerates) a query fails
@@ -495,10 +496,23 @@ func TestRingReceiverKilled(t *testing.T) {
 	}
 
 	// Restart: same data dir, same instance ID. It rejoins ACTIVE and
-	// takes writes again.
+	// takes writes again. Its crashed head is set aside whatever its size
+	// (recover_wal_aside is on in a ring at RF 3) and recovered into blocks
+	// in the background: meanwhile it refuses reads of the tenant, and the
+	// front's queries, read around it, still return every acknowledged
+	// sample.
+	victim.args = append(victim.args, "-storage.tsdb.recover-aside-min-wal-bytes=1")
 	victim.start()
 	victim.waitReady()
 	restartedAt := time.Now()
+	acked = w.ackedSnapshot()
+	q = time.Now()
+	v, ws, err = ringQuery(c.front.url(), ringRawExpr(start, q.UnixMilli()), q)
+	if err != nil {
+		t.Fatalf("query right after %s restarted: %v", victim.name, err)
+	}
+	t.Logf("warnings right after %s restarted (recovering: %v): %v", victim.name, slices.ContainsFunc(ws, func(w string) bool { return strings.Contains(w, "recovering a crashed head") }), ws)
+	w.checkContains(v.(model.Matrix), acked, "right after the restart, the killed receiver recovering")
 	waitFor(t, 30*time.Second, victim.name+" ACTIVE in the ring again", func() error {
 		st, err := ringStates(c.front.url())
 		if err != nil {
@@ -526,13 +540,21 @@ func TestRingReceiverKilled(t *testing.T) {
 	stopWriter()
 	end := w.lastSent()
 
-	// The receiver kept what it had (WAL replay).
-	before, err := ringRemoteRead(victim.url(), killedAt.Add(-3*time.Second).UnixMilli(), killedAt.UnixMilli())
-	if err != nil {
-		t.Fatalf("remote read %s: %v", victim.name, err)
-	}
-	if len(before) == 0 {
-		t.Errorf("%s lost the samples of the seconds before its kill (no WAL replay?)", victim.name)
+	// The receiver kept what it had: its set-aside head, replayed into
+	// blocks that its database loaded.
+	var before map[string][]prompb.Sample
+	waitFor(t, 90*time.Second, victim.name+" reading its samples of before the kill", func() error {
+		var err error
+		if before, err = ringRemoteRead(victim.url(), killedAt.Add(-3*time.Second).UnixMilli(), killedAt.UnixMilli()); err != nil {
+			return err
+		}
+		if len(before) == 0 {
+			return fmt.Errorf("%s lost the samples of the seconds before its kill", victim.name)
+		}
+		return nil
+	})
+	if n, err := ringMetric(victim.url(), "gpustore_tsdb_head_recovery_duration_seconds", nil); err != nil || n != 1 {
+		t.Errorf("%s recovered %v set-aside heads (%v), want its crashed one", victim.name, n, err)
 	}
 	t.Logf("%s: %d series from before the kill, %d written after the restart", victim.name, len(before), len(after))
 	if f := w.failures(); len(f) > 0 {
@@ -973,7 +995,7 @@ func ringRemoteRead(base string, from, to int64) (map[string][]prompb.Sample, er
 	return out, nil
 }
 
-// ringMetric sums a metric's samples on a /metrics page, over the series
+// ringMetric sums a metric's samples (a histogram's count) on a /metrics page, over the series
 // that have the given labels.
 func ringMetric(base, name string, match map[string]string) (float64, error) {
 	resp, err := http.Get(base + "/metrics")
@@ -1004,7 +1026,7 @@ next:
 				continue next
 			}
 		}
-		sum += m.GetCounter().GetValue() + m.GetGauge().GetValue() + m.GetUntyped().GetValue()
+		sum += m.GetCounter().GetValue() + m.GetGauge().GetValue() + m.GetUntyped().GetValue() + float64(m.GetHistogram().GetSampleCount())
 	}
 	return sum, nil
 }
