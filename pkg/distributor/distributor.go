@@ -10,6 +10,11 @@
 // receivers has committed every series to its WAL. A quorum that rejects
 // the data (out of order, too old) makes a 400 the sender must not retry;
 // too few receivers answering makes a 503 it retries.
+//
+// Created-timestamp zeros (created_timestamp_zero_ingestion) are best
+// effort on the receivers as on a single node: a sample that gets one is
+// forwarded with its start timestamp (see Append), and the receiver stores
+// the zero if it is in order and ignores it if not.
 package distributor
 
 import (
@@ -39,6 +44,7 @@ import (
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/metadata"
 	"github.com/prometheus/prometheus/prompb"
+	writev2 "github.com/prometheus/prometheus/prompb/io/prometheus/write/v2"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -349,6 +355,8 @@ func (t *tenant) AppenderV2(ctx context.Context) storage.AppenderV2 {
 	return &appender{t: t, ctx: ctx}
 }
 
+var _ ingest.ZeroAppender = (*appender)(nil)
+
 // appender gathers a request's samples per series until Commit sends them.
 // The ingester appends a series' samples one after the other, so they are
 // kept in one slice per data type and each pending series is a range of
@@ -357,9 +365,16 @@ type appender struct {
 	t          *tenant
 	ctx        context.Context
 	pending    []pending
-	samples    []prompb.Sample
-	histograms []prompb.Histogram
+	samples    []fwdSample
+	histograms []writev2.Histogram // 1.0's Histogram and its start timestamp (see Append)
 	exemplars  []prompb.Exemplar
+}
+
+// fwdSample is a float sample to forward; st is its start timestamp when it
+// gets a created-timestamp zero, else 0.
+type fwdSample struct {
+	v     float64
+	t, st int64
 }
 
 // pending is one series of the request and its ranges of the appender's
@@ -367,6 +382,9 @@ type appender struct {
 type pending struct {
 	s                          *series
 	samples, histograms, exems [2]int
+	// zeroAt is the time of the created-timestamp zero the ingester just
+	// asked for before the series' next sample (AppendZero; 0: none).
+	zeroAt int64
 }
 
 // series returns the pending entry samples of ref (or ls) go to.
@@ -387,25 +405,58 @@ func (a *appender) series(ref storage.SeriesRef, ls labels.Labels) (*pending, er
 	return &a.pending[len(a.pending)-1], nil
 }
 
-// Append takes a sample or histogram. The start timestamp st is not sent:
-// remote write 1.0 has no place for it, and the receivers' TSDBs do not
-// store it (they do not inject start-time zero samples).
-func (a *appender) Append(ref storage.SeriesRef, ls labels.Labels, _, t int64, v float64, h *histogram.Histogram, fh *histogram.FloatHistogram, _ storage.AppendV2Options) (storage.SeriesRef, error) {
+// AppendZero implements ingest.ZeroAppender: a created-timestamp zero at
+// st, which the ingester asks for just before the sample whose start
+// timestamp st is. It is best effort, stored only if in order. Forwarded as
+// an ordinary sample it failed the write: the zero of a counter's every
+// scrape after the first is older than the series' newest sample, and the
+// receivers answered 400. Only a receiver can tell whether the zero is in
+// order, so the zero is not sent itself: the sample after it is sent with
+// its start timestamp (see Append), which tells the receiver to append the
+// zero as a single node does, best effort.
+func (a *appender) AppendZero(ref storage.SeriesRef, ls labels.Labels, st int64) (storage.SeriesRef, error) {
 	p, err := a.series(ref, ls)
 	if err != nil {
 		return 0, err
 	}
+	p.zeroAt = st
+	return p.s.ref, nil
+}
+
+// Append takes a sample or histogram. Its start timestamp st is sent only
+// when AppendZero asked for a zero there (the receivers do not store it
+// otherwise).
+//
+// The request stays remote write 1.0 (its encoding is cheap, see request),
+// with the start timestamp where 2.0 numbers it: field 3 of a Sample, 17 of
+// a Histogram (2.0's Histogram is 1.0's with that field). A receiver of
+// the previous version skips the unknown field, as protobuf decoders do,
+// and stores the sample without its zero: during a rolling upgrade zeros
+// may be missing, and no write fails. A receiver reads the field only from
+// a distributor (in downstream mode).
+func (a *appender) Append(ref storage.SeriesRef, ls labels.Labels, st, t int64, v float64, h *histogram.Histogram, fh *histogram.FloatHistogram, _ storage.AppendV2Options) (storage.SeriesRef, error) {
+	p, err := a.series(ref, ls)
+	if err != nil {
+		return 0, err
+	}
+	// The start timestamp goes only with the sample right after its zero.
+	// A zero not followed by its sample (never, from the ingester) is
+	// dropped: it is best effort.
+	if st != p.zeroAt {
+		st = 0
+	}
+	p.zeroAt = 0
 	// Histograms are encoded now: the ingester decodes the next request
 	// into the same buffers while the slowest replica's send may still run.
 	switch {
 	case fh != nil:
-		a.histograms = append(a.histograms, prompb.FromFloatHistogram(t, fh.Copy()))
+		a.histograms = append(a.histograms, writev2.FromFloatHistogram(st, t, fh.Copy()))
 		p.histograms[1] = len(a.histograms)
 	case h != nil:
-		a.histograms = append(a.histograms, prompb.FromIntHistogram(t, h.Copy()))
+		a.histograms = append(a.histograms, writev2.FromIntHistogram(st, t, h.Copy()))
 		p.histograms[1] = len(a.histograms)
 	default:
-		a.samples = append(a.samples, prompb.Sample{Value: v, Timestamp: t})
+		a.samples = append(a.samples, fwdSample{v: v, t: t, st: st})
 		p.samples[1] = len(a.samples)
 	}
 	return p.s.ref, nil
@@ -547,9 +598,13 @@ func (a *appender) request(idx []int) *encoder {
 			body = protowire.AppendTag(body, 2, protowire.BytesType)
 			body = protowire.AppendVarint(body, uint64(sampleSize(smp)))
 			body = protowire.AppendTag(body, 1, protowire.Fixed64Type)
-			body = protowire.AppendFixed64(body, math.Float64bits(smp.Value))
+			body = protowire.AppendFixed64(body, math.Float64bits(smp.v))
 			body = protowire.AppendTag(body, 2, protowire.VarintType)
-			body = protowire.AppendVarint(body, uint64(smp.Timestamp))
+			body = protowire.AppendVarint(body, uint64(smp.t))
+			if smp.st != 0 {
+				body = protowire.AppendTag(body, 3, protowire.VarintType)
+				body = protowire.AppendVarint(body, uint64(smp.st))
+			}
 		}
 		for j := range exemplars {
 			body = appendMessage(body, 3, &exemplars[j])
@@ -570,8 +625,14 @@ func (a *appender) request(idx []int) *encoder {
 	return enc
 }
 
-func sampleSize(s prompb.Sample) int {
-	return 1 + 8 + 1 + protowire.SizeVarint(uint64(s.Timestamp))
+// sampleSize is the size of a Sample of s: value, timestamp and, with a
+// zero before it, start_timestamp (see Append).
+func sampleSize(s fwdSample) int {
+	n := 1 + 8 + 1 + protowire.SizeVarint(uint64(s.t))
+	if s.st != 0 {
+		n += 1 + protowire.SizeVarint(uint64(s.st))
+	}
+	return n
 }
 
 // messageSize is the size of a message field of n bytes (tag, length, bytes).

@@ -64,12 +64,31 @@ func newCluster(t *testing.T, n, rf int, ha *hatracker.Tracker) *cluster {
 	return newShardedCluster(t, n, rf, ha, nil)
 }
 
+// clusterConfig is what a clusterOption changes: the distributor's ring
+// configuration and the limits of the distributor's ingester (the
+// receivers keep the default limits).
+type clusterConfig struct {
+	ring   receiverring.Config
+	limits limits.Config
+}
+
+type clusterOption func(*clusterConfig)
+
 // newShardedCluster is newCluster with tenants' shuffle shards; opts
-// change the distributor's ring configuration.
-func newShardedCluster(t *testing.T, n, rf int, ha *hatracker.Tracker, shard ShardSize, opts ...func(*receiverring.Config)) *cluster {
+// change the distributor's configuration.
+func newShardedCluster(t *testing.T, n, rf int, ha *hatracker.Tracker, shard ShardSize, opts ...clusterOption) *cluster {
 	t.Helper()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg := clusterConfig{ring: receiverring.DefaultConfig(), limits: limits.DefaultConfig()}
+	cfg.ring.ReplicationFactor = rf
+	for _, o := range opts {
+		o(&cfg)
+	}
 	lim, err := limits.New(limits.DefaultConfig(), logger, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	frontLim, err := limits.New(cfg.limits, logger, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,19 +117,14 @@ func newShardedCluster(t *testing.T, n, rf int, ha *hatracker.Tracker, shard Sha
 		c.receivers = append(c.receivers, r)
 		urls = append(urls, r.srv.URL)
 	}
-	rcfg := receiverring.DefaultConfig()
-	rcfg.ReplicationFactor = rf
-	for _, o := range opts {
-		o(&rcfg)
-	}
 	rg := newTestRing(t, urls, rf)
 	c.ring = rg
-	c.dist, err = New(rcfg, rg, shard, logger, prometheus.NewRegistry())
+	c.dist, err = New(cfg.ring, rg, shard, logger, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.ingester, err = ingest.New(ingest.DefaultConfig(), ingest.Deps{
-		Tenants: tenancy.DefaultConfig(), Store: c.dist, Limits: lim, HA: ha,
+		Tenants: tenancy.DefaultConfig(), Store: c.dist, Limits: frontLim, HA: ha,
 		Logger: logger, Registry: prometheus.NewRegistry(), Ready: func() error { return nil },
 	})
 	if err != nil {

@@ -12,12 +12,10 @@ import (
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/prompb"
 	"github.com/prometheus/prometheus/storage"
-
-	"github.com/gpustore/gpustore/pkg/receiverring"
 )
 
-func withMaxSeries(n int) func(*receiverring.Config) {
-	return func(c *receiverring.Config) { c.DistributorSeriesCacheMaxSeries = n }
+func withMaxSeries(n int) clusterOption {
+	return func(c *clusterConfig) { c.ring.DistributorSeriesCacheMaxSeries = n }
 }
 
 // churnSeries is series id of a fleet whose jobs come and go: its labels

@@ -206,6 +206,11 @@ type v1Decoder struct {
 	// sawSeries: the body had a 1.0 series (field 1); sawV2: it had 2.0's
 	// symbols or timeseries (fields 4, 5), which 1.0 does not define.
 	sawSeries, sawV2 bool
+	// startTimestamps: read a Sample's start_timestamp (field 3) as 2.0
+	// numbers it. Only a receiver does, from its distributor, which sends
+	// it on the samples that get a created-timestamp zero; anyone else's
+	// 1.0 field 3 is an unknown field, skipped as gogo skips it.
+	startTimestamps bool
 }
 
 // Each version's decoder skips the other's fields as unknown, so a body sent
@@ -308,7 +313,7 @@ func (d *v1Decoder) parseSeries(b []byte) error {
 			}
 			s.labels = append(s.labels, labelPair{name, value})
 		case 2:
-			smp, err := parseSample(msg, false)
+			smp, err := parseSample(msg, d.startTimestamps)
 			if err != nil {
 				return err
 			}
@@ -353,8 +358,9 @@ func parseV1Label(b []byte) (name, value []byte, err error) {
 }
 
 // parseSample decodes a Sample of either version: 1 value (double),
-// 2 timestamp (int64), and in 2.0 also 3 start_timestamp (int64).
-func parseSample(b []byte, v2 bool) (sample, error) {
+// 2 timestamp (int64), and with withStart (2.0, or 1.0 from a distributor)
+// also 3 start_timestamp (int64).
+func parseSample(b []byte, withStart bool) (sample, error) {
 	var s sample
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -373,7 +379,7 @@ func parseSample(b []byte, v2 bool) (sample, error) {
 			}
 			s.v = math.Float64frombits(v)
 			b = b[m:]
-		case num == 2 || (v2 && num == 3):
+		case num == 2 || (withStart && num == 3):
 			if typ != protowire.VarintType {
 				return s, wrongType("Sample", num, typ)
 			}

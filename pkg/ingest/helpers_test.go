@@ -40,14 +40,15 @@ type testIngester struct {
 
 // testSetup is what a test may change before the ingester is built.
 type testSetup struct {
-	tsdb    tenantdb.Config
-	ingest  Config
-	tenants tenancy.Config
-	limits  limits.Config
-	ha      *hatracker.Config // nil: no HA dedup
-	clock   func() time.Time  // the HA tracker's clock; nil: wall clock
-	haKV    kv.Client         // the HA tracker's KV client; nil: in-memory
-	share   func() int        // Deps.RateShare
+	tsdb       tenantdb.Config
+	ingest     Config
+	tenants    tenancy.Config
+	limits     limits.Config
+	ha         *hatracker.Config // nil: no HA dedup
+	clock      func() time.Time  // the HA tracker's clock; nil: wall clock
+	haKV       kv.Client         // the HA tracker's KV client; nil: in-memory
+	share      func() int        // Deps.RateShare
+	downstream bool              // Deps.Downstream
 }
 
 func newTestIngester(t testing.TB, mutate ...func(*testSetup)) *testIngester {
@@ -87,7 +88,7 @@ func newTestIngester(t testing.TB, mutate ...func(*testSetup)) *testIngester {
 		}
 		t.Cleanup(func() { _ = services.StopAndAwaitTerminated(context.Background(), ha) })
 	}
-	ing, err := New(setup.ingest, Deps{Tenants: setup.tenants, DBs: dbs, Limits: lim, HA: ha, RateShare: setup.share, Logger: logger, Registry: reg, Ready: func() error { return nil }})
+	ing, err := New(setup.ingest, Deps{Tenants: setup.tenants, DBs: dbs, Limits: lim, HA: ha, RateShare: setup.share, Downstream: setup.downstream, Logger: logger, Registry: reg, Ready: func() error { return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -93,6 +93,17 @@ type TenantStore interface {
 	SetMetadata(family string, m metadata.Metadata)
 }
 
+// ZeroAppender is implemented by a TenantStore's appender that has
+// created-timestamp zeros stored elsewhere (the distributor's: its
+// receivers store them). AppendZero asks for a zero at st before the
+// series' next append, the sample whose start timestamp st is; like
+// appendZero's own it is best effort: stored only if in order, its
+// rejection never reported. Without it the ingester appends the zero
+// itself, with RejectOutOfOrder.
+type ZeroAppender interface {
+	AppendZero(ref storage.SeriesRef, ls labels.Labels, st int64) (storage.SeriesRef, error)
+}
+
 // DBStore is the Store of the tenants' TSDBs.
 func DBStore(dbs *tenantdb.Manager) Store { return dbStore{dbs} }
 
@@ -124,6 +135,8 @@ type Deps struct {
 	// writes were already HA-deduplicated, relabeled and rate-limited once,
 	// by the distributor, so it does none of that again (relabel rules
 	// need not be idempotent, and a rate is the tenant's, not a share's).
+	// It stores the created-timestamp zeros the distributor asks for with
+	// a 1.0 sample's or histogram's start timestamp (pkg/distributor).
 	Downstream bool
 	// Limits are the per-tenant limits; nil means the defaults.
 	Limits *limits.Overrides

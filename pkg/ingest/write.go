@@ -199,9 +199,19 @@ type writeRequest struct {
 	v2        *v2Decoder // nil for 1.0
 	app       storage.AppenderV2
 	exApp     storage.ExemplarAppenderV2
+	zeroApp   ZeroAppender // nil: appendZero appends the zero to app
 	ac        appendCtx
 	stats     writeStats
 	series    int
+
+	// zeros: store a zero at a sample's start timestamp (appendZero), as
+	// the tenant's created_timestamp_zero_ingestion says or, on a
+	// receiver, as the distributor asks (startTimestamps).
+	zeros bool
+	// startTimestamps: a receiver reads the start timestamps of a 1.0
+	// request, which only its distributor sends (v1Decoder.startTimestamps).
+	startTimestamps bool
+
 	// decisions memoises the tracker's answer per HA pair for this request:
 	// a request comes from one Prometheus, so it is nearly always one pair.
 	decisions []haDecision
@@ -256,9 +266,15 @@ func (i *Ingester) store(ctx context.Context, st *tenantState, rs *requestState,
 		lim.IngestionRate = 0
 		w.rules, w.dcgmHost = nil, ""
 	}
+	w.zeros = lim.CreatedTimestampZeroIngestion
 	if v2 {
 		w.v2 = rs.v2
+	} else if i.downstream {
+		// The distributor decided per tenant which samples get a zero: it
+		// sends a start timestamp with those alone.
+		w.startTimestamps, w.zeros = true, true
 	}
+	rs.v1.startTimestamps = w.startTimestamps
 
 	// The ingestion rate is checked before anything is appended: a request
 	// over it must not create head series (which count against
@@ -287,6 +303,7 @@ func (i *Ingester) store(ctx context.Context, st *tenantState, rs *requestState,
 
 	w.app = st.appendable.AppenderV2(ctx)
 	w.exApp, _ = w.app.(storage.ExemplarAppenderV2)
+	w.zeroApp, _ = w.app.(ZeroAppender)
 	err := w.run(rs.decoder(body, v2))
 	if err == nil && !v2 {
 		err = w.appendMetadataV1(rs.v1.metadata)
@@ -579,19 +596,26 @@ func (sw *seriesWrite) dropUnusedClaim() {
 // appended records a sample or histogram at t the appender took under ref,
 // and caches the reference of a series seen for the first time.
 func (sw *seriesWrite) appended(ref storage.SeriesRef, t int64) {
-	if sw.ref == 0 {
-		sw.ref = ref
-		if sw.e == nil {
-			sw.e = sw.w.tenant.cache.getOrCreate(sw.w.ac.key.h1, sw.w.ac.key.h2)
-		}
-		sw.e.ref.Store(uint64(ref))
-		sw.e.relabeled.Store(sw.w.rules != nil)
-		sw.e.limitsGen.Store(sw.w.limitsGen)
-		sw.w.stats.newSeries++
-	}
+	sw.cacheRef(ref)
 	if sw.claim >= 0 {
 		sw.w.claims[sw.claim].appended(t)
 	}
+}
+
+// cacheRef caches ref, under which the appender took data of a series seen
+// for the first time (its reference was not known yet).
+func (sw *seriesWrite) cacheRef(ref storage.SeriesRef) {
+	if sw.ref != 0 {
+		return
+	}
+	sw.ref = ref
+	if sw.e == nil {
+		sw.e = sw.w.tenant.cache.getOrCreate(sw.w.ac.key.h1, sw.w.ac.key.h2)
+	}
+	sw.e.ref.Store(uint64(ref))
+	sw.e.relabeled.Store(sw.w.rules != nil)
+	sw.e.limitsGen.Store(sw.w.limitsGen)
+	sw.w.stats.newSeries++
 }
 
 // rejected classifies an append error; false means a storage fault.
@@ -624,7 +648,8 @@ func (sw *seriesWrite) appendSamples() error {
 		} else if !ok {
 			continue
 		}
-		if w.lim.CreatedTimestampZeroIngestion && smp.st != 0 && smp.st < smp.t {
+		zero := w.zeros && smp.st != 0 && smp.st < smp.t
+		if zero {
 			sw.appendZero(smp.st, nil, nil)
 		}
 		v := smp.v
@@ -634,12 +659,16 @@ func (sw *seriesWrite) appendSamples() error {
 		ref, err := w.app.Append(sw.ref, sw.ls, smp.st, smp.t, v, nil, nil, storage.AOptions{})
 		if err != nil && sw.ref != 0 && sw.ls.IsEmpty() && errors.Is(err, tsdb.ErrInvalidSample) {
 			// The cached reference is gone from the head (series garbage
-			// collected): resolve the series again from its labels.
+			// collected): resolve the series again from its labels. The
+			// zero failed under the old reference too: it goes again.
 			sw.ref = 0
 			if !sw.resolve() {
 				return nil
 			}
-			ref, err = w.app.Append(0, sw.ls, smp.st, smp.t, smp.v, nil, nil, storage.AOptions{})
+			if zero {
+				sw.appendZero(smp.st, nil, nil)
+			}
+			ref, err = w.app.Append(sw.ref, sw.ls, smp.st, smp.t, smp.v, nil, nil, storage.AOptions{})
 		}
 		if err != nil {
 			if sw.rejected(err, smp.t) {
@@ -661,24 +690,45 @@ func (sw *seriesWrite) appendSamples() error {
 // as in Prometheus' TSDB: never out of order (a series already holding
 // samples at or after st keeps them alone), never reported to the sender,
 // not counted as a written sample. A histogram's zero keeps its schema and
-// bucket layout, marked as a counter reset.
+// bucket layout, marked as a counter reset. A series it creates is cached
+// like one a sample creates (its next write finds it by reference).
+//
+// The distributor (a ZeroAppender) is handed the zero apart: it cannot
+// tell whether it is in order, its receivers can, and an append with
+// RejectOutOfOrder is not always a zero (the rules manager appends every
+// rule result so). The series' next append is the sample at t > st whose
+// start st is.
 func (sw *seriesWrite) appendZero(st int64, h *histogram.Histogram, fh *histogram.FloatHistogram) {
-	switch {
-	case fh != nil:
-		fh = &histogram.FloatHistogram{CounterResetHint: histogram.CounterReset, Schema: fh.Schema, ZeroThreshold: fh.ZeroThreshold, CustomValues: fh.CustomValues}
-	case h != nil:
-		h = &histogram.Histogram{CounterResetHint: histogram.CounterReset, Schema: h.Schema, ZeroThreshold: h.ZeroThreshold, CustomValues: h.CustomValues}
+	var ref storage.SeriesRef
+	var err error
+	if sw.w.zeroApp != nil {
+		ref, err = sw.w.zeroApp.AppendZero(sw.ref, sw.ls, st)
+	} else {
+		switch {
+		case fh != nil:
+			fh = &histogram.FloatHistogram{CounterResetHint: histogram.CounterReset, Schema: fh.Schema, ZeroThreshold: fh.ZeroThreshold, CustomValues: fh.CustomValues}
+		case h != nil:
+			h = &histogram.Histogram{CounterResetHint: histogram.CounterReset, Schema: h.Schema, ZeroThreshold: h.ZeroThreshold, CustomValues: h.CustomValues}
+		}
+		ref, err = sw.w.app.Append(sw.ref, sw.ls, 0, st, 0, h, fh, storage.AOptions{RejectOutOfOrder: true})
 	}
-	ref, err := sw.w.app.Append(sw.ref, sw.ls, 0, st, 0, h, fh, storage.AOptions{RejectOutOfOrder: true})
-	if err == nil && sw.ref == 0 {
-		sw.ref = ref
+	if err != nil {
+		return
 	}
+	if sw.ref == 0 {
+		sw.cacheRef(ref)
+		return
+	}
+	// The store may have found the series by its labels under another
+	// reference than the stale cached one: the sample goes under the
+	// zero's, which is how the distributor keeps the two together.
+	sw.ref = ref
 }
 
 func (sw *seriesWrite) appendHistograms() error {
 	w := sw.w
 	for _, raw := range sw.s.histograms {
-		h, fh, t, st, err := decodeHistogram(&w.ac, raw, w.v2 != nil)
+		h, fh, t, st, err := decodeHistogram(&w.ac, raw, w.v2 != nil || w.startTimestamps)
 		if err != nil {
 			return err
 		}
@@ -696,7 +746,7 @@ func (sw *seriesWrite) appendHistograms() error {
 		if sw.ls.IsEmpty() && !sw.resolve() {
 			return nil
 		}
-		if w.lim.CreatedTimestampZeroIngestion && st != 0 && st < t {
+		if w.zeros && st != 0 && st < t {
 			sw.appendZero(st, h, fh)
 		}
 		ref, err := w.app.Append(sw.ref, sw.ls, st, t, 0, h, fh, storage.AOptions{})
@@ -782,8 +832,11 @@ func decodeExemplar(ac *appendCtx, raw []byte, v2 *v2Decoder) (exemplar.Exemplar
 	return exemplar.Exemplar{Labels: lb.Labels(), Value: ac.v2ex.Value, Ts: ac.v2ex.Timestamp, HasTs: ac.v2ex.Timestamp != 0}, nil
 }
 
-func decodeHistogram(ac *appendCtx, raw []byte, v2 bool) (h *histogram.Histogram, fh *histogram.FloatHistogram, t, st int64, err error) {
-	if v2 {
+// decodeHistogram decodes a Histogram message and, with withStart, its
+// start timestamp: 2.0's Histogram is 1.0's (fields 1 to 16) with
+// start_timestamp (17), so 1.0 from a distributor is read as 2.0.
+func decodeHistogram(ac *appendCtx, raw []byte, withStart bool) (h *histogram.Histogram, fh *histogram.FloatHistogram, t, st int64, err error) {
+	if withStart {
 		ac.v2hist.Reset()
 		if err := ac.v2hist.Unmarshal(raw); err != nil {
 			return nil, nil, 0, 0, fmt.Errorf("%w: histogram: %v", errMalformed, err)
