@@ -470,3 +470,35 @@ func TestDCGMPresetDriverInfoConcurrentShards(t *testing.T) {
 		t.Errorf("%d driver info series, want one per GPU (4)", n)
 	}
 }
+
+// A series of the dcgm preset whose cached reference the head no longer
+// knows (garbage collected while idle) is resolved again from its labels,
+// and its sample is stored in the preset's unit as every other: dcgm-exporter
+// 4.9's SM clock in Hz is stored as DCGM_FI_DEV_SM_CLOCK in MHz.
+func TestStaleCachedReferenceKeepsUnitScale(t *testing.T) {
+	ti := newTestIngester(t, withRules(t, relabel.PresetDCGM, ""))
+	now := nowMs()
+	s := v1Series([]prompb.Sample{{Timestamp: now, Value: 1.98e9}}, dcgmLabels("DCGM_FI_DEV_SM_CLOCK_HERTZ", 1, 0)...)
+	if resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: []prompb.TimeSeries{s}})); resp.code != http.StatusNoContent {
+		t.Fatalf("status %d %s", resp.code, resp.body)
+	}
+	st, _ := ti.tenant("default")
+	for i := range st.cache.shards {
+		for _, e := range st.cache.shards[i].m {
+			e.ref.Store(1 << 40) // a reference the head never handed out
+		}
+	}
+	s.Samples = []prompb.Sample{{Timestamp: now + 15_000, Value: 1.41e9}}
+	if resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: []prompb.TimeSeries{s}})); resp.code != http.StatusNoContent {
+		t.Fatalf("status %d %s", resp.code, resp.body)
+	}
+	for k, v := range ti.stored(t, "default") {
+		if strings.Contains(k, `__name__="DCGM_FI_DEV_SM_CLOCK"`) {
+			if !slices.Equal(v, []float64{1980, 1410}) {
+				t.Errorf("%s: stored %v, want 1980 and 1410 MHz", k, v)
+			}
+			return
+		}
+	}
+	t.Fatalf("no DCGM_FI_DEV_SM_CLOCK stored: %v", storedNames(ti.stored(t, "default")))
+}

@@ -668,7 +668,7 @@ func (sw *seriesWrite) appendSamples() error {
 			if zero {
 				sw.appendZero(smp.st, nil, nil)
 			}
-			ref, err = w.app.Append(sw.ref, sw.ls, smp.st, smp.t, smp.v, nil, nil, storage.AOptions{})
+			ref, err = w.app.Append(sw.ref, sw.ls, smp.st, smp.t, v, nil, nil, storage.AOptions{})
 		}
 		if err != nil {
 			if sw.rejected(err, smp.t) {
