@@ -264,7 +264,7 @@ type recoveries struct {
 	mtx     sync.Mutex
 	pending map[string]int // set-aside heads not recovered yet, by tenant
 
-	inProgress prometheus.Gauge
+	pendingHeads prometheus.Gauge
 	failed     prometheus.Counter
 	duration   prometheus.Histogram
 }
@@ -273,9 +273,9 @@ func newRecoveries(reg prometheus.Registerer) *recoveries {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &recoveries{
 		ctx: ctx, cancel: cancel, pending: map[string]int{},
-		inProgress: prometheus.NewGauge(prometheus.GaugeOpts{
+		pendingHeads: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "gpustore_tsdb_head_recoveries_pending",
-			Help: "Crashed heads set aside at open and not yet written into blocks: until 0, this receiver's answers lack their samples.",
+			Help: "Crashed heads set aside at open and not yet written into blocks the database reads (a failed recovery's stay until a restart): until 0, this receiver refuses reads of their tenants.",
 		}),
 		failed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpustore_tsdb_head_recovery_failures_total",
@@ -288,7 +288,7 @@ func newRecoveries(reg prometheus.Registerer) *recoveries {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(r.inProgress, r.failed, r.duration)
+		reg.MustRegister(r.pendingHeads, r.failed, r.duration)
 	}
 	return r
 }
@@ -298,12 +298,12 @@ func (r *recoveries) start(db *tsdb.DB, tenantID, dir string, heads []string, op
 	if len(heads) == 0 {
 		return
 	}
-	r.inProgress.Add(float64(len(heads)))
+	r.pendingHeads.Add(float64(len(heads)))
 	r.mtx.Lock()
 	r.pending[tenantID] += len(heads)
 	r.mtx.Unlock()
 	done := func() {
-		r.inProgress.Dec()
+		r.pendingHeads.Dec()
 		r.mtx.Lock()
 		defer r.mtx.Unlock()
 		if r.pending[tenantID]--; r.pending[tenantID] <= 0 {
@@ -315,8 +315,7 @@ func (r *recoveries) start(db *tsdb.DB, tenantID, dir string, heads []string, op
 		defer r.one.Unlock()
 		for _, aside := range heads {
 			if r.ctx.Err() != nil {
-				done()
-				continue
+				return // stopping: the next start recovers the rest
 			}
 			start := time.Now()
 			l.Info("recovering a set-aside head into blocks", "dir", aside)
@@ -331,12 +330,15 @@ func (r *recoveries) start(db *tsdb.DB, tenantID, dir string, heads []string, op
 				// recovering, so that reads keep going to its replicas.
 				r.waitLoaded(db, blocks, 2*opts.BlockReloadInterval+5*time.Second)
 			}
-			done()
 			if err != nil {
+				// Still pending: the tenant's answers here keep lacking
+				// the head's samples, so its reads stay refused and its
+				// replicas answer, until a restart recovers it.
 				r.failed.Inc()
 				l.Error("recovering a set-aside head failed; the next start tries again", "dir", aside, "err", err)
 				continue
 			}
+			done()
 			r.duration.Observe(time.Since(start).Seconds())
 			l.Info("recovered a set-aside head", "blocks", len(blocks), "duration", time.Since(start))
 		}

@@ -109,7 +109,7 @@ func TestCrashedHeadRecoveredAside(t *testing.T) {
 		}
 	}
 	mk.recoveries.stop()
-	if got := testutil.ToFloat64(mk.recoveries.inProgress); got != 0 {
+	if got := testutil.ToFloat64(mk.recoveries.pendingHeads); got != 0 {
 		t.Errorf("%g recoveries pending after the samples came back", got)
 	}
 	if d := asideDirs(t, mk.TenantDir("team-a")); len(d) != 0 {
@@ -205,5 +205,32 @@ func TestRecoveryFinishedAfterACrash(t *testing.T) {
 	mk.recoveries.stop()
 	if d := asideDirs(t, tenant); len(d) != 0 {
 		t.Errorf("left set aside: %v", d)
+	}
+}
+
+// A recovery that fails leaves the set-aside head where it is, counts the
+// failure, and keeps the tenant recovering: its reads stay refused (its
+// answers lack that head) until a restart recovers it.
+func TestFailedRecoveryKeepsTheTenantRecovering(t *testing.T) {
+	dir := t.TempDir()
+	aside := filepath.Join(dir, "tenants", "team-a", recoverDirPrefix+"1")
+	if err := os.MkdirAll(aside, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	// A WAL that is a file, not a directory: the set-aside head's open fails.
+	if err := os.WriteFile(filepath.Join(aside, "wal"), []byte("not a WAL"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := openRecovering(t, dir, "off")
+	for deadline := time.Now().Add(20 * time.Second); testutil.ToFloat64(m.recoveries.failed) == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the recovery of a head whose WAL is a file did not fail")
+		}
+	}
+	if !m.Recovering("team-a") || testutil.ToFloat64(m.recoveries.pendingHeads) != 1 {
+		t.Errorf("after a failed recovery: recovering %v, %g pending, want true and 1", m.Recovering("team-a"), testutil.ToFloat64(m.recoveries.pendingHeads))
+	}
+	if d := asideDirs(t, filepath.Join(dir, "tenants", "team-a")); len(d) != 1 {
+		t.Errorf("set aside after a failed recovery: %v, want the head left in place", d)
 	}
 }
