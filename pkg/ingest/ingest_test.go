@@ -311,17 +311,24 @@ func TestStaleCachedReference(t *testing.T) {
 	if st.cache.len() != 1 {
 		t.Fatalf("cache has %d entries", st.cache.len())
 	}
-	for i := range st.cache.shards {
-		for _, e := range st.cache.shards[i].m {
-			e.ref.Store(1 << 40) // a reference the head never handed out
-		}
-	}
+	staleCachedRefs(ti)
 	s.Samples = []prompb.Sample{{Timestamp: now + 1000, Value: 2}}
 	if resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: []prompb.TimeSeries{s}})); resp.code != http.StatusNoContent {
 		t.Fatalf("status %d %s", resp.code, resp.body)
 	}
 	if got := ti.stored(t, "default")[`{__name__="DCGM_FI_DEV_GPU_UTIL", gpu="0"}`]; !reflect.DeepEqual(got, []float64{1, 2}) {
 		t.Fatalf("stored %v", got)
+	}
+}
+
+// staleCachedRefs makes every series reference the default tenant's cache
+// holds one the head never handed out: as after the head GC'd the series.
+func staleCachedRefs(ti *testIngester) {
+	st, _ := ti.tenant("default")
+	for i := range st.cache.shards {
+		for _, e := range st.cache.shards[i].m {
+			e.ref.Store(1 << 40)
+		}
 	}
 }
 

@@ -482,12 +482,7 @@ func TestStaleCachedReferenceKeepsUnitScale(t *testing.T) {
 	if resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: []prompb.TimeSeries{s}})); resp.code != http.StatusNoContent {
 		t.Fatalf("status %d %s", resp.code, resp.body)
 	}
-	st, _ := ti.tenant("default")
-	for i := range st.cache.shards {
-		for _, e := range st.cache.shards[i].m {
-			e.ref.Store(1 << 40) // a reference the head never handed out
-		}
-	}
+	staleCachedRefs(ti)
 	s.Samples = []prompb.Sample{{Timestamp: now + 15_000, Value: 1.41e9}}
 	if resp := ti.post(t, ctV1, encodeV1(t, &prompb.WriteRequest{Timeseries: []prompb.TimeSeries{s}})); resp.code != http.StatusNoContent {
 		t.Fatalf("status %d %s", resp.code, resp.body)

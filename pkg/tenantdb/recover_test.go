@@ -54,6 +54,22 @@ func eventually(t *testing.T, what string, db *DB, want map[string][]string) {
 	}
 }
 
+// crashed writes 100 series' samples of the first minute into a tenant
+// (all in its WAL) and returns a kill-like copy of the data directory, the
+// acknowledged samples, and the manager, still open.
+func crashed(t *testing.T) (killed string, want map[string][]string, m *Manager) {
+	t.Helper()
+	dir := t.TempDir()
+	want = map[string][]string{}
+	m = openRecovering(t, dir, "off")
+	db, err := m.Get("team-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendRange(t, db, 100, 0, 1, want) // 4 samples a series
+	return killCopy(t, dir), want, m
+}
+
 func asideDirs(t *testing.T, tenantDir string) []string {
 	t.Helper()
 	d, err := filepath.Glob(filepath.Join(tenantDir, recoverDirPrefix+"*"))
@@ -68,18 +84,9 @@ func asideDirs(t *testing.T, tenantDir string) []string {
 // come back from blocks written in the background: every acknowledged
 // sample reads back once, and nothing is left set aside.
 func TestCrashedHeadRecoveredAside(t *testing.T) {
-	dir := t.TempDir()
-	want := map[string][]string{}
-	m := openRecovering(t, dir, "off")
-	db, err := m.Get("team-a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	appendRange(t, db, 100, 0, 1, want) // 4 samples a series, all in the WAL
-
-	killed := killCopy(t, dir)
+	killed, want, _ := crashed(t)
 	mk := openRecovering(t, killed, "on")
-	db = mk.Existing("team-a")
+	db := mk.Existing("team-a")
 	if n := db.Head().NumSeries(); n != 0 {
 		// Without recovery aside the open replays the WAL: 100 series.
 		t.Fatalf("the open after a kill -9 replayed %d series before returning, want the head set aside", n)
@@ -152,15 +159,7 @@ func TestCleanStopIsNotSetAside(t *testing.T) {
 // A crash while a head was being set aside (some of its files moved into
 // recover.<n>.tmp) leaves it whole again at the next open.
 func TestInterruptedSetAsideIsUndone(t *testing.T) {
-	dir := t.TempDir()
-	want := map[string][]string{}
-	m := openRecovering(t, dir, "off")
-	db, err := m.Get("team-a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	appendRange(t, db, 100, 0, 1, want)
-	killed := killCopy(t, dir)
+	killed, want, _ := crashed(t)
 	tenant := filepath.Join(killed, "tenants", "team-a")
 	tmp := filepath.Join(tenant, recoverDirPrefix+"1"+recoverTmpSuffix)
 	if err := os.Mkdir(tmp, 0o777); err != nil {
@@ -180,15 +179,7 @@ func TestInterruptedSetAsideIsUndone(t *testing.T) {
 // blocks and its WAL removed but before the blocks moved, is finished by
 // the next open: the blocks are adopted, even with recovery aside off.
 func TestRecoveryFinishedAfterACrash(t *testing.T) {
-	dir := t.TempDir()
-	want := map[string][]string{}
-	m := openRecovering(t, dir, "off")
-	db, err := m.Get("team-a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	appendRange(t, db, 100, 0, 1, want)
-	killed := killCopy(t, dir)
+	killed, want, m := crashed(t)
 	tenant := filepath.Join(killed, "tenants", "team-a")
 	aside, n, err := setHeadAside(tenant, 1)
 	if err != nil || aside == "" {
