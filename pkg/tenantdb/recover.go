@@ -19,8 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/prometheus/tsdb"
 	"github.com/prometheus/prometheus/tsdb/fileutil"
-	"github.com/prometheus/prometheus/util/compression"
 	"github.com/prometheus/prometheus/tsdb/wlog"
+	"github.com/prometheus/prometheus/util/compression"
 )
 
 // Recovering a crashed head beside a fresh one.
@@ -46,10 +46,11 @@ import (
 // the next open finishes what the last one started.
 //
 // Until a recovery ends, this receiver's answers lack the crashed head's
-// samples. In a ring at RF ≥ 2 the other replicas of those series answer for
-// it (pkg/ringread merges every replica), which is why "auto" turns it on
-// only there. The set-aside head and the new one are both in memory during
-// the recovery: size for it (docs/operations.md).
+// samples (Manager.Recovering). In a ring at RF ≥ 2 it refuses reads of the
+// tenant meanwhile and a read quorum of the other replicas answers, which
+// holds every acknowledged sample (pkg/ringread): that is why "auto" turns
+// it on only there. The set-aside head and the new one are both in memory
+// during the recovery: size for it (docs/operating.md).
 
 // recoverDirPrefix names a set-aside head; with recoverTmpSuffix it is one
 // whose files were still being moved (undone at the next open).
@@ -265,8 +266,8 @@ type recoveries struct {
 	pending map[string]int // set-aside heads not recovered yet, by tenant
 
 	pendingHeads prometheus.Gauge
-	failed     prometheus.Counter
-	duration   prometheus.Histogram
+	failed       prometheus.Counter
+	duration     prometheus.Histogram
 }
 
 func newRecoveries(reg prometheus.Registerer) *recoveries {
