@@ -331,6 +331,10 @@ func (r *recoveries) start(db *tsdb.DB, tenantID, dir string, heads []string, op
 				// recovering, so that reads keep going to its replicas.
 				r.waitLoaded(db, blocks, 2*opts.BlockReloadInterval+5*time.Second)
 			}
+			if err != nil && r.ctx.Err() != nil {
+				l.Info("stopped recovering a set-aside head; the next start resumes it", "dir", aside)
+				return
+			}
 			if err != nil {
 				// Still pending: the tenant's answers here keep lacking
 				// the head's samples, so its reads stay refused and its
