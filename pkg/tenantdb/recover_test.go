@@ -1,11 +1,15 @@
 package tenantdb
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,6 +35,9 @@ func openRecovering(t *testing.T, dir, aside string) *Manager {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Receivers in a ring always take samples out of order (the window is
+	// widened to ring.remote_timeout): the crashed heads have a WBL.
+	m.SetLimits(windowLimits{window: time.Hour})
 	if err := m.OpenExisting(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -54,8 +61,8 @@ func eventually(t *testing.T, what string, db *DB, want map[string][]string) {
 	}
 }
 
-// crashed writes 100 series' samples of the first minute into a tenant
-// (all in its WAL) and returns a kill-like copy of the data directory, the
+// crashed writes 100 series' samples of the first minute into a tenant,
+// in order and out of order (all in its WAL and WBL), and returns a kill-like copy of the data directory, the
 // acknowledged samples, and the manager, still open.
 func crashed(t *testing.T) (killed string, want map[string][]string, m *Manager) {
 	t.Helper()
@@ -67,7 +74,32 @@ func crashed(t *testing.T) (killed string, want map[string][]string, m *Manager)
 		t.Fatal(err)
 	}
 	appendRange(t, db, 100, 0, 1, want) // 4 samples a series
+	// Then one out of order between each two, into the WBL and the
+	// out-of-order head.
+	app := db.Appender(context.Background())
+	for i := range 100 {
+		ls := labels.FromStrings("__name__", "DCGM_FI_DEV_GPU_TEMP", "gpu", fmt.Sprint(i%8), "node", fmt.Sprint(i/8))
+		for ts := int64(7_500); ts < 45_000; ts += 15_000 {
+			if _, err := app.Append(0, ls, ts, 0.5); err != nil {
+				t.Fatal(err)
+			}
+			want[ls.String()] = append(want[ls.String()], fmt.Sprintf("%d=0.5", ts))
+		}
+	}
+	if err := app.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range want {
+		slices.SortFunc(s, func(a, b string) int { return cmp.Compare(sampleTime(a), sampleTime(b)) })
+	}
 	return killCopy(t, dir), want, m
+}
+
+// sampleTime is the time of a sample as dump prints it ("ts=value").
+func sampleTime(s string) int64 {
+	ts, _, _ := strings.Cut(s, "=")
+	n, _ := strconv.ParseInt(ts, 10, 64)
+	return n
 }
 
 func asideDirs(t *testing.T, tenantDir string) []string {
@@ -185,7 +217,7 @@ func TestRecoveryFinishedAfterACrash(t *testing.T) {
 	if err != nil || aside == "" {
 		t.Fatalf("set aside %q (%d bytes of WAL): %v", aside, n, err)
 	}
-	if err := writeAsideBlocks(context.Background(), aside, m.asideOptions(0), slog.New(slog.DiscardHandler)); err != nil {
+	if err := writeAsideBlocks(context.Background(), aside, m.asideOptions(time.Hour.Milliseconds()), slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
 	if files, err := headFiles(aside); err != nil || len(files) != 0 {
