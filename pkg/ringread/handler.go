@@ -57,22 +57,7 @@ const (
 // A streamed answer carries LocalBlocksHeader: the tenant's blocks on this
 // receiver's disk.
 func ReadHandler(dbs *tenantdb.Manager, tenants tenancy.Config, logger *slog.Logger, reg prometheus.Registerer) http.Handler {
-	return refuseRecovering(dbs.Recovering, tenants, readHandler(receiverQueryable{SampleAndChunkQueryable: query.TenantQueryable{DBs: dbs}, dbs: dbs, blocks: localBlocks(dbs)}, tenants, logger, reg))
-}
-
-// refuseRecovering answers 503 for a tenant whose crashed head this
-// receiver is still recovering (tenantdb.Manager.Recovering): its answer
-// would lack that head's samples, yet count toward the read quorum. Refused,
-// the querier asks another replica instead, and a read quorum of the others
-// holds every acknowledged sample (each went to a write quorum).
-func refuseRecovering(recovering func(tenant string) bool, tenants tenancy.Config, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if id, err := tenants.FromRequest(r); err == nil && recovering(id) {
-			http.Error(w, fmt.Sprintf("recovering a crashed head of tenant %q into blocks: its samples are not readable here yet, read the replicas", id), http.StatusServiceUnavailable)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
+	return readHandler(receiverQueryable{SampleAndChunkQueryable: query.TenantQueryable{DBs: dbs}, dbs: dbs, blocks: localBlocks(dbs)}, tenants, dbs.Recovering, logger, reg)
 }
 
 // LocalBlocksHeader lists, in a receiver's streamed answer, the ULIDs of
@@ -223,7 +208,13 @@ type answerHeaderKey struct{}
 // the request waits for one of the readConcurrency slots, so a request
 // whose client (a querier that timed out) has gone is cancelled at once
 // (query.ReadWholeBody).
-func readHandler(q storage.SampleAndChunkQueryable, tenants tenancy.Config, logger *slog.Logger, reg prometheus.Registerer) http.Handler {
+//
+// A tenant whose crashed head this receiver is still recovering
+// (recovering, tenantdb.Manager.Recovering; nil: none) is answered 503: its
+// answer would lack that head's samples, yet count toward the read quorum.
+// Refused, the querier asks another replica instead, and a read quorum of
+// the others holds every acknowledged sample (each went to a write quorum).
+func readHandler(q storage.SampleAndChunkQueryable, tenants tenancy.Config, recovering func(tenant string) bool, logger *slog.Logger, reg prometheus.Registerer) http.Handler {
 	// Prometheus' query API (pkg/query) registers the same read-handler
 	// metrics on the process's registry: prefixed, both fit in one process.
 	if reg != nil {
@@ -234,7 +225,12 @@ func readHandler(q storage.SampleAndChunkQueryable, tenants tenancy.Config, logg
 		func() config.Config { return config.Config{} },
 		readSampleLimit, readConcurrency, readMaxBytesInFrame)
 	return query.ReadWholeBody(query.MaxReadRequestBytes, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if id, ok := requestTenant(w, r, tenants); ok {
+		id, ok := requestTenant(w, r, tenants)
+		switch {
+		case !ok: // requestTenant answered
+		case recovering != nil && recovering(id):
+			http.Error(w, fmt.Sprintf("recovering a crashed head of tenant %q into blocks: its samples are not readable here yet, read the replicas", id), http.StatusServiceUnavailable)
+		default:
 			ctx := context.WithValue(user.InjectOrgID(r.Context(), id), answerHeaderKey{}, w.Header())
 			bw := newBufferedAnswer(w)
 			h.ServeHTTP(bw, r.WithContext(ctx))

@@ -923,7 +923,7 @@ func TestAbandonedReadsWhileSlotsAreTaken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: readHandler(q, tenancy.DefaultConfig(), quiet, nil)}
+	srv := &http.Server{Handler: readHandler(q, tenancy.DefaultConfig(), nil, quiet, nil)}
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(func() { _ = srv.Close() }) // not Shutdown: a failing test must not wait for its hung reads
 	addr := lis.Addr().String()
